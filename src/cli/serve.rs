@@ -1,0 +1,111 @@
+//! `snapfence serve`: start (or adopt) the database, migrate, serve until SIGTERM or SIGINT,
+//! finish the requests in flight, stop the embedded database.
+
+use std::process::ExitCode;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::PgConnectOptions;
+use tokio::net::TcpListener;
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::config::ServeConfig;
+use crate::embedded::{EmbeddedPostgres, Settings};
+use crate::state::AppState;
+use crate::{store, telemetry};
+
+/// The database the embedded cluster keeps the service's tables in.
+const EMBEDDED_DATABASE: &str = "snapfence";
+
+/// Runs the service; the exit code is 0 after a clean shutdown, 1 when it could not start.
+pub fn main(config: ServeConfig) -> ExitCode {
+    telemetry::init(config.log_format);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            tracing::error!("{message}");
+            eprintln!("snapfence: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(config: ServeConfig) -> Result<(), String> {
+    let (options, embedded) = match &config.database_url {
+        Some(url) => {
+            let options = PgConnectOptions::from_str(url)
+                .map_err(|e| format!("DATABASE_URL is not a PostgreSQL URL ({e}); write it as postgres://user:pass@host:5432/db"))?;
+            (options, None)
+        }
+        None => {
+            let dir = config.data_dir.clone();
+            let pg = tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&dir, &Settings::default()))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+            tracing::info!(
+                data_dir = %pg.dir().display(),
+                log = %pg.log_path().display(),
+                "embedded PostgreSQL is running; its data lives in the data directory and is kept across restarts"
+            );
+            pg.ensure_database(EMBEDDED_DATABASE).await.map_err(|e| e.to_string())?;
+            (pg.connect_options(EMBEDDED_DATABASE), Some(pg))
+        }
+    };
+    let result = serve_on(&config, options).await;
+    if let Some(pg) = embedded {
+        tracing::info!("stopping the embedded PostgreSQL");
+        if let Err(e) = tokio::task::spawn_blocking(move || pg.stop()).await.map_err(|e| e.to_string())? {
+            tracing::error!(error = %e, "stopping the embedded PostgreSQL failed");
+        }
+    }
+    result
+}
+
+async fn serve_on(config: &ServeConfig, options: PgConnectOptions) -> Result<(), String> {
+    let pool = store::pool(options, &config.db());
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match store::prepare(&pool).await {
+            Ok(()) => break,
+            Err(store::StoreError::Unavailable(e)) => {
+                tracing::warn!(error = %e, retry_in = ?delay, "waiting for the database");
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = shutdown_signal() => return Ok(()),
+                }
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(format!("{e}; check that DATABASE_URL points at a database this user may create tables in")),
+        }
+    }
+    tracing::info!("database migrated");
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}; choose another --listen address", config.listen))?;
+    tracing::info!(address = %config.listen, "listening");
+    let state = AppState::new(pool.clone(), config.rules());
+    crate::run(listener, state, shutdown_signal())
+        .await
+        .map_err(|e| format!("the server failed: {e}"))?;
+    tracing::info!("shut down; requests in flight were finished");
+    pool.close().await;
+    Ok(())
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+}

@@ -1,0 +1,92 @@
+//! The service's configuration: every option of `snapfence serve`, as a flag and as an
+//! environment variable, with its default. The README's configuration table mirrors this file.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use crate::domain::TtlBounds;
+use crate::state::Rules;
+use crate::store::DbSettings;
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Plain,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `snapfence serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeConfig {
+    /// Address to listen on.
+    #[arg(long, env = "SNAPFENCE_LISTEN", default_value = "127.0.0.1:7878")]
+    pub listen: SocketAddr,
+
+    /// PostgreSQL to use. Without it, snapfence runs a private PostgreSQL in --data-dir.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// Where the embedded PostgreSQL keeps its data (only without --database-url).
+    #[arg(long, env = "SNAPFENCE_DATA_DIR", default_value = "./snapfence-data")]
+    pub data_dir: PathBuf,
+
+    /// Log format.
+    #[arg(long, env = "SNAPFENCE_LOG_FORMAT", value_enum, default_value = "plain")]
+    pub log_format: LogFormat,
+
+    /// Shortest lease TTL accepted.
+    #[arg(long, env = "SNAPFENCE_MIN_TTL", value_parser = humantime::parse_duration, default_value = "100ms")]
+    pub min_ttl: Duration,
+
+    /// Longest lease TTL accepted.
+    #[arg(long, env = "SNAPFENCE_MAX_TTL", value_parser = humantime::parse_duration, default_value = "24h")]
+    pub max_ttl: Duration,
+
+    /// Snapshot versions kept per key, the current one included.
+    #[arg(long, env = "SNAPFENCE_KEEP_VERSIONS", default_value_t = 10, value_parser = clap::value_parser!(i64).range(1..=10_000))]
+    pub keep_versions: i64,
+
+    /// Largest snapshot body in bytes; larger uploads are cut off with 413.
+    #[arg(long, env = "SNAPFENCE_MAX_SNAPSHOT_BYTES", default_value_t = 8 * 1024 * 1024)]
+    pub max_snapshot_bytes: usize,
+
+    /// How long audit rows are kept before the background pruner deletes them.
+    #[arg(long, env = "SNAPFENCE_AUDIT_RETENTION", value_parser = humantime::parse_duration, default_value = "30days")]
+    pub audit_retention: Duration,
+
+    /// Database connections per instance.
+    #[arg(long, env = "SNAPFENCE_DB_POOL_SIZE", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub db_pool_size: u32,
+
+    /// How long a request may wait for the database before it is answered 503.
+    #[arg(long, env = "SNAPFENCE_DB_TIMEOUT", value_parser = humantime::parse_duration, default_value = "5s")]
+    pub db_timeout: Duration,
+}
+
+impl ServeConfig {
+    /// The rules the HTTP layer enforces.
+    pub fn rules(&self) -> Rules {
+        Rules {
+            ttl_bounds: TtlBounds {
+                min: self.min_ttl,
+                max: self.max_ttl,
+            },
+            keep_versions: self.keep_versions,
+            max_snapshot_bytes: self.max_snapshot_bytes,
+            audit_retention: self.audit_retention,
+        }
+    }
+
+    /// How the store talks to the database.
+    pub fn db(&self) -> DbSettings {
+        DbSettings {
+            pool_size: self.db_pool_size,
+            timeout: self.db_timeout,
+        }
+    }
+}

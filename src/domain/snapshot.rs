@@ -1,0 +1,168 @@
+//! Snapshot metadata and entity tags.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use super::{FencingToken, InvalidInput, Key, Version, rfc3339_millis};
+
+/// A strong entity tag: the quoted SHA-256 of the body, e.g. `"9f86d0…"`. The same text is
+/// sent in the `ETag` header and in JSON, as S3 does, so a client can pass either to `If-Match`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct ETag(String);
+
+impl ETag {
+    /// The entity tag of a body.
+    pub fn of(body: &[u8]) -> Self {
+        Self(format!("\"{}\"", hex::encode(Sha256::digest(body))))
+    }
+
+    /// An entity tag read back from the database.
+    pub(crate) fn from_stored(raw: String) -> Self {
+        Self(raw)
+    }
+
+    /// The quoted entity tag.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The tag without its quotes, for comparison.
+    fn opaque(&self) -> &str {
+        self.0.trim_matches('"')
+    }
+}
+
+/// The parsed value of an `If-Match` or `If-None-Match` header: `*` or a list of entity tags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntityTagCondition {
+    /// `*`: any current representation.
+    Any,
+    /// A list of entity tags; `weak` marks those sent as `W/"…"`.
+    Tags(Vec<(bool, String)>),
+}
+
+impl EntityTagCondition {
+    /// Parses the header value. Tags are taken quoted, as RFC 9110 writes them; a bare tag
+    /// without quotes is accepted too, since scripts often drop the quotes.
+    pub fn parse(raw: &str) -> Result<Self, InvalidInput> {
+        let raw = raw.trim();
+        if raw == "*" {
+            return Ok(Self::Any);
+        }
+        let mut tags = Vec::new();
+        for part in raw.split(',') {
+            let part = part.trim();
+            let (weak, rest) = match part.strip_prefix("W/") {
+                Some(rest) => (true, rest),
+                None => (false, part),
+            };
+            let opaque = match rest.strip_prefix('"') {
+                Some(inner) => inner.strip_suffix('"'),
+                None => Some(rest),
+            };
+            match opaque {
+                Some(o) if !o.is_empty() && o.bytes().all(|b| b.is_ascii_graphic() && b != b'"') => {
+                    tags.push((weak, o.to_string()));
+                }
+                _ => {
+                    return Err(InvalidInput::new(format!(
+                        "entity tag {part:?} is malformed; send the ETag exactly as the server gave it, e.g. If-Match: \"9f86d0…\""
+                    )));
+                }
+            }
+        }
+        Ok(Self::Tags(tags))
+    }
+
+    /// `If-Match`: strong comparison, so a weak tag never matches.
+    pub fn matches_strong(&self, current: Option<&ETag>) -> bool {
+        match (self, current) {
+            (_, None) => false,
+            (Self::Any, Some(_)) => true,
+            (Self::Tags(tags), Some(etag)) => {
+                tags.iter().any(|(weak, t)| !weak && t == etag.opaque())
+            }
+        }
+    }
+
+    /// `If-None-Match`: weak comparison.
+    pub fn matches_weak(&self, current: &ETag) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Tags(tags) => tags.iter().any(|(_, t)| t == current.opaque()),
+        }
+    }
+
+    /// The single strong tag to compare with in SQL, when the condition reduces to one; `None`
+    /// for `*`. A list of several tags is kept in Rust and checked against each.
+    pub fn strong_tags(&self) -> Option<Vec<String>> {
+        match self {
+            Self::Any => None,
+            Self::Tags(tags) => Some(
+                tags.iter()
+                    .filter(|(weak, _)| !weak)
+                    .map(|(_, t)| format!("\"{t}\""))
+                    .collect(),
+            ),
+        }
+    }
+}
+
+/// One stored version of a snapshot, without its body.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SnapshotMeta {
+    /// The key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<Key>,
+    /// Its version: the count of accepted writes of the key when it was written.
+    pub version: Version,
+    /// The token that wrote it.
+    pub token: FencingToken,
+    /// Its strong entity tag.
+    pub etag: ETag,
+    /// Its size in bytes.
+    pub size: i64,
+    /// Its content type.
+    pub content_type: String,
+    /// When it was written (database clock).
+    #[serde(with = "rfc3339_millis")]
+    pub updated_at: DateTime<Utc>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn etag_is_the_quoted_sha256() {
+        assert_eq!(
+            ETag::of(b"test").as_str(),
+            "\"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\""
+        );
+    }
+
+    #[test]
+    fn if_match_compares_strongly() {
+        let tag = ETag::of(b"x");
+        let quoted = EntityTagCondition::parse(tag.as_str()).unwrap();
+        assert!(quoted.matches_strong(Some(&tag)));
+        let bare = EntityTagCondition::parse(tag.as_str().trim_matches('"')).unwrap();
+        assert!(bare.matches_strong(Some(&tag)));
+        let weak = EntityTagCondition::parse(&format!("W/{}", tag.as_str())).unwrap();
+        assert!(!weak.matches_strong(Some(&tag)));
+        assert!(weak.matches_weak(&tag));
+        assert!(EntityTagCondition::Any.matches_strong(Some(&tag)));
+        assert!(!EntityTagCondition::Any.matches_strong(None));
+        let list = EntityTagCondition::parse(&format!("\"a\", {}", tag.as_str())).unwrap();
+        assert!(list.matches_strong(Some(&tag)));
+    }
+
+    #[test]
+    fn malformed_entity_tags_are_rejected() {
+        for bad in ["", "\"", "\"a", "\"a\"b\"", "a b", ","] {
+            assert!(EntityTagCondition::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+}

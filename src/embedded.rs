@@ -1,0 +1,354 @@
+//! A private PostgreSQL cluster run from the machine's own binaries: what `snapfence serve` uses
+//! when no `DATABASE_URL` is given, and what the test suite starts once per run.
+//!
+//! The cluster lives in `<data dir>/pg`, listens on a Unix socket in `<data dir>` only (no TCP
+//! port), and logs to `<data dir>/postgres.log`. PostgreSQL refuses to run as root, so when the
+//! service runs as root the cluster runs as the unprivileged `postgres` user (or `nobody`), which
+//! then owns the data directory. No crate here downloads PostgreSQL: the binaries are found on
+//! `PATH` or under `/usr/lib/postgresql/*/bin`.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use nix::unistd::{Gid, Uid, User};
+use sqlx::Connection;
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+
+/// The superuser that `initdb` creates.
+const SUPERUSER: &str = "postgres";
+/// The port names the socket file only; nothing listens on TCP.
+const PORT: u16 = 5432;
+/// The longest Unix socket path the kernel takes, less the socket file's own name.
+const MAX_SOCKET_DIR: usize = 107 - ".s.PGSQL.5432".len() - 1;
+
+/// Why the embedded cluster could not be started or stopped. Each message says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum EmbeddedError {
+    /// No PostgreSQL server binaries were found.
+    #[error(
+        "no PostgreSQL server binaries found (initdb, pg_ctl on PATH or under /usr/lib/postgresql/*/bin). \
+         Install them (Debian/Ubuntu: `apt-get install postgresql`), or point snapfence at a running \
+         server with DATABASE_URL=postgres://user:pass@host/db"
+    )]
+    NoBinaries,
+    /// Running as root, and no unprivileged user to run PostgreSQL as.
+    #[error(
+        "PostgreSQL refuses to run as root and there is no `postgres` or `nobody` user to run it as; \
+         create one (`useradd postgres`) or run snapfence as an unprivileged user"
+    )]
+    NoUser,
+    /// The data directory's path is too long for a Unix socket.
+    #[error(
+        "the data directory {0} is too long for a Unix socket path ({MAX_SOCKET_DIR} bytes at most); \
+         choose a shorter --data-dir"
+    )]
+    PathTooLong(PathBuf),
+    /// The data directory holds something that is not a cluster of ours.
+    #[error("{0} exists and is not a snapfence data directory; choose another --data-dir or empty it")]
+    NotOurs(PathBuf),
+    /// A PostgreSQL tool failed.
+    #[error("{tool} failed ({status}); see {log} for PostgreSQL's own account")]
+    Tool {
+        /// The tool.
+        tool: &'static str,
+        /// Its exit status.
+        status: String,
+        /// Where its output went.
+        log: PathBuf,
+    },
+    /// A file operation failed.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// On which path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Creating the service's database failed.
+    #[error("creating the database in the embedded cluster failed: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+type Result<T, E = EmbeddedError> = std::result::Result<T, E>;
+
+fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> EmbeddedError {
+    let path = path.to_path_buf();
+    move |source| EmbeddedError::Io { what, path, source }
+}
+
+/// The directory holding `initdb`, `pg_ctl` and `postgres`: the one on `PATH` first, else the
+/// newest major version under `/usr/lib/postgresql`.
+pub fn find_binaries() -> Result<PathBuf> {
+    let has_tools = |dir: &Path| ["initdb", "pg_ctl", "postgres"].iter().all(|t| dir.join(t).is_file());
+    if let Some(path) = std::env::var_os("PATH") {
+        if let Some(dir) = std::env::split_paths(&path).find(|d| has_tools(d)) {
+            return Ok(dir);
+        }
+    }
+    let mut versions: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let major = e.file_name().to_str()?.parse().ok()?;
+            Some((major, e.path().join("bin")))
+        })
+        .filter(|(_, bin)| has_tools(bin))
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, bin)| bin).ok_or(EmbeddedError::NoBinaries)
+}
+
+/// Settings written to the cluster's `snapfence.conf` at every start.
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    /// Extra `name = value` lines (values already quoted as PostgreSQL wants them).
+    pub extra: Vec<(String, String)>,
+}
+
+/// A running embedded cluster.
+#[derive(Debug)]
+pub struct EmbeddedPostgres {
+    dir: PathBuf,
+    bin: PathBuf,
+    run_as: Option<(Uid, Gid)>,
+}
+
+impl EmbeddedPostgres {
+    /// Starts the cluster in `dir`, creating it first if `dir` holds none. Blocks until the
+    /// server accepts connections. A server of this directory left running by an earlier
+    /// process (one that was killed) is adopted rather than started twice.
+    pub fn start(dir: &Path, settings: &Settings) -> Result<Self> {
+        let bin = find_binaries()?;
+        fs::create_dir_all(dir).map_err(io_err("creating", dir))?;
+        let dir = fs::canonicalize(dir).map_err(io_err("resolving", dir))?;
+        if dir.as_os_str().len() > MAX_SOCKET_DIR {
+            return Err(EmbeddedError::PathTooLong(dir));
+        }
+        let run_as = unprivileged_user()?;
+        let this = Self { dir, bin, run_as };
+        this.prepare_dir()?;
+        let pgdata = this.pgdata();
+        if !pgdata.join("PG_VERSION").is_file() {
+            tracing::info!(dir = %this.dir.display(), "creating a PostgreSQL cluster (initdb)");
+            this.tool("initdb")
+                .arg("-D")
+                .arg(&pgdata)
+                .args(["-U", SUPERUSER, "-A", "trust", "-E", "UTF8", "--locale=C"])
+                .pipe_to_log(&this)?;
+            let conf = pgdata.join("postgresql.conf");
+            let mut text = fs::read_to_string(&conf).map_err(io_err("reading", &conf))?;
+            text.push_str("\ninclude_if_exists = 'snapfence.conf'\n");
+            fs::write(&conf, text).map_err(io_err("writing", &conf))?;
+        }
+        this.write_settings(settings)?;
+        if this.running() {
+            tracing::warn!(dir = %this.dir.display(), "adopting a PostgreSQL server left running by an earlier process");
+        } else {
+            this.tool("pg_ctl")
+                .arg("-D")
+                .arg(&pgdata)
+                .arg("-l")
+                .arg(this.log_path())
+                .args(["-w", "-t", "120", "start"])
+                .pipe_to_log(&this)?;
+        }
+        Ok(this)
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Where PostgreSQL logs.
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("postgres.log")
+    }
+
+    fn pgdata(&self) -> PathBuf {
+        self.dir.join("pg")
+    }
+
+    /// Connection options for `database` as the superuser, over the Unix socket.
+    pub fn connect_options(&self, database: &str) -> PgConnectOptions {
+        PgConnectOptions::new()
+            .socket(&self.dir)
+            .port(PORT)
+            .username(SUPERUSER)
+            .database(database)
+    }
+
+    /// A `postgres://` URL for `database`, for tools such as `psql` and `pgbench`.
+    pub fn url(&self, database: &str) -> String {
+        format!(
+            "postgres://{SUPERUSER}@localhost:{PORT}/{database}?host={}",
+            self.dir.display()
+        )
+    }
+
+    /// Creates `database` unless it exists.
+    pub async fn ensure_database(&self, database: &str) -> Result<()> {
+        let mut conn = PgConnection::connect_with(&self.connect_options("postgres")).await?;
+        let exists: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+                .bind(database)
+                .fetch_one(&mut conn)
+                .await?;
+        if !exists {
+            let quoted = database.replace('"', "\"\"");
+            sqlx::query(&format!("CREATE DATABASE \"{quoted}\""))
+                .execute(&mut conn)
+                .await?;
+        }
+        conn.close().await?;
+        Ok(())
+    }
+
+    /// Stops the server: `fast` mode rolls back open transactions and checkpoints, so nothing
+    /// committed is lost.
+    pub fn stop(&self) -> Result<()> {
+        if !self.running() {
+            return Ok(());
+        }
+        self.tool("pg_ctl")
+            .arg("-D")
+            .arg(self.pgdata())
+            .args(["-m", "fast", "-w", "-t", "120", "stop"])
+            .pipe_to_log(self)
+    }
+
+    /// The server's process id, read from `postmaster.pid`.
+    pub fn pid(&self) -> Option<i32> {
+        let text = fs::read_to_string(self.pgdata().join("postmaster.pid")).ok()?;
+        text.lines().next()?.trim().parse().ok()
+    }
+
+    /// Whether the server of this directory is running.
+    pub fn running(&self) -> bool {
+        self.tool("pg_ctl")
+            .arg("-D")
+            .arg(self.pgdata())
+            .arg("status")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    fn tool(&self, name: &str) -> Command {
+        let mut cmd = Command::new(self.bin.join(name));
+        cmd.current_dir(&self.dir).env("LC_ALL", "C").env_remove("PGDATA");
+        if let Some((uid, gid)) = self.run_as {
+            cmd.uid(uid.as_raw()).gid(gid.as_raw());
+        }
+        cmd
+    }
+
+    /// The data directory belongs to the user PostgreSQL runs as, and only to it.
+    fn prepare_dir(&self) -> Result<()> {
+        if let Some((uid, gid)) = self.run_as {
+            nix::unistd::chown(&self.dir, Some(uid), Some(gid))
+                .map_err(|e| EmbeddedError::Io {
+                    what: "changing the owner of",
+                    path: self.dir.clone(),
+                    source: e.into(),
+                })?;
+        }
+        fs::set_permissions(&self.dir, fs::Permissions::from_mode(0o700))
+            .map_err(io_err("setting the mode of", &self.dir))?;
+        let pgdata = self.pgdata();
+        let foreign = fs::read_dir(&self.dir)
+            .map_err(io_err("reading", &self.dir))?
+            .flatten()
+            .any(|e| {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                !(matches!(name.as_ref(), "pg" | "postgres.log" | "tools.log") || name.starts_with(".s.PGSQL"))
+            });
+        if foreign && !pgdata.join("PG_VERSION").is_file() {
+            return Err(EmbeddedError::NotOurs(self.dir.clone()));
+        }
+        Ok(())
+    }
+
+    fn write_settings(&self, settings: &Settings) -> Result<()> {
+        let dir = self.dir.display().to_string().replace('\'', "''");
+        let mut text = format!(
+            "# Written by snapfence at every start; edits are lost.\n\
+             listen_addresses = ''\n\
+             unix_socket_directories = '{dir}'\n\
+             port = {PORT}\n"
+        );
+        for (name, value) in &settings.extra {
+            text.push_str(&format!("{name} = {value}\n"));
+        }
+        let path = self.pgdata().join("snapfence.conf");
+        fs::write(&path, text).map_err(io_err("writing", &path))?;
+        if let Some((uid, gid)) = self.run_as {
+            nix::unistd::chown(&path, Some(uid), Some(gid)).map_err(|e| EmbeddedError::Io {
+                what: "changing the owner of",
+                path: path.clone(),
+                source: e.into(),
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// The user to run PostgreSQL as when this process is root; `None` when it is not root.
+fn unprivileged_user() -> Result<Option<(Uid, Gid)>> {
+    if !Uid::effective().is_root() {
+        return Ok(None);
+    }
+    ["postgres", "nobody"]
+        .iter()
+        .find_map(|name| User::from_name(name).ok().flatten())
+        .map(|u| Some((u.uid, u.gid)))
+        .ok_or(EmbeddedError::NoUser)
+}
+
+/// Runs a PostgreSQL tool with its output appended to the cluster's log.
+trait PipeToLog {
+    fn pipe_to_log(&mut self, pg: &EmbeddedPostgres) -> Result<()>;
+}
+
+impl PipeToLog for Command {
+    fn pipe_to_log(&mut self, pg: &EmbeddedPostgres) -> Result<()> {
+        let log_path = pg.dir.join("tools.log");
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(io_err("opening", &log_path))?;
+        if let Some((uid, gid)) = pg.run_as {
+            let _ = nix::unistd::chown(&log_path, Some(uid), Some(gid));
+        }
+        let err = log.try_clone().map_err(io_err("opening", &log_path))?;
+        let tool = match self.get_program().to_string_lossy().rsplit('/').next() {
+            Some("initdb") => "initdb",
+            Some("pg_ctl") => "pg_ctl",
+            _ => "postgres",
+        };
+        let status = self
+            .stdout(log)
+            .stderr(err)
+            .status()
+            .map_err(io_err("running", Path::new(self.get_program())))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(EmbeddedError::Tool {
+                tool,
+                status: status.to_string(),
+                log: log_path,
+            })
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! Extractors that turn a request into validated domain values, and every malformed request
+//! into an [`ApiError`] with a `detail` that names what was wrong.
+
+use std::net::SocketAddr;
+
+use axum::body::Body;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, Path, Query, Request};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderName, header};
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use serde::de::DeserializeOwned;
+
+use super::error::ApiError;
+use crate::domain::{EntityTagCondition, FencingToken, Key};
+use crate::store::RequestContext;
+
+/// The header that carries a fencing token.
+pub static FENCING_TOKEN: HeaderName = HeaderName::from_static("fencing-token");
+/// The header that carries a snapshot's version.
+pub static SNAPSHOT_VERSION: HeaderName = HeaderName::from_static("snapshot-version");
+/// The request id header, taken from the request or made.
+pub static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The largest JSON request body (acquire and renew bodies are small; metadata is 4 KiB).
+const MAX_JSON_BYTES: usize = 64 * 1024;
+
+/// A JSON body, parsed whatever its `Content-Type` (so `curl -d` works without `-H`), with
+/// unknown fields and type errors reported as `invalid_request`.
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
+        let bytes = read_limited(req.into_body(), None, MAX_JSON_BYTES).await?;
+        if bytes.is_empty() {
+            return Err(ApiError::InvalidRequest(
+                "a JSON object body is required; see openapi.yaml for its fields".into(),
+            ));
+        }
+        serde_json::from_slice(&bytes)
+            .map(ApiJson)
+            .map_err(|e| ApiError::InvalidRequest(format!("request body: {e}")))
+    }
+}
+
+/// Query parameters, with unknown parameters and bad values reported as `invalid_request`.
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(q)| ApiQuery(q))
+            .map_err(|e: QueryRejection| ApiError::InvalidRequest(e.body_text()))
+    }
+}
+
+/// The `{key}` path segment, percent-decoded and validated.
+pub struct KeyPath(pub Key);
+
+impl<S: Send + Sync> FromRequestParts<S> for KeyPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(raw) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(path_error)?;
+        Ok(Self(Key::parse(raw)?))
+    }
+}
+
+/// The `{key}` and `{version}` path segments.
+pub struct KeyVersionPath(pub Key, pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for KeyVersionPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path((key, version)) = Path::<(String, String)>::from_request_parts(parts, state)
+            .await
+            .map_err(path_error)?;
+        Ok(Self(Key::parse(key)?, version))
+    }
+}
+
+fn path_error(e: PathRejection) -> ApiError {
+    ApiError::InvalidRequest(format!(
+        "{}; percent-encode the key as one path segment (e.g. jobs%2F42)",
+        e.body_text()
+    ))
+}
+
+/// The value of a header that may be sent at most once, as text.
+fn single_header<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Result<Option<&'a str>, ApiError> {
+    let mut values = headers.get_all(name).iter();
+    let Some(first) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(ApiError::InvalidRequest(format!("send the {name} header once")));
+    }
+    first
+        .to_str()
+        .map(Some)
+        .map_err(|_| ApiError::InvalidRequest(format!("the {name} header is not visible ASCII")))
+}
+
+/// The `Fencing-Token` header of a fenced call: missing → `428 token_required`, malformed →
+/// `400 invalid_request`.
+pub struct FencingTokenHeader(pub FencingToken);
+
+impl<S: Send + Sync> FromRequestParts<S> for FencingTokenHeader {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let raw = single_header(&parts.headers, &FENCING_TOKEN)?.ok_or(ApiError::TokenRequired)?;
+        Ok(Self(FencingToken::parse_header(raw)?))
+    }
+}
+
+/// The optional `If-Match` and `If-None-Match` headers.
+pub struct Preconditions {
+    /// `If-Match`, for fenced writes.
+    pub if_match: Option<EntityTagCondition>,
+    /// `If-None-Match`, for reads.
+    pub if_none_match: Option<EntityTagCondition>,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Preconditions {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let parse = |name| {
+            single_header(&parts.headers, name)?
+                .map(EntityTagCondition::parse)
+                .transpose()
+                .map_err(ApiError::from)
+        };
+        Ok(Self {
+            if_match: parse(&header::IF_MATCH)?,
+            if_none_match: parse(&header::IF_NONE_MATCH)?,
+        })
+    }
+}
+
+/// Where a request came from, for the audit log.
+pub struct Context(pub RequestContext);
+
+impl<S: Send + Sync> FromRequestParts<S> for Context {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let request_id = parts
+            .headers
+            .get(&REQUEST_ID)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let remote_addr = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|ConnectInfo(addr)| addr.to_string());
+        Ok(Self(RequestContext {
+            request_id,
+            remote_addr,
+            principal: None,
+        }))
+    }
+}
+
+/// Reads a body to its end, refusing it with 413 as soon as it passes `limit`: at once when
+/// `Content-Length` says so, otherwise when the bytes received pass it. At most `limit` bytes
+/// are ever held, in one buffer sized up front from `Content-Length`.
+pub async fn read_limited(body: Body, content_length: Option<u64>, limit: usize) -> Result<Bytes, ApiError> {
+    if content_length.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::PayloadTooLarge { limit });
+    }
+    let capacity = content_length.map_or(0, |n| n as usize);
+    let mut buf = BytesMut::with_capacity(capacity);
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            ApiError::InvalidRequest(format!("the request body could not be read: {e}"))
+        })?;
+        if buf.len() + chunk.len() > limit {
+            return Err(ApiError::PayloadTooLarge { limit });
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf.freeze())
+}
+
+/// The `Content-Length` of a request, if it sent a valid one.
+pub fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+}

@@ -1,0 +1,192 @@
+//! `/v1/leases`: acquire, renew, release, abandon, require-recovery, get and list.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+
+use super::error::{ApiError, Holder};
+use super::extract::{ApiJson, ApiQuery, Context, FencingTokenHeader, KeyPath};
+use crate::domain::{
+    Cursor, FencingToken, Key, KeyPrefix, KeyStatus, Lease, LeaseState, Metadata, Owner,
+    PageLimit, RecoveryRecord, TtlMs,
+};
+use crate::state::AppState;
+use crate::store::leases::{self, AcquireOutcome, AcquireRequest, Ending, LeaseChange, ListQuery};
+
+/// The lease routes.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/v1/leases", get(list))
+        .route("/v1/leases/{key}", post(acquire).get(status).delete(release))
+        .route("/v1/leases/{key}/renew", post(renew))
+        .route("/v1/leases/{key}/abandon", post(abandon))
+        .route("/v1/leases/{key}/require-recovery", post(require_recovery))
+}
+
+/// The body of an acquire.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AcquireBody {
+    owner: Owner,
+    ttl_ms: i64,
+    #[serde(default)]
+    metadata: Option<Metadata>,
+    #[serde(default)]
+    crash_recovery: bool,
+    #[serde(default)]
+    reconciled: bool,
+}
+
+/// A grant: the lease, and the recovery record it replaced if `reconciled` replaced one.
+#[derive(Debug, Serialize)]
+pub struct Grant {
+    #[serde(flatten)]
+    lease: Lease,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    recovered: Option<RecoveryRecord>,
+}
+
+async fn acquire(
+    State(state): State<AppState>,
+    KeyPath(key): KeyPath,
+    Context(ctx): Context,
+    ApiJson(body): ApiJson<AcquireBody>,
+) -> Result<Response, ApiError> {
+    let req = AcquireRequest {
+        ttl: TtlMs::new(body.ttl_ms, state.rules.ttl_bounds)?,
+        key: key.clone(),
+        owner: body.owner,
+        metadata: body.metadata,
+        crash_recovery: body.crash_recovery,
+        reconciled: body.reconciled,
+    };
+    match leases::acquire(&state.db, &req, &ctx).await? {
+        AcquireOutcome::Granted { lease, recovered } => {
+            Ok((StatusCode::CREATED, Json(Grant { lease, recovered })).into_response())
+        }
+        AcquireOutcome::Held { holder } => Err(ApiError::LeaseHeld {
+            key,
+            holder: Holder::from(&holder),
+        }),
+        AcquireOutcome::RecoveryRequired { recovery } => {
+            Err(ApiError::RecoveryRequired { key, recovery })
+        }
+    }
+}
+
+/// The body of a renewal. Without `ttl_ms` the lease keeps its TTL.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RenewBody {
+    token: FencingToken,
+    #[serde(default)]
+    ttl_ms: Option<i64>,
+}
+
+async fn renew(
+    State(state): State<AppState>,
+    KeyPath(key): KeyPath,
+    ApiJson(body): ApiJson<RenewBody>,
+) -> Result<Json<Lease>, ApiError> {
+    let ttl = body
+        .ttl_ms
+        .map(|ms| TtlMs::new(ms, state.rules.ttl_bounds))
+        .transpose()?;
+    match leases::renew(&state.db, &key, body.token, ttl).await? {
+        LeaseChange::Done(lease) => Ok(Json(lease)),
+        LeaseChange::Lost => Err(lost(key, body.token)),
+    }
+}
+
+fn lost(key: Key, token: FencingToken) -> ApiError {
+    ApiError::LeaseLost {
+        key,
+        token: token.get(),
+    }
+}
+
+async fn end(state: AppState, key: Key, token: FencingToken, ending: Ending) -> Result<StatusCode, ApiError> {
+    match leases::end(&state.db, &key, token, ending).await? {
+        LeaseChange::Done(_) => Ok(StatusCode::NO_CONTENT),
+        LeaseChange::Lost => Err(lost(key, token)),
+    }
+}
+
+async fn release(
+    State(state): State<AppState>,
+    KeyPath(key): KeyPath,
+    FencingTokenHeader(token): FencingTokenHeader,
+) -> Result<StatusCode, ApiError> {
+    end(state, key, token, Ending::Release).await
+}
+
+async fn abandon(
+    State(state): State<AppState>,
+    KeyPath(key): KeyPath,
+    FencingTokenHeader(token): FencingTokenHeader,
+) -> Result<StatusCode, ApiError> {
+    end(state, key, token, Ending::Abandon).await
+}
+
+async fn require_recovery(
+    State(state): State<AppState>,
+    KeyPath(key): KeyPath,
+    FencingTokenHeader(token): FencingTokenHeader,
+) -> Result<StatusCode, ApiError> {
+    end(state, key, token, Ending::RequireRecovery).await
+}
+
+async fn status(State(state): State<AppState>, KeyPath(key): KeyPath) -> Result<Json<KeyStatus>, ApiError> {
+    leases::status(&state.db, &key)
+        .await?
+        .map(Json)
+        .ok_or_else(|| ApiError::NotFound(format!("key {key:?} has never been leased")))
+}
+
+/// The query of a list.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListParams {
+    #[serde(default)]
+    prefix: Option<String>,
+    #[serde(default)]
+    state: Option<LeaseState>,
+    #[serde(default)]
+    limit: Option<i64>,
+    #[serde(default)]
+    cursor: Option<String>,
+}
+
+/// A page of a list endpoint: `{"items": [...], "next_cursor": string-or-null}`.
+#[derive(Debug, Serialize)]
+pub struct PageBody<T> {
+    /// The items.
+    pub items: Vec<T>,
+    /// The cursor of the next page, or null on the last.
+    pub next_cursor: Option<Cursor>,
+}
+
+impl<T> From<leases::Page<T>> for PageBody<T> {
+    fn from(p: leases::Page<T>) -> Self {
+        Self {
+            items: p.items,
+            next_cursor: p.next_cursor,
+        }
+    }
+}
+
+async fn list(
+    State(state): State<AppState>,
+    ApiQuery(params): ApiQuery<ListParams>,
+) -> Result<Json<PageBody<KeyStatus>>, ApiError> {
+    let q = ListQuery {
+        prefix: KeyPrefix::parse(params.prefix.unwrap_or_default())?,
+        state: params.state,
+        limit: PageLimit::new(params.limit)?,
+        after: params.cursor.as_deref().map(Cursor::decode).transpose()?,
+    };
+    Ok(Json(leases::list(&state.db, &q).await?.into()))
+}

@@ -1,0 +1,75 @@
+//! The HTTP face of the contract in `../shared/API.md`: one module per resource, each with its
+//! `router()`, request and response types and thin handlers; [`error`] turns every failure into
+//! problem+json; [`extract`] validates every input.
+
+pub mod audit;
+pub mod error;
+pub mod extract;
+pub mod leases;
+pub mod ops;
+pub mod snapshots;
+
+use std::any::Any;
+
+use axum::Router;
+use axum::extract::MatchedPath;
+use axum::http::Request;
+use axum::response::{IntoResponse, Response};
+use tower::ServiceBuilder;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+
+use crate::state::AppState;
+use error::ApiError;
+use extract::REQUEST_ID;
+
+/// The whole API with its middleware: request ids (taken or made, echoed on every answer), a
+/// tracing span per request named by its matched route, and panics turned into a 500 problem.
+pub fn router(state: AppState) -> Router {
+    let middleware = ServiceBuilder::new()
+        .layer(SetRequestIdLayer::new(REQUEST_ID.clone(), MakeRequestUuid))
+        .layer(
+            TraceLayer::new_for_http().make_span_with(|req: &Request<_>| {
+                let route = req
+                    .extensions()
+                    .get::<MatchedPath>()
+                    .map_or("unmatched", MatchedPath::as_str);
+                let request_id = req
+                    .headers()
+                    .get(&REQUEST_ID)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("");
+                tracing::info_span!("request", method = %req.method(), route, request_id)
+            }),
+        )
+        .layer(PropagateRequestIdLayer::new(REQUEST_ID.clone()))
+        .layer(CatchPanicLayer::custom(panic_response));
+    Router::new()
+        .merge(leases::router())
+        .merge(snapshots::router())
+        .merge(audit::router())
+        .merge(ops::router())
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+        .layer(middleware)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::NotFound("no such endpoint; see openapi.yaml for the API".into())
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}
+
+fn panic_response(err: Box<dyn Any + Send + 'static>) -> Response {
+    let message = err
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| err.downcast_ref::<&str>().copied())
+        .unwrap_or("unknown panic");
+    tracing::error!(panic = message, "handler panicked");
+    ApiError::Internal.into_response()
+}

@@ -1,0 +1,168 @@
+//! `/v1/snapshots`: fenced writes and deletes, reads, and retained versions.
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Deserialize;
+
+use super::error::ApiError;
+use super::extract::{
+    ApiQuery, Context, FENCING_TOKEN, FencingTokenHeader, KeyPath, KeyVersionPath, Preconditions,
+    SNAPSHOT_VERSION, content_length, read_limited,
+};
+use super::leases::PageBody;
+use crate::domain::{Cursor, Key, PageLimit, SnapshotMeta, Version};
+use crate::state::AppState;
+use crate::store::snapshots::{self, PutRequest, Snapshot, WriteOutcome, Written};
+
+/// The content type stored when a write sends none.
+const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
+
+/// The snapshot routes. `GET` routes answer `HEAD` too, with the same headers and no body.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/v1/snapshots/{key}", get(read).put(write).delete(delete))
+        .route("/v1/snapshots/{key}/versions", get(versions))
+        .route("/v1/snapshots/{key}/versions/{version}", get(read_version))
+}
+
+fn refused<T>(key: Key, outcome: WriteOutcome<T>) -> Result<T, ApiError> {
+    match outcome {
+        WriteOutcome::Accepted(t) => Ok(t),
+        WriteOutcome::Refused(refusal) => Err(ApiError::Refused { key, refusal }),
+        WriteOutcome::PreconditionFailed => Err(ApiError::PreconditionFailed),
+    }
+}
+
+fn etag_header(meta: &SnapshotMeta) -> HeaderValue {
+    HeaderValue::from_str(meta.etag.as_str()).expect("an ETag is visible ASCII")
+}
+
+async fn write(
+    State(state): State<AppState>,
+    KeyPath(key): KeyPath,
+    FencingTokenHeader(token): FencingTokenHeader,
+    Preconditions { if_match, .. }: Preconditions,
+    Context(ctx): Context,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let content_type = match headers.get(header::CONTENT_TYPE) {
+        None => DEFAULT_CONTENT_TYPE.to_owned(),
+        Some(v) => v
+            .to_str()
+            .map_err(|_| ApiError::InvalidRequest("Content-Type is not visible ASCII".into()))?
+            .to_owned(),
+    };
+    let limit = state.rules.max_snapshot_bytes;
+    let body = read_limited(body, content_length(&headers), limit).await?;
+    let req = PutRequest {
+        key: key.clone(),
+        token,
+        if_match,
+        body,
+        content_type,
+    };
+    let outcome = snapshots::put(&state.db, &req, state.rules.keep_versions, &ctx).await?;
+    let Written { meta, created } = refused(key, outcome)?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    let etag = etag_header(&meta);
+    Ok((status, [(header::ETAG, etag)], Json(meta)).into_response())
+}
+
+async fn delete(
+    State(state): State<AppState>,
+    KeyPath(key): KeyPath,
+    FencingTokenHeader(token): FencingTokenHeader,
+    Preconditions { if_match, .. }: Preconditions,
+    Context(ctx): Context,
+) -> Result<StatusCode, ApiError> {
+    let outcome = snapshots::delete(&state.db, &key, token, if_match.as_ref(), &ctx).await?;
+    refused(key, outcome)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// A snapshot as an HTTP answer: its bytes with the contract's headers, or `304` when
+/// `If-None-Match` matches.
+fn snapshot_response(snapshot: Snapshot, pre: &Preconditions) -> Response {
+    let meta = &snapshot.meta;
+    let mut headers = HeaderMap::new();
+    headers.insert(header::ETAG, etag_header(meta));
+    headers.insert(FENCING_TOKEN.clone(), HeaderValue::from(meta.token.get()));
+    headers.insert(SNAPSHOT_VERSION.clone(), HeaderValue::from(meta.version.get()));
+    let last_modified = meta.updated_at.format("%a, %d %b %Y %H:%M:%S GMT").to_string();
+    headers.insert(
+        header::LAST_MODIFIED,
+        HeaderValue::from_str(&last_modified).expect("an HTTP date is ASCII"),
+    );
+    if pre
+        .if_none_match
+        .as_ref()
+        .is_some_and(|c| c.matches_weak(&meta.etag))
+    {
+        return (StatusCode::NOT_MODIFIED, headers).into_response();
+    }
+    match HeaderValue::from_str(&meta.content_type) {
+        Ok(ct) => headers.insert(header::CONTENT_TYPE, ct),
+        Err(_) => headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(DEFAULT_CONTENT_TYPE)),
+    };
+    (StatusCode::OK, headers, snapshot.body).into_response()
+}
+
+fn no_snapshot(key: &Key) -> ApiError {
+    ApiError::NotFound(format!("key {key:?} has no snapshot; write one with PUT and a Fencing-Token"))
+}
+
+async fn read(
+    State(state): State<AppState>,
+    KeyPath(key): KeyPath,
+    pre: Preconditions,
+) -> Result<Response, ApiError> {
+    let snapshot = snapshots::get(&state.db, &key, None, state.rules.keep_versions)
+        .await?
+        .ok_or_else(|| no_snapshot(&key))?;
+    Ok(snapshot_response(snapshot, &pre))
+}
+
+async fn read_version(
+    State(state): State<AppState>,
+    KeyVersionPath(key, version): KeyVersionPath,
+    pre: Preconditions,
+) -> Result<Response, ApiError> {
+    let version = Version::parse(&version)?;
+    let snapshot = snapshots::get(&state.db, &key, Some(version), state.rules.keep_versions)
+        .await?
+        .ok_or_else(|| {
+            ApiError::NotFound(format!(
+                "key {key:?} has no version {}: it was never written, or was pruned or deleted; list /versions for the retained ones",
+                version.get()
+            ))
+        })?;
+    Ok(snapshot_response(snapshot, &pre))
+}
+
+/// The query of a versions list.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VersionsParams {
+    #[serde(default)]
+    limit: Option<i64>,
+    #[serde(default)]
+    cursor: Option<String>,
+}
+
+async fn versions(
+    State(state): State<AppState>,
+    KeyPath(key): KeyPath,
+    ApiQuery(params): ApiQuery<VersionsParams>,
+) -> Result<Json<PageBody<SnapshotMeta>>, ApiError> {
+    let limit = PageLimit::new(params.limit)?;
+    let before = params.cursor.as_deref().map(Cursor::decode_number).transpose()?;
+    let page = snapshots::versions(&state.db, &key, state.rules.keep_versions, limit, before)
+        .await?
+        .ok_or_else(|| no_snapshot(&key))?;
+    Ok(Json(page.into()))
+}

@@ -1,0 +1,67 @@
+//! snapfence: a Postgres-backed fenced snapshot store.
+//!
+//! Workers take a lease on a key before they touch its state; every grant mints a strictly
+//! increasing fencing token, and the store refuses any write whose token is not the key's newest,
+//! recording each refusal in an audit log. The HTTP contract is `../shared/API.md`, described by
+//! `openapi.yaml`.
+//!
+//! Layout: [`domain`] (validated values and records), [`store`] (all SQL), [`http`] (routes,
+//! extractors, errors), [`config`], [`embedded`] (a private PostgreSQL), [`cli`].
+
+pub mod cli;
+pub mod config;
+pub mod domain;
+pub mod embedded;
+pub mod http;
+pub mod state;
+pub mod store;
+pub mod telemetry;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+
+pub use http::router;
+pub use state::{AppState, Rules};
+
+/// Serves the API on `listener` until `shutdown` resolves, then finishes the requests in flight
+/// and returns. Also runs the audit retention pruner for as long as it serves.
+pub async fn run(
+    listener: TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let pruner = tokio::spawn(prune_audit_forever(state.clone()));
+    let app = router(state).into_make_service_with_connect_info::<SocketAddr>();
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await;
+    pruner.abort();
+    served
+}
+
+/// Deletes audit rows past their retention, a small batch at a time with a pause between
+/// batches, so that pruning a large backlog never crowds out the requests.
+async fn prune_audit_forever(state: AppState) {
+    const BATCH: i64 = 1000;
+    const PAUSE: Duration = Duration::from_millis(50);
+    const PERIOD: Duration = Duration::from_secs(60);
+    let retention = state.rules.audit_retention;
+    loop {
+        for log in [store::audit::Log::Rejections, store::audit::Log::Recoveries] {
+            loop {
+                match store::audit::prune(&state.db, log, retention, BATCH).await {
+                    Ok(n) if n as i64 == BATCH => tokio::time::sleep(PAUSE).await,
+                    Ok(_) => break,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "audit pruning skipped");
+                        break;
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(PERIOD).await;
+    }
+}

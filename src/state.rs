@@ -1,0 +1,51 @@
+//! What every handler shares: the database pool and the service's rules.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use crate::domain::TtlBounds;
+
+/// The rules an instance enforces, from its configuration.
+#[derive(Debug, Clone)]
+pub struct Rules {
+    /// Bounds on a lease's TTL.
+    pub ttl_bounds: TtlBounds,
+    /// Snapshot versions kept per key, the current one included.
+    pub keep_versions: i64,
+    /// The largest snapshot body, in bytes.
+    pub max_snapshot_bytes: usize,
+    /// How long audit rows are kept.
+    pub audit_retention: Duration,
+}
+
+impl Default for Rules {
+    fn default() -> Self {
+        Self {
+            ttl_bounds: TtlBounds::default(),
+            keep_versions: 10,
+            max_snapshot_bytes: 8 * 1024 * 1024,
+            audit_retention: Duration::from_secs(30 * 86_400),
+        }
+    }
+}
+
+/// The state handed to every handler with `with_state`.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The database.
+    pub db: PgPool,
+    /// The rules.
+    pub rules: Arc<Rules>,
+}
+
+impl AppState {
+    /// State over a pool with the given rules.
+    pub fn new(db: PgPool, rules: Rules) -> Self {
+        Self {
+            db,
+            rules: Arc::new(rules),
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! Every SQL statement of the service, one function each, grouped by table family: `leases`
+//! (leases, tokens and recovery records), `snapshots` (fenced writes and reads), `audit`
+//! (rejections and recoveries, and their retention). Each function's doc comment states its
+//! atomicity, the rows it locks and why it is race-free under READ COMMITTED with any number of
+//! service instances on one database.
+//!
+//! Refused operations are outcomes, not errors: a stale write is recorded in the audit log,
+//! committed, and returned as [`snapshots::WriteOutcome::Refused`]. [`StoreError`] is only for
+//! the database failing, and then nothing was changed.
+
+pub mod audit;
+pub mod leases;
+pub mod snapshots;
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+
+/// The database failed. Refusals are not errors; see the module docs.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database cannot be reached, or gave up on the statement (timeout, shutdown, too many
+    /// connections, a lost connection). Nothing was changed; retrying later is safe.
+    #[error("the database is unavailable: {0}")]
+    Unavailable(#[source] sqlx::Error),
+    /// Any other database failure: a bug or a schema mismatch.
+    #[error("database error: {0}")]
+    Internal(#[source] sqlx::Error),
+    /// Applying the migrations failed.
+    #[error("applying the migrations failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        if is_unavailable(&e) {
+            Self::Unavailable(e)
+        } else {
+            Self::Internal(e)
+        }
+    }
+}
+
+/// Whether an error means "the database is not there right now" rather than "this statement is
+/// wrong". SQLSTATE classes: 08 connection exception, 53 insufficient resources, 57 operator
+/// intervention (shutdown, statement timeout), 40 transaction rollback (serialization, deadlock):
+/// each leaves nothing changed and may succeed when retried.
+fn is_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|c| ["08", "53", "57", "40"].iter().any(|class| c.starts_with(class))),
+        _ => false,
+    }
+}
+
+/// Result of a store call.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// How the service talks to its database.
+#[derive(Debug, Clone)]
+pub struct DbSettings {
+    /// Connections in the pool of one instance.
+    pub pool_size: u32,
+    /// How long a request waits for a connection, and how long a statement may run, before the
+    /// request is answered `503 unavailable`.
+    pub timeout: Duration,
+}
+
+impl Default for DbSettings {
+    fn default() -> Self {
+        Self {
+            pool_size: 16,
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Opens a pool. Connections are made lazily, so the service starts (and answers 503) while the
+/// database is down, and recovers by itself when it comes back.
+pub fn pool(options: PgConnectOptions, settings: &DbSettings) -> PgPool {
+    let ms = settings.timeout.as_millis().to_string();
+    let options = options
+        .application_name("snapfence")
+        // A statement that waits on a lock or a slow disk is cancelled, rolled back and
+        // answered 503 instead of holding a client forever.
+        .options([
+            ("statement_timeout", ms.as_str()),
+            ("lock_timeout", ms.as_str()),
+            // No transaction may sit idle holding locks if an instance stalls mid-transaction.
+            ("idle_in_transaction_session_timeout", ms.as_str()),
+        ]);
+    PgPoolOptions::new()
+        .max_connections(settings.pool_size)
+        .min_connections(0)
+        .acquire_timeout(settings.timeout)
+        // Connections to a database that restarted fail on first use; checking before each use
+        // turns a restart into one reconnect instead of one failed request per stale connection.
+        .test_before_acquire(true)
+        .connect_lazy_with(options)
+}
+
+/// The migrations in `migrations/`, embedded at build time.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Applies the migrations, then moves the token sequence past every token already stored.
+///
+/// Several instances may start at once: sqlx serialises migrations with an advisory lock, and
+/// [`leases::ensure_sequence_ahead`] takes a table lock that orders it against every grant.
+pub async fn prepare(pool: &PgPool) -> Result<()> {
+    MIGRATOR.run(pool).await?;
+    leases::ensure_sequence_ahead(pool).await?;
+    Ok(())
+}
+
+/// Whether the database answers and has every migration this build knows of.
+pub async fn ready(pool: &PgPool) -> Result<bool> {
+    let latest = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+    let applied: Option<i64> =
+        sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
+            .fetch_one(pool)
+            .await?;
+    Ok(applied.is_some_and(|v| v >= latest))
+}
+
+/// Where a request came from, for the audit log.
+#[derive(Debug, Clone, Default)]
+pub struct RequestContext {
+    /// The request's `x-request-id`.
+    pub request_id: Option<String>,
+    /// The peer address.
+    pub remote_addr: Option<String>,
+    /// The authenticated principal (none until authentication exists).
+    pub principal: Option<String>,
+}
