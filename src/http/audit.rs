@@ -2,10 +2,11 @@
 
 use axum::extract::State;
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
+use super::Routes;
 use super::error::ApiError;
 use super::extract::ApiQuery;
 use super::leases::PageBody;
@@ -15,8 +16,8 @@ use crate::store::audit::{self, AuditQuery, Recovery, Rejection};
 use crate::store::snapshots::RefusalReason;
 
 /// The audit routes.
-pub fn router() -> Router<AppState> {
-    Router::new()
+pub(super) fn routes() -> Routes {
+    Routes::new()
         .route("/v1/audit/rejections", get(rejections))
         .route("/v1/audit/recoveries", get(recoveries))
 }

@@ -40,9 +40,19 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
                 "a JSON object body is required; see openapi.yaml for its fields".into(),
             ));
         }
-        serde_json::from_slice(&bytes)
-            .map(ApiJson)
-            .map_err(|e| ApiError::InvalidRequest(format!("request body: {e}")))
+        let mut json = serde_json::Deserializer::from_slice(&bytes);
+        let value = serde_path_to_error::deserialize(&mut json).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            if path == "." {
+                ApiError::InvalidRequest(format!("request body: {inner}"))
+            } else {
+                ApiError::InvalidRequest(format!("request body field `{path}`: {inner}"))
+            }
+        })?;
+        json.end()
+            .map_err(|e| ApiError::InvalidRequest(format!("request body: {e}")))?;
+        Ok(ApiJson(value))
     }
 }
 

@@ -4,9 +4,10 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use serde::{Deserialize, Serialize};
 
+use super::Routes;
 use super::error::{ApiError, Holder};
 use super::extract::{ApiJson, ApiQuery, Context, FencingTokenHeader, KeyPath};
 use crate::domain::{
@@ -17,8 +18,8 @@ use crate::state::AppState;
 use crate::store::leases::{self, AcquireOutcome, AcquireRequest, Ending, LeaseChange, ListQuery};
 
 /// The lease routes.
-pub fn router() -> Router<AppState> {
-    Router::new()
+pub(super) fn routes() -> Routes {
+    Routes::new()
         .route("/v1/leases", get(list))
         .route("/v1/leases/{key}", post(acquire).get(status).delete(release))
         .route("/v1/leases/{key}/renew", post(renew))

@@ -13,12 +13,14 @@ use std::any::Any;
 
 use axum::Router;
 use axum::extract::MatchedPath;
+use axum::routing::MethodRouter;
 use axum::http::Request;
 use axum::response::{IntoResponse, Response};
 use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
+use tracing::Level;
 
 use crate::state::AppState;
 use error::ApiError;
@@ -41,19 +43,58 @@ pub fn router(state: AppState) -> Router {
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or("");
                 tracing::info_span!("request", method = %req.method(), route, request_id)
-            }),
+            })
+            .on_response(DefaultOnResponse::new().level(Level::INFO)),
         )
         .layer(PropagateRequestIdLayer::new(REQUEST_ID.clone()))
         .layer(CatchPanicLayer::custom(panic_response));
-    Router::new()
-        .merge(leases::router())
-        .merge(snapshots::router())
-        .merge(audit::router())
-        .merge(ops::router())
+    routes()
+        .router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
         .layer(middleware)
+}
+
+/// A router that remembers the paths it routes, so that the test of `openapi.yaml` can compare
+/// the spec's paths with the ones that really exist.
+pub struct Routes {
+    router: Router<AppState>,
+    paths: Vec<&'static str>,
+}
+
+impl Routes {
+    fn new() -> Self {
+        Self {
+            router: Router::new(),
+            paths: Vec::new(),
+        }
+    }
+
+    fn route(mut self, path: &'static str, methods: MethodRouter<AppState>) -> Self {
+        self.paths.push(path);
+        self.router = self.router.route(path, methods);
+        self
+    }
+
+    fn merge(mut self, other: Routes) -> Self {
+        self.paths.extend(other.paths);
+        self.router = self.router.merge(other.router);
+        self
+    }
+}
+
+fn routes() -> Routes {
+    Routes::new()
+        .merge(leases::routes())
+        .merge(snapshots::routes())
+        .merge(audit::routes())
+        .merge(ops::routes())
+}
+
+/// Every path the API routes, in axum's `{param}` syntax (which is also OpenAPI's).
+pub fn paths() -> Vec<&'static str> {
+    routes().paths
 }
 
 async fn not_found() -> ApiError {

@@ -2,16 +2,17 @@
 
 use axum::extract::State;
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use serde_json::{Value, json};
 
+use super::Routes;
 use super::error::ApiError;
 use crate::state::AppState;
 use crate::store;
 
 /// The operations routes.
-pub fn router() -> Router<AppState> {
-    Router::new()
+pub(super) fn routes() -> Routes {
+    Routes::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
 }

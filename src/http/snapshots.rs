@@ -5,9 +5,10 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use serde::Deserialize;
 
+use super::Routes;
 use super::error::ApiError;
 use super::extract::{
     ApiQuery, Context, FENCING_TOKEN, FencingTokenHeader, KeyPath, KeyVersionPath, Preconditions,
@@ -22,8 +23,8 @@ use crate::store::snapshots::{self, PutRequest, Snapshot, WriteOutcome, Written}
 const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
 
 /// The snapshot routes. `GET` routes answer `HEAD` too, with the same headers and no body.
-pub fn router() -> Router<AppState> {
-    Router::new()
+pub(super) fn routes() -> Routes {
+    Routes::new()
         .route("/v1/snapshots/{key}", get(read).put(write).delete(delete))
         .route("/v1/snapshots/{key}/versions", get(versions))
         .route("/v1/snapshots/{key}/versions/{version}", get(read_version))

@@ -1,0 +1,274 @@
+//! The test harness: one throwaway PostgreSQL cluster per test run (started from the local
+//! binaries, or the server at `DATABASE_URL` when set), a fresh database per test, and the
+//! service on a free loopback port. Nothing is mocked.
+
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use reqwest::{Method, RequestBuilder, Response, StatusCode};
+use serde_json::{Value, json};
+use snapfence::embedded::{EmbeddedPostgres, Settings};
+use snapfence::store::{self, DbSettings};
+use snapfence::{AppState, Rules};
+use sqlx::postgres::{PgConnectOptions, PgPool};
+use sqlx::{ConnectOptions, Connection, PgConnection};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// Where test databases are created.
+enum Cluster {
+    Embedded(EmbeddedPostgres),
+    External(PgConnectOptions),
+}
+
+impl Cluster {
+    fn options(&self, database: &str) -> PgConnectOptions {
+        match self {
+            Self::Embedded(pg) => pg.connect_options(database),
+            Self::External(base) => base.clone().database(database),
+        }
+    }
+}
+
+static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+static NEXT_DB: AtomicU32 = AtomicU32::new(0);
+
+/// The run's cluster, started on first use. An embedded cluster is stopped and removed by a
+/// watchdog process once this test process exits, however it exits.
+fn cluster() -> &'static Cluster {
+    CLUSTER.get_or_init(|| {
+        if let Ok(url) = std::env::var("DATABASE_URL") {
+            return Cluster::External(url.parse().expect("DATABASE_URL is a PostgreSQL URL"));
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("sf-test-")
+            .tempdir()
+            .expect("a temporary directory")
+            .keep();
+        let settings = Settings {
+            extra: vec![
+                // Test clusters are thrown away; the OS page cache is durable enough for them
+                // (a killed server still loses nothing), and fsync would dominate run time.
+                ("fsync".into(), "off".into()),
+                ("max_connections".into(), "400".into()),
+                ("shared_buffers".into(), "'64MB'".into()),
+            ],
+        };
+        let pg = EmbeddedPostgres::start(&dir, &settings).expect("starting the test cluster");
+        let watchdog = format!(
+            "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; \
+             kill -QUIT \"$(head -n 1 '{dir}/pg/postmaster.pid')\" 2>/dev/null; sleep 1; rm -rf '{dir}'",
+            pid = std::process::id(),
+            dir = dir.display()
+        );
+        Command::new("sh")
+            .args(["-c", &watchdog])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("starting the cluster watchdog");
+        Cluster::Embedded(pg)
+    })
+}
+
+/// A fresh, empty database of the run's cluster.
+pub async fn fresh_database() -> PgConnectOptions {
+    let cluster = cluster();
+    let name = format!("t{}_{}", std::process::id(), NEXT_DB.fetch_add(1, Ordering::Relaxed));
+    let mut admin = PgConnection::connect_with(&cluster.options("postgres"))
+        .await
+        .expect("connecting to the test cluster");
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut admin)
+        .await
+        .expect("creating a test database");
+    admin.close().await.ok();
+    cluster.options(&name).disable_statement_logging()
+}
+
+/// Test rules: the defaults, with room for a test to change one.
+pub fn rules() -> Rules {
+    Rules::default()
+}
+
+/// One running service instance.
+pub struct Instance {
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    /// The instance's own pool.
+    pub db: PgPool,
+    shutdown: Option<oneshot::Sender<()>>,
+    served: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl Instance {
+    /// Starts an instance on a database, migrating it first, as `snapfence serve` does.
+    pub async fn start(options: PgConnectOptions, rules: Rules) -> Self {
+        let db = store::pool(
+            options,
+            &DbSettings {
+                pool_size: 8,
+                ..DbSettings::default()
+            },
+        );
+        store::prepare(&db).await.expect("migrating the test database");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, rx) = oneshot::channel();
+        let state = AppState::new(db.clone(), rules);
+        let served = tokio::spawn(snapfence::run(listener, state, async {
+            rx.await.ok();
+        }));
+        Self {
+            base,
+            db,
+            shutdown: Some(tx),
+            served: Some(served),
+        }
+    }
+
+    /// Stops the instance gracefully and waits until it has.
+    pub async fn stop(mut self) {
+        self.shutdown.take().map(|tx| tx.send(()));
+        if let Some(served) = self.served.take() {
+            served.await.expect("the server task").expect("the server");
+        }
+        self.db.close().await;
+    }
+}
+
+/// A test's service: its database, one instance (more on demand) and an HTTP client.
+pub struct TestApp {
+    /// The first instance.
+    pub instance: Instance,
+    /// The database every instance of this app shares.
+    pub options: PgConnectOptions,
+    /// The rules every instance of this app enforces.
+    pub rules: Rules,
+    /// A keep-alive HTTP client.
+    pub http: reqwest::Client,
+}
+
+impl TestApp {
+    /// A fresh database and one instance with the default rules.
+    pub async fn spawn() -> Self {
+        Self::spawn_with(rules()).await
+    }
+
+    /// A fresh database and one instance with the given rules.
+    pub async fn spawn_with(rules: Rules) -> Self {
+        let options = fresh_database().await;
+        let instance = Instance::start(options.clone(), rules.clone()).await;
+        Self {
+            instance,
+            options,
+            rules,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// Another instance on the same database.
+    pub async fn another_instance(&self) -> Instance {
+        Instance::start(self.options.clone(), self.rules.clone()).await
+    }
+
+    /// The database, for checks that look under the API.
+    pub fn db(&self) -> &PgPool {
+        &self.instance.db
+    }
+
+    /// A request to the first instance.
+    pub fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        self.http.request(method, format!("{}{path}", self.instance.base))
+    }
+
+    /// A request to a given instance.
+    pub fn request_to(&self, instance: &Instance, method: Method, path: &str) -> RequestBuilder {
+        self.http.request(method, format!("{}{path}", instance.base))
+    }
+
+    /// `POST /v1/leases/{key}` with a body.
+    pub async fn acquire_with(&self, key: &str, body: Value) -> Response {
+        self.request(Method::POST, &format!("/v1/leases/{}", enc(key)))
+            .json(&body)
+            .send()
+            .await
+            .expect("acquire")
+    }
+
+    /// Acquires a lease that must be granted; returns the grant.
+    pub async fn acquire(&self, key: &str, owner: &str, ttl_ms: i64) -> Value {
+        let r = self
+            .acquire_with(key, json!({"owner": owner, "ttl_ms": ttl_ms}))
+            .await;
+        assert_eq!(r.status(), StatusCode::CREATED, "acquire {key} as {owner}");
+        r.json().await.unwrap()
+    }
+
+    /// `PUT /v1/snapshots/{key}` with a token and a body.
+    pub async fn put(&self, key: &str, token: i64, body: impl Into<reqwest::Body>) -> Response {
+        self.request(Method::PUT, &format!("/v1/snapshots/{}", enc(key)))
+            .header("Fencing-Token", token.to_string())
+            .body(body)
+            .send()
+            .await
+            .expect("put")
+    }
+
+    /// `GET` a path.
+    pub async fn get(&self, path: &str) -> Response {
+        self.request(Method::GET, path).send().await.expect("get")
+    }
+
+    /// `DELETE /v1/leases/{key}` with a token.
+    pub async fn release(&self, key: &str, token: i64) -> Response {
+        self.request(Method::DELETE, &format!("/v1/leases/{}", enc(key)))
+            .header("Fencing-Token", token.to_string())
+            .send()
+            .await
+            .expect("release")
+    }
+
+    /// Stops every instance this app started itself.
+    pub async fn stop(self) {
+        self.instance.stop().await;
+    }
+}
+
+/// Percent-encodes a key as one path segment.
+pub fn enc(key: &str) -> String {
+    key.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The token of a grant.
+pub fn token(grant: &Value) -> i64 {
+    grant["token"].as_i64().expect("a grant has a token")
+}
+
+/// Asserts a problem+json answer with the given status and code; returns its body.
+pub async fn problem(r: Response, status: StatusCode, code: &str) -> Value {
+    assert_eq!(r.status(), status, "status");
+    assert_eq!(
+        r.headers()["content-type"], "application/problem+json",
+        "content type"
+    );
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["code"], code, "code in {body}");
+    assert_eq!(body["status"], status.as_u16());
+    assert!(
+        body["detail"].as_str().is_some_and(|d| !d.is_empty()),
+        "a detail in {body}"
+    );
+    assert!(body["type"].is_string() && body["title"].is_string());
+    body
+}

@@ -1,0 +1,174 @@
+//! Bad input: every bound of the contract answers `400 invalid_request` (or the code the
+//! contract names) with a detail, and changes nothing.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::harness::{TestApp, problem, token};
+
+/// Asserts that an acquire body is refused as invalid and left no lease behind.
+async fn refused_acquire(app: &TestApp, key_path: &str, body: &str) -> Value {
+    let r = app
+        .request(Method::POST, &format!("/v1/leases/{key_path}"))
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let problem = problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
+    let list: Value = app.get("/v1/leases").await.json().await.unwrap();
+    assert_eq!(list["items"], json!([]), "nothing was created by {body}");
+    problem
+}
+
+#[tokio::test]
+async fn a_key_over_512_bytes_is_refused() {
+    let app = TestApp::spawn().await;
+    let body = r#"{"owner":"w","ttl_ms":1000}"#;
+    let p = refused_acquire(&app, &"k".repeat(513), body).await;
+    assert!(p["detail"].as_str().unwrap().contains("512"));
+    // 512 bytes of two-byte characters is fine.
+    let r = app.acquire_with(&"é".repeat(256), json!({"owner": "w", "ttl_ms": 1000})).await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_key_with_control_characters_or_bad_encoding_is_refused() {
+    let app = TestApp::spawn().await;
+    let body = r#"{"owner":"w","ttl_ms":1000}"#;
+    refused_acquire(&app, "a%0Ab", body).await;
+    refused_acquire(&app, "a%00", body).await;
+    refused_acquire(&app, "%FF%FE", body).await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_missing_empty_or_oversized_owner_is_refused() {
+    let app = TestApp::spawn().await;
+    refused_acquire(&app, "k", r#"{"ttl_ms":1000}"#).await;
+    refused_acquire(&app, "k", r#"{"owner":"","ttl_ms":1000}"#).await;
+    let long = format!(r#"{{"owner":"{}","ttl_ms":1000}}"#, "o".repeat(257));
+    refused_acquire(&app, "k", &long).await;
+    refused_acquire(&app, "k", r#"{"owner":7,"ttl_ms":1000}"#).await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_ttl_outside_the_bounds_or_of_the_wrong_type_is_refused() {
+    let app = TestApp::spawn().await;
+    for ttl in ["99", "86400001", "-1", "\"1000\"", "1.5", "null"] {
+        let p = refused_acquire(&app, "k", &format!(r#"{{"owner":"w","ttl_ms":{ttl}}}"#)).await;
+        assert!(p["detail"].as_str().unwrap().contains("ttl_ms"), "{p}");
+    }
+    refused_acquire(&app, "k", r#"{"owner":"w"}"#).await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn metadata_that_is_not_a_small_object_is_refused() {
+    let app = TestApp::spawn().await;
+    refused_acquire(&app, "k", r#"{"owner":"w","ttl_ms":1000,"metadata":[1]}"#).await;
+    refused_acquire(&app, "k", r#"{"owner":"w","ttl_ms":1000,"metadata":"x"}"#).await;
+    let big = format!(
+        r#"{{"owner":"w","ttl_ms":1000,"metadata":{{"x":"{}"}}}}"#,
+        "y".repeat(4096)
+    );
+    refused_acquire(&app, "k", &big).await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_fields_and_malformed_json_are_refused() {
+    let app = TestApp::spawn().await;
+    let p = refused_acquire(&app, "k", r#"{"owner":"w","ttl_ms":1000,"ttl":5}"#).await;
+    assert!(p["detail"].as_str().unwrap().contains("ttl"), "{p}");
+    refused_acquire(&app, "k", r#"{"owner":"w","#).await;
+    refused_acquire(&app, "k", "").await;
+    refused_acquire(&app, "k", "[]").await;
+    refused_acquire(&app, "k", r#"{"owner":"w","ttl_ms":1000,"crash_recovery":"yes"}"#).await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn malformed_fencing_tokens_are_refused_and_change_nothing() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("k", "w", 30000).await);
+    for bad in ["abc", "0", "-1", "+1", "1.0", "9223372036854775808", "0x1", " "] {
+        let r = app
+            .request(Method::DELETE, "/v1/leases/k")
+            .header("Fencing-Token", bad)
+            .send()
+            .await
+            .unwrap();
+        problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
+    }
+    let r = app
+        .request(Method::DELETE, "/v1/leases/k")
+        .header("Fencing-Token", t.to_string())
+        .header("Fencing-Token", t.to_string())
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
+    let s: Value = app.get("/v1/leases/k").await.json().await.unwrap();
+    assert_eq!(s["state"], "held");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_largest_token_is_well_formed() {
+    let app = TestApp::spawn().await;
+    app.acquire("k", "w", 30000).await;
+    let r = app
+        .request(Method::DELETE, "/v1/leases/k")
+        .header("Fencing-Token", "9223372036854775807")
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::CONFLICT, "lease_lost").await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn renew_refuses_tokens_out_of_range_and_of_the_wrong_type() {
+    let app = TestApp::spawn().await;
+    app.acquire("k", "w", 30000).await;
+    for body in [
+        r#"{"token":0}"#,
+        r#"{"token":-3}"#,
+        r#"{"token":9223372036854775808}"#,
+        r#"{"token":"17"}"#,
+        r#"{"token":1.5}"#,
+        r#"{}"#,
+        r#"{"token":1,"ttl_ms":5}"#,
+        r#"{"token":1,"extra":true}"#,
+    ] {
+        let r = app
+            .request(Method::POST, "/v1/leases/k/renew")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn list_refuses_bad_limits_cursors_states_and_unknown_parameters() {
+    let app = TestApp::spawn().await;
+    for query in [
+        "limit=0",
+        "limit=1001",
+        "limit=ten",
+        "cursor=%25%25",
+        "state=gone",
+        "colour=blue",
+    ] {
+        let r = app.get(&format!("/v1/leases?{query}")).await;
+        problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
+    }
+    let r = app.get("/v1/leases?limit=1000").await;
+    assert_eq!(r.status(), StatusCode::OK);
+    app.stop().await;
+}

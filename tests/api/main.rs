@@ -1,0 +1,7 @@
+//! The API tests: a real PostgreSQL, a real HTTP server on a loopback port, and a client that
+//! speaks to it the way any user would. See `harness` for how each test gets its own database.
+
+mod concurrency;
+mod harness;
+mod inputs;
+mod leases;
