@@ -5,3 +5,4 @@ mod concurrency;
 mod harness;
 mod inputs;
 mod leases;
+mod snapshots;

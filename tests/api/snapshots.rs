@@ -1,0 +1,449 @@
+//! Fenced snapshots: one test per rule of the contract's snapshot section.
+
+use std::time::Duration;
+
+use futures_util::{StreamExt, stream};
+use rand::RngCore;
+use reqwest::{Body, Method, StatusCode};
+use serde_json::Value;
+
+use crate::harness::{TestApp, problem, rules, token};
+
+fn random_bytes(n: usize) -> Vec<u8> {
+    let mut v = vec![0u8; n];
+    rand::rng().fill_bytes(&mut v);
+    v
+}
+
+async fn rejection_count(app: &TestApp) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM rejections")
+        .fetch_one(app.db())
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_first_write_answers_201_and_later_ones_200_counting_versions_from_one() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("k", "a", 30000).await);
+    let first = app.put("k", t, "one").await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert_eq!(first.json::<Value>().await.unwrap()["version"], 1);
+    for v in 2..=4 {
+        let r = app.put("k", t, format!("v{v}")).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.json::<Value>().await.unwrap()["version"], v);
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_accepted_write_answers_every_field_and_the_etag_header() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("jobs/1", "a", 30000).await);
+    let r = app
+        .request(Method::PUT, "/v1/snapshots/jobs%2F1")
+        .header("Fencing-Token", t.to_string())
+        .header("Content-Type", "application/json")
+        .body(r#"{"step":3}"#)
+        .send()
+        .await
+        .unwrap();
+    let etag = r.headers()["etag"].to_str().unwrap().to_string();
+    let w: Value = r.json().await.unwrap();
+    assert_eq!(w["key"], "jobs/1");
+    assert_eq!(w["version"], 1);
+    assert_eq!(w["token"], t);
+    assert_eq!(w["etag"], etag.as_str());
+    assert!(etag.starts_with('"') && etag.ends_with('"') && etag.len() == 66, "{etag}");
+    assert_eq!(w["size"], 10);
+    assert_eq!(w["content_type"], "application/json");
+    assert!(w["updated_at"].as_str().unwrap().ends_with('Z'));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn get_returns_random_binary_bytes_exactly_with_the_contract_headers() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("bin", "a", 30000).await);
+    let body = random_bytes(200_000);
+    let w: Value = app
+        .request(Method::PUT, "/v1/snapshots/bin")
+        .header("Fencing-Token", t.to_string())
+        .header("Content-Type", "image/png")
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let r = app.get("/v1/snapshots/bin").await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let h = r.headers().clone();
+    assert_eq!(h["content-type"], "image/png");
+    assert_eq!(h["etag"], w["etag"].as_str().unwrap());
+    assert_eq!(h["fencing-token"], t.to_string().as_str());
+    assert_eq!(h["snapshot-version"], "1");
+    let modified = h["last-modified"].to_str().unwrap();
+    assert!(modified.ends_with(" GMT"), "{modified}");
+    assert_eq!(r.bytes().await.unwrap().as_ref(), body.as_slice());
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_content_type_defaults_to_octet_stream() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("k", "a", 30000).await);
+    let w: Value = app.put("k", t, vec![1u8, 2, 3]).await.json().await.unwrap();
+    assert_eq!(w["content_type"], "application/octet-stream");
+    let r = app.get("/v1/snapshots/k").await;
+    assert_eq!(r.headers()["content-type"], "application/octet-stream");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn head_answers_the_headers_without_the_body() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("k", "a", 30000).await);
+    app.put("k", t, "twelve bytes").await;
+    let r = app.request(Method::HEAD, "/v1/snapshots/k").send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()["snapshot-version"], "1");
+    assert_eq!(r.headers()["content-length"], "12");
+    assert!(r.headers().contains_key("etag"));
+    assert!(r.bytes().await.unwrap().is_empty());
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn if_none_match_with_the_current_etag_answers_304() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("k", "a", 30000).await);
+    let etag = app.put("k", t, "x").await.headers()["etag"].clone();
+    let r = app
+        .request(Method::GET, "/v1/snapshots/k")
+        .header("If-None-Match", etag.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_MODIFIED);
+    assert_eq!(r.headers()["etag"], etag);
+    let r = app
+        .request(Method::GET, "/v1/snapshots/k")
+        .header("If-None-Match", "\"something-else\"")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn if_match_writes_on_a_match_and_answers_412_otherwise_changing_nothing() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("k", "a", 30000).await);
+    let etag = app.put("k", t, "one").await.headers()["etag"].clone();
+    let put_if = |tag: &str, body: &'static str| {
+        app.request(Method::PUT, "/v1/snapshots/k")
+            .header("Fencing-Token", t.to_string())
+            .header("If-Match", tag)
+            .body(body)
+            .send()
+    };
+    let r = put_if("\"0000\"", "two").await.unwrap();
+    problem(r, StatusCode::PRECONDITION_FAILED, "precondition_failed").await;
+    assert_eq!(app.get("/v1/snapshots/k").await.text().await.unwrap(), "one");
+    let r = put_if(etag.to_str().unwrap(), "two").await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.json::<Value>().await.unwrap()["version"], 2);
+    let r = put_if("*", "three").await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(rejection_count(&app).await, 0, "a 412 is not a fencing refusal");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn if_match_on_a_key_without_a_snapshot_answers_412() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("k", "a", 30000).await);
+    let r = app
+        .request(Method::PUT, "/v1/snapshots/k")
+        .header("Fencing-Token", t.to_string())
+        .header("If-Match", "*")
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::PRECONDITION_FAILED, "precondition_failed").await;
+    problem(app.get("/v1/snapshots/k").await, StatusCode::NOT_FOUND, "not_found").await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_lower_token_is_refused_as_stale_and_the_snapshot_is_unchanged() {
+    let app = TestApp::spawn().await;
+    let a = token(&app.acquire("k", "a", 150).await);
+    app.put("k", a, "from a").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let b = token(&app.acquire("k", "b", 30000).await);
+    app.put("k", b, "from b").await;
+    let body = problem(app.put("k", a, "late a").await, StatusCode::CONFLICT, "stale_token").await;
+    assert_eq!(body["presented_token"], a);
+    assert_eq!(body["highest_token"], b);
+    assert!(body["audit_id"].as_i64().is_some());
+    assert_eq!(app.get("/v1/snapshots/k").await.text().await.unwrap(), "from b");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_superseded_holder_is_refused_even_before_its_successor_writes() {
+    let app = TestApp::spawn().await;
+    let a = token(&app.acquire("k", "a", 150).await);
+    app.put("k", a, "from a").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let b = token(&app.acquire("k", "b", 30000).await);
+    let body = problem(app.put("k", a, "late a").await, StatusCode::CONFLICT, "stale_token").await;
+    assert_eq!(body["highest_token"], b);
+    let snap = app.get("/v1/snapshots/k").await;
+    assert_eq!(snap.headers()["fencing-token"], a.to_string().as_str());
+    assert_eq!(snap.text().await.unwrap(), "from a");
+    let audit: Value = app.get("/v1/audit/rejections?key=k").await.json().await.unwrap();
+    assert_eq!(audit["items"][0]["id"], body["audit_id"]);
+    assert_eq!(audit["items"][0]["reason"], "stale_token");
+    assert_eq!(audit["items"][0]["highest_token"], b);
+    assert_eq!(audit["items"][0]["holder"], "b");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_higher_token_is_refused_as_unknown() {
+    let app = TestApp::spawn().await;
+    let a = token(&app.acquire("k", "a", 30000).await);
+    let body = problem(app.put("k", a + 1, "x").await, StatusCode::CONFLICT, "unknown_token").await;
+    assert_eq!(body["presented_token"], a + 1);
+    assert_eq!(body["highest_token"], a);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_write_to_a_key_that_never_had_a_lease_is_refused_as_unknown() {
+    let app = TestApp::spawn().await;
+    let body = problem(app.put("fresh", 5, "x").await, StatusCode::CONFLICT, "unknown_token").await;
+    assert_eq!(body["highest_token"], Value::Null);
+    assert_eq!(rejection_count(&app).await, 1);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_token_of_another_key_is_refused() {
+    let app = TestApp::spawn().await;
+    let a = token(&app.acquire("a", "w", 30000).await);
+    let b = token(&app.acquire("b", "w", 30000).await);
+    problem(app.put("b", a, "x").await, StatusCode::CONFLICT, "stale_token").await;
+    problem(app.put("a", b, "x").await, StatusCode::CONFLICT, "unknown_token").await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_released_lease_can_no_longer_write() {
+    let app = TestApp::spawn().await;
+    let a = token(&app.acquire("k", "a", 30000).await);
+    app.release("k", a).await;
+    let body = problem(app.put("k", a, "x").await, StatusCode::CONFLICT, "stale_token").await;
+    assert_eq!(body["highest_token"], a);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_expired_lease_with_no_newer_grant_may_still_write() {
+    let app = TestApp::spawn().await;
+    let a = token(&app.acquire("k", "a", 120).await);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(app.put("k", a, "x").await.status(), StatusCode::CREATED);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_write_without_a_token_answers_428_and_a_malformed_one_400_auditing_neither() {
+    let app = TestApp::spawn().await;
+    token(&app.acquire("k", "a", 30000).await);
+    let r = app.request(Method::PUT, "/v1/snapshots/k").body("x").send().await.unwrap();
+    problem(r, StatusCode::PRECONDITION_REQUIRED, "token_required").await;
+    for bad in ["x", "0", "-4", "99999999999999999999"] {
+        let r = app
+            .request(Method::PUT, "/v1/snapshots/k")
+            .header("Fencing-Token", bad)
+            .body("x")
+            .send()
+            .await
+            .unwrap();
+        problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
+    }
+    let r = app
+        .request(Method::PUT, "/v1/snapshots/k")
+        .header("Fencing-Token", "1")
+        .header("If-Match", "\"unterminated")
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
+    assert_eq!(rejection_count(&app).await, 0);
+    problem(app.get("/v1/snapshots/k").await, StatusCode::NOT_FOUND, "not_found").await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn old_versions_are_retained_newest_first_and_pruned_past_the_limit() {
+    let mut r = rules();
+    r.keep_versions = 3;
+    let app = TestApp::spawn_with(r).await;
+    let t = token(&app.acquire("k", "a", 30000).await);
+    for v in 1..=5 {
+        app.put("k", t, format!("body {v}")).await;
+    }
+    let page: Value = app.get("/v1/snapshots/k/versions").await.json().await.unwrap();
+    let versions: Vec<i64> = page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["version"].as_i64().unwrap())
+        .collect();
+    assert_eq!(versions, [5, 4, 3]);
+    assert_eq!(page["items"][0]["token"], t);
+    assert_eq!(page["next_cursor"], Value::Null);
+    let v4 = app.get("/v1/snapshots/k/versions/4").await;
+    assert_eq!(v4.headers()["snapshot-version"], "4");
+    assert_eq!(v4.text().await.unwrap(), "body 4");
+    let pruned = app.get("/v1/snapshots/k/versions/2").await;
+    problem(pruned, StatusCode::NOT_FOUND, "not_found").await;
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM snapshot_versions")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    assert_eq!(rows, 3, "pruned rows are deleted, not only hidden");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn versions_page_with_a_cursor() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("k", "a", 30000).await);
+    for v in 1..=7 {
+        app.put("k", t, format!("{v}")).await;
+    }
+    let mut seen = Vec::new();
+    let mut path = "/v1/snapshots/k/versions?limit=3".to_string();
+    loop {
+        let page: Value = app.get(&path).await.json().await.unwrap();
+        seen.extend(page["items"].as_array().unwrap().iter().map(|i| i["version"].as_i64().unwrap()));
+        match page["next_cursor"].as_str() {
+            Some(c) => path = format!("/v1/snapshots/k/versions?limit=3&cursor={c}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, [7, 6, 5, 4, 3, 2, 1]);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn snapshot_reads_of_unknown_keys_and_versions_are_not_found() {
+    let app = TestApp::spawn().await;
+    problem(app.get("/v1/snapshots/none").await, StatusCode::NOT_FOUND, "not_found").await;
+    problem(app.get("/v1/snapshots/none/versions").await, StatusCode::NOT_FOUND, "not_found").await;
+    let t = token(&app.acquire("k", "a", 30000).await);
+    app.put("k", t, "x").await;
+    problem(app.get("/v1/snapshots/k/versions/9").await, StatusCode::NOT_FOUND, "not_found").await;
+    let r = app.get("/v1/snapshots/k/versions/zero").await;
+    problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_fenced_delete_removes_the_snapshot_and_its_versions() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("k", "a", 30000).await);
+    app.put("k", t, "one").await;
+    app.put("k", t, "two").await;
+    let del = |token: i64| {
+        app.request(Method::DELETE, "/v1/snapshots/k")
+            .header("Fencing-Token", token.to_string())
+            .send()
+    };
+    assert_eq!(del(t).await.unwrap().status(), StatusCode::NO_CONTENT);
+    problem(app.get("/v1/snapshots/k").await, StatusCode::NOT_FOUND, "not_found").await;
+    problem(app.get("/v1/snapshots/k/versions/1").await, StatusCode::NOT_FOUND, "not_found").await;
+    // Deleting what is already gone is not an error, as in S3.
+    assert_eq!(del(t).await.unwrap().status(), StatusCode::NO_CONTENT);
+    // The next write creates the snapshot again; version numbers are never reused.
+    let r = app.put("k", t, "three").await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert_eq!(r.json::<Value>().await.unwrap()["version"], 3);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_stale_delete_is_refused_audited_and_changes_nothing() {
+    let app = TestApp::spawn().await;
+    let a = token(&app.acquire("k", "a", 120).await);
+    app.put("k", a, "keep me").await;
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    token(&app.acquire("k", "b", 30000).await);
+    let r = app
+        .request(Method::DELETE, "/v1/snapshots/k")
+        .header("Fencing-Token", a.to_string())
+        .send()
+        .await
+        .unwrap();
+    let body = problem(r, StatusCode::CONFLICT, "stale_token").await;
+    assert_eq!(app.get("/v1/snapshots/k").await.text().await.unwrap(), "keep me");
+    let audit: Value = app.get("/v1/audit/rejections").await.json().await.unwrap();
+    assert_eq!(audit["items"][0]["id"], body["audit_id"]);
+    assert_eq!(audit["items"][0]["operation"], "delete");
+    let r = app.request(Method::DELETE, "/v1/snapshots/k").send().await.unwrap();
+    problem(r, StatusCode::PRECONDITION_REQUIRED, "token_required").await;
+    app.stop().await;
+}
+
+fn small_limit() -> snapfence::Rules {
+    let mut r = rules();
+    r.max_snapshot_bytes = 1024;
+    r
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_refused_with_413_and_nothing_is_stored() {
+    let app = TestApp::spawn_with(small_limit()).await;
+    let t = token(&app.acquire("k", "a", 30000).await);
+    assert_eq!(app.put("k", t, vec![7u8; 1024]).await.status(), StatusCode::CREATED);
+    let r = app.put("k", t, vec![8u8; 1025]).await;
+    problem(r, StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large").await;
+    let current = app.get("/v1/snapshots/k").await;
+    assert_eq!(current.headers()["snapshot-version"], "1");
+    assert_eq!(current.bytes().await.unwrap().as_ref(), vec![7u8; 1024].as_slice());
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_endless_upload_without_a_length_is_cut_off_at_the_limit() {
+    let app = TestApp::spawn_with(small_limit()).await;
+    let t = token(&app.acquire("k", "a", 30000).await);
+    // A chunked body that would never end: the server must answer without reading it all.
+    let endless = stream::repeat_with(|| Ok::<_, std::io::Error>(vec![0u8; 256])).take(1_000_000);
+    let r = app
+        .request(Method::PUT, "/v1/snapshots/k")
+        .header("Fencing-Token", t.to_string())
+        .body(Body::wrap_stream(endless))
+        .send()
+        .await;
+    let r = r.expect("the server answers while the client is still sending");
+    problem(r, StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large").await;
+    problem(app.get("/v1/snapshots/k").await, StatusCode::NOT_FOUND, "not_found").await;
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM snapshot_versions")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    assert_eq!(rows, 0);
+    app.stop().await;
+}
