@@ -36,7 +36,12 @@ pub struct ServeConfig {
     pub data_dir: PathBuf,
 
     /// Log format.
-    #[arg(long, env = "SNAPFENCE_LOG_FORMAT", value_enum, default_value = "plain")]
+    #[arg(
+        long,
+        env = "SNAPFENCE_LOG_FORMAT",
+        value_enum,
+        default_value = "plain"
+    )]
     pub log_format: LogFormat,
 
     /// Shortest lease TTL accepted.

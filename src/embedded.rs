@@ -47,7 +47,9 @@ pub enum EmbeddedError {
     )]
     PathTooLong(PathBuf),
     /// The data directory holds something that is not a cluster of ours.
-    #[error("{0} exists and is not a snapfence data directory; choose another --data-dir or empty it")]
+    #[error(
+        "{0} exists and is not a snapfence data directory; choose another --data-dir or empty it"
+    )]
     NotOurs(PathBuf),
     /// A PostgreSQL tool failed.
     #[error("{tool} failed ({status}); see {log} for PostgreSQL's own account")]
@@ -85,7 +87,11 @@ fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Emb
 /// The directory holding `initdb`, `pg_ctl` and `postgres`: the one on `PATH` first, else the
 /// newest major version under `/usr/lib/postgresql`.
 pub fn find_binaries() -> Result<PathBuf> {
-    let has_tools = |dir: &Path| ["initdb", "pg_ctl", "postgres"].iter().all(|t| dir.join(t).is_file());
+    let has_tools = |dir: &Path| {
+        ["initdb", "pg_ctl", "postgres"]
+            .iter()
+            .all(|t| dir.join(t).is_file())
+    };
     if let Some(path) = std::env::var_os("PATH") {
         if let Some(dir) = std::env::split_paths(&path).find(|d| has_tools(d)) {
             return Ok(dir);
@@ -102,7 +108,10 @@ pub fn find_binaries() -> Result<PathBuf> {
         .filter(|(_, bin)| has_tools(bin))
         .collect();
     versions.sort();
-    versions.pop().map(|(_, bin)| bin).ok_or(EmbeddedError::NoBinaries)
+    versions
+        .pop()
+        .map(|(_, bin)| bin)
+        .ok_or(EmbeddedError::NoBinaries)
 }
 
 /// Settings written to the cluster's `snapfence.conf` at every start.
@@ -244,7 +253,9 @@ impl EmbeddedPostgres {
 
     fn tool(&self, name: &str) -> Command {
         let mut cmd = Command::new(self.bin.join(name));
-        cmd.current_dir(&self.dir).env("LC_ALL", "C").env_remove("PGDATA");
+        cmd.current_dir(&self.dir)
+            .env("LC_ALL", "C")
+            .env_remove("PGDATA");
         if let Some((uid, gid)) = self.run_as {
             cmd.uid(uid.as_raw()).gid(gid.as_raw());
         }
@@ -254,12 +265,11 @@ impl EmbeddedPostgres {
     /// The data directory belongs to the user PostgreSQL runs as, and only to it.
     fn prepare_dir(&self) -> Result<()> {
         if let Some((uid, gid)) = self.run_as {
-            nix::unistd::chown(&self.dir, Some(uid), Some(gid))
-                .map_err(|e| EmbeddedError::Io {
-                    what: "changing the owner of",
-                    path: self.dir.clone(),
-                    source: e.into(),
-                })?;
+            nix::unistd::chown(&self.dir, Some(uid), Some(gid)).map_err(|e| EmbeddedError::Io {
+                what: "changing the owner of",
+                path: self.dir.clone(),
+                source: e.into(),
+            })?;
         }
         fs::set_permissions(&self.dir, fs::Permissions::from_mode(0o700))
             .map_err(io_err("setting the mode of", &self.dir))?;
@@ -270,7 +280,8 @@ impl EmbeddedPostgres {
             .any(|e| {
                 let name = e.file_name();
                 let name = name.to_string_lossy();
-                !(matches!(name.as_ref(), "pg" | "postgres.log" | "tools.log") || name.starts_with(".s.PGSQL"))
+                !(matches!(name.as_ref(), "pg" | "postgres.log" | "tools.log")
+                    || name.starts_with(".s.PGSQL"))
             });
         if foreign && !pgdata.join("PG_VERSION").is_file() {
             return Err(EmbeddedError::NotOurs(self.dir.clone()));

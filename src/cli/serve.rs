@@ -46,23 +46,30 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
         }
         None => {
             let dir = config.data_dir.clone();
-            let pg = tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&dir, &Settings::default()))
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())?;
+            let pg = tokio::task::spawn_blocking(move || {
+                EmbeddedPostgres::start(&dir, &Settings::default())
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
             tracing::info!(
                 data_dir = %pg.dir().display(),
                 log = %pg.log_path().display(),
                 "embedded PostgreSQL is running; its data lives in the data directory and is kept across restarts"
             );
-            pg.ensure_database(EMBEDDED_DATABASE).await.map_err(|e| e.to_string())?;
+            pg.ensure_database(EMBEDDED_DATABASE)
+                .await
+                .map_err(|e| e.to_string())?;
             (pg.connect_options(EMBEDDED_DATABASE), Some(pg))
         }
     };
     let result = serve_on(&config, options).await;
     if let Some(pg) = embedded {
         tracing::info!("stopping the embedded PostgreSQL");
-        if let Err(e) = tokio::task::spawn_blocking(move || pg.stop()).await.map_err(|e| e.to_string())? {
+        if let Err(e) = tokio::task::spawn_blocking(move || pg.stop())
+            .await
+            .map_err(|e| e.to_string())?
+        {
             tracing::error!(error = %e, "stopping the embedded PostgreSQL failed");
         }
     }
@@ -83,13 +90,20 @@ async fn serve_on(config: &ServeConfig, options: PgConnectOptions) -> Result<(),
                 }
                 delay = (delay * 2).min(Duration::from_secs(5));
             }
-            Err(e) => return Err(format!("{e}; check that DATABASE_URL points at a database this user may create tables in")),
+            Err(e) => {
+                return Err(format!(
+                    "{e}; check that DATABASE_URL points at a database this user may create tables in"
+                ));
+            }
         }
     }
     tracing::info!("database migrated");
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|e| format!("cannot listen on {}: {e}; choose another --listen address", config.listen))?;
+    let listener = TcpListener::bind(config.listen).await.map_err(|e| {
+        format!(
+            "cannot listen on {}: {e}; choose another --listen address",
+            config.listen
+        )
+    })?;
     tracing::info!(address = %config.listen, "listening");
     let state = AppState::new(pool.clone(), config.rules());
     crate::run(listener, state, shutdown_signal())

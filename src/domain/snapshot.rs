@@ -63,7 +63,9 @@ impl EntityTagCondition {
                 None => Some(rest),
             };
             match opaque {
-                Some(o) if !o.is_empty() && o.bytes().all(|b| b.is_ascii_graphic() && b != b'"') => {
+                Some(o)
+                    if !o.is_empty() && o.bytes().all(|b| b.is_ascii_graphic() && b != b'"') =>
+                {
                     tags.push((weak, o.to_string()));
                 }
                 _ => {

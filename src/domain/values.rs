@@ -365,7 +365,9 @@ impl Cursor {
     /// Decodes a cursor whose position is a number (an audit id or a version).
     pub fn decode_number(raw: &str) -> Result<i64, InvalidInput> {
         Self::decode(raw)?.parse().map_err(|_| {
-            InvalidInput::new("cursor is not one this server issued; pass back a next_cursor unchanged")
+            InvalidInput::new(
+                "cursor is not one this server issued; pass back a next_cursor unchanged",
+            )
         })
     }
 
@@ -404,10 +406,22 @@ mod tests {
     fn token_header_accepts_the_full_range_only() {
         assert_eq!(FencingToken::parse_header("1").unwrap().get(), 1);
         assert_eq!(
-            FencingToken::parse_header("9223372036854775807").unwrap().get(),
+            FencingToken::parse_header("9223372036854775807")
+                .unwrap()
+                .get(),
             i64::MAX
         );
-        for bad in ["", "0", "-1", "+1", "1.0", "0x10", "9223372036854775808", "1 2", "abc"] {
+        for bad in [
+            "",
+            "0",
+            "-1",
+            "+1",
+            "1.0",
+            "0x10",
+            "9223372036854775808",
+            "1 2",
+            "abc",
+        ] {
             assert!(FencingToken::parse_header(bad).is_err(), "{bad:?}");
         }
     }
@@ -451,7 +465,10 @@ mod tests {
     fn cursor_round_trips_and_rejects_garbage() {
         let c = Cursor::after("jobs/42");
         assert_eq!(Cursor::decode(c.as_str()).unwrap(), "jobs/42");
-        assert_eq!(Cursor::decode_number(Cursor::after("17").as_str()).unwrap(), 17);
+        assert_eq!(
+            Cursor::decode_number(Cursor::after("17").as_str()).unwrap(),
+            17
+        );
         assert!(Cursor::decode("%%%").is_err());
         assert!(Cursor::decode_number(Cursor::after("x").as_str()).is_err());
     }

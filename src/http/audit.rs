@@ -1,8 +1,8 @@
 //! `/v1/audit`: the log of refused stale writes and of reconciled recovery records.
 
+use axum::Json;
 use axum::extract::State;
 use axum::routing::get;
-use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
@@ -55,7 +55,11 @@ fn time(name: &str, raw: Option<String>) -> Result<Option<DateTime<Utc>>, Invali
 
 impl AuditParams {
     /// Validates the filters; `reason` must be one of the log's reasons, named by `parse`.
-    fn into_query(self, parse: fn(&str) -> Option<&'static str>, reasons: &str) -> Result<AuditQuery, ApiError> {
+    fn into_query(
+        self,
+        parse: fn(&str) -> Option<&'static str>,
+        reasons: &str,
+    ) -> Result<AuditQuery, ApiError> {
         let reason = self
             .reason
             .map(|r| {
@@ -70,7 +74,11 @@ impl AuditParams {
             since: time("since", self.since)?,
             until: time("until", self.until)?,
             limit: PageLimit::new(self.limit)?,
-            before_id: self.cursor.as_deref().map(Cursor::decode_number).transpose()?,
+            before_id: self
+                .cursor
+                .as_deref()
+                .map(Cursor::decode_number)
+                .transpose()?,
         })
     }
 }

@@ -68,7 +68,9 @@ pub enum ApiError {
         recovery: RecoveryRecord,
     },
     /// 409: the token is not the key's live lease.
-    #[error("token {token} is not the live lease of key {key:?}: it expired, was released, or was superseded; stop working on the key and acquire it again")]
+    #[error(
+        "token {token} is not the live lease of key {key:?}: it expired, was released, or was superseded; stop working on the key and acquire it again"
+    )]
     LeaseLost {
         /// The key.
         key: Key,
@@ -93,7 +95,9 @@ pub enum ApiError {
     #[error("this path does not accept that method; see openapi.yaml for the methods it takes")]
     MethodNotAllowed,
     /// 413: the body is over the limit.
-    #[error("the body is over this server's limit of {limit} bytes; nothing was stored. Send a smaller snapshot or raise --max-snapshot-bytes")]
+    #[error(
+        "the body is over this server's limit of {limit} bytes; nothing was stored. Send a smaller snapshot or raise --max-snapshot-bytes"
+    )]
     PayloadTooLarge {
         /// The limit in bytes.
         limit: usize,
@@ -107,9 +111,10 @@ pub enum ApiError {
 }
 
 fn refusal_detail(key: &Key, r: &Refusal) -> String {
-    let highest = r
-        .highest
-        .map_or_else(|| "none (the key never had a lease)".to_owned(), |t| t.to_string());
+    let highest = r.highest.map_or_else(
+        || "none (the key never had a lease)".to_owned(),
+        |t| t.to_string(),
+    );
     match r.reason {
         RefusalReason::StaleToken => format!(
             "token {} is stale for key {key:?} (newest token {highest}, or its lease was released or abandoned): \
@@ -205,8 +210,14 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
         let mut body = Map::new();
-        body.insert("type".into(), json!(format!("urn:snapfence:problem:{}", self.code())));
-        body.insert("title".into(), json!(status.canonical_reason().unwrap_or("Error")));
+        body.insert(
+            "type".into(),
+            json!(format!("urn:snapfence:problem:{}", self.code())),
+        );
+        body.insert(
+            "title".into(),
+            json!(status.canonical_reason().unwrap_or("Error")),
+        );
         body.insert("status".into(), json!(status.as_u16()));
         body.insert("detail".into(), json!(self.to_string()));
         body.insert("code".into(), json!(self.code()));

@@ -106,13 +106,18 @@ fn path_error(e: PathRejection) -> ApiError {
 }
 
 /// The value of a header that may be sent at most once, as text.
-fn single_header<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Result<Option<&'a str>, ApiError> {
+fn single_header<'a>(
+    headers: &'a HeaderMap,
+    name: &HeaderName,
+) -> Result<Option<&'a str>, ApiError> {
     let mut values = headers.get_all(name).iter();
     let Some(first) = values.next() else {
         return Ok(None);
     };
     if values.next().is_some() {
-        return Err(ApiError::InvalidRequest(format!("send the {name} header once")));
+        return Err(ApiError::InvalidRequest(format!(
+            "send the {name} header once"
+        )));
     }
     first
         .to_str()
@@ -185,7 +190,11 @@ impl<S: Send + Sync> FromRequestParts<S> for Context {
 /// Reads a body to its end, refusing it with 413 as soon as it passes `limit`: at once when
 /// `Content-Length` says so, otherwise when the bytes received pass it. At most `limit` bytes
 /// are ever held, in one buffer sized up front from `Content-Length`.
-pub async fn read_limited(body: Body, content_length: Option<u64>, limit: usize) -> Result<Bytes, ApiError> {
+pub async fn read_limited(
+    body: Body,
+    content_length: Option<u64>,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
     if content_length.is_some_and(|n| n > limit as u64) {
         return Err(ApiError::PayloadTooLarge { limit });
     }

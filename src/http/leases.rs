@@ -1,18 +1,18 @@
 //! `/v1/leases`: acquire, renew, release, abandon, require-recovery, get and list.
 
+use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::Routes;
 use super::error::{ApiError, Holder};
 use super::extract::{ApiJson, ApiQuery, Context, FencingTokenHeader, KeyPath};
 use crate::domain::{
-    Cursor, FencingToken, Key, KeyPrefix, KeyStatus, Lease, LeaseState, Metadata, Owner,
-    PageLimit, RecoveryRecord, TtlMs,
+    Cursor, FencingToken, Key, KeyPrefix, KeyStatus, Lease, LeaseState, Metadata, Owner, PageLimit,
+    RecoveryRecord, TtlMs,
 };
 use crate::state::AppState;
 use crate::store::leases::{self, AcquireOutcome, AcquireRequest, Ending, LeaseChange, ListQuery};
@@ -21,7 +21,10 @@ use crate::store::leases::{self, AcquireOutcome, AcquireRequest, Ending, LeaseCh
 pub(super) fn routes() -> Routes {
     Routes::new()
         .route("/v1/leases", get(list))
-        .route("/v1/leases/{key}", post(acquire).get(status).delete(release))
+        .route(
+            "/v1/leases/{key}",
+            post(acquire).get(status).delete(release),
+        )
         .route("/v1/leases/{key}/renew", post(renew))
         .route("/v1/leases/{key}/abandon", post(abandon))
         .route("/v1/leases/{key}/require-recovery", post(require_recovery))
@@ -109,7 +112,12 @@ fn lost(key: Key, token: FencingToken) -> ApiError {
     }
 }
 
-async fn end(state: AppState, key: Key, token: FencingToken, ending: Ending) -> Result<StatusCode, ApiError> {
+async fn end(
+    state: AppState,
+    key: Key,
+    token: FencingToken,
+    ending: Ending,
+) -> Result<StatusCode, ApiError> {
     match leases::end(&state.db, &key, token, ending).await? {
         LeaseChange::Done(_) => Ok(StatusCode::NO_CONTENT),
         LeaseChange::Lost => Err(lost(key, token)),
@@ -140,7 +148,10 @@ async fn require_recovery(
     end(state, key, token, Ending::RequireRecovery).await
 }
 
-async fn status(State(state): State<AppState>, KeyPath(key): KeyPath) -> Result<Json<KeyStatus>, ApiError> {
+async fn status(
+    State(state): State<AppState>,
+    KeyPath(key): KeyPath,
+) -> Result<Json<KeyStatus>, ApiError> {
     leases::status(&state.db, &key)
         .await?
         .map(Json)

@@ -13,9 +13,9 @@ use std::any::Any;
 
 use axum::Router;
 use axum::extract::MatchedPath;
-use axum::routing::MethodRouter;
 use axum::http::Request;
 use axum::response::{IntoResponse, Response};
+use axum::routing::MethodRouter;
 use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -32,19 +32,20 @@ pub fn router(state: AppState) -> Router {
     let middleware = ServiceBuilder::new()
         .layer(SetRequestIdLayer::new(REQUEST_ID.clone(), MakeRequestUuid))
         .layer(
-            TraceLayer::new_for_http().make_span_with(|req: &Request<_>| {
-                let route = req
-                    .extensions()
-                    .get::<MatchedPath>()
-                    .map_or("unmatched", MatchedPath::as_str);
-                let request_id = req
-                    .headers()
-                    .get(&REQUEST_ID)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("");
-                tracing::info_span!("request", method = %req.method(), route, request_id)
-            })
-            .on_response(DefaultOnResponse::new().level(Level::INFO)),
+            TraceLayer::new_for_http()
+                .make_span_with(|req: &Request<_>| {
+                    let route = req
+                        .extensions()
+                        .get::<MatchedPath>()
+                        .map_or("unmatched", MatchedPath::as_str);
+                    let request_id = req
+                        .headers()
+                        .get(&REQUEST_ID)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("");
+                    tracing::info_span!("request", method = %req.method(), route, request_id)
+                })
+                .on_response(DefaultOnResponse::new().level(Level::INFO)),
         )
         .layer(PropagateRequestIdLayer::new(REQUEST_ID.clone()))
         .layer(CatchPanicLayer::custom(panic_response));

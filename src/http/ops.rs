@@ -1,8 +1,8 @@
 //! `/healthz` and `/readyz`.
 
+use axum::Json;
 use axum::extract::State;
 use axum::routing::get;
-use axum::Json;
 use serde_json::{Value, json};
 
 use super::Routes;

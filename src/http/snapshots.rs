@@ -1,11 +1,11 @@
 //! `/v1/snapshots`: fenced writes and deletes, reads, and retained versions.
 
+use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::Json;
 use serde::Deserialize;
 
 use super::Routes;
@@ -69,7 +69,11 @@ async fn write(
     };
     let outcome = snapshots::put(&state.db, &req, state.rules.keep_versions, &ctx).await?;
     let Written { meta, created } = refused(key, outcome)?;
-    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     let etag = etag_header(&meta);
     Ok((status, [(header::ETAG, etag)], Json(meta)).into_response())
 }
@@ -93,8 +97,14 @@ fn snapshot_response(snapshot: Snapshot, pre: &Preconditions) -> Response {
     let mut headers = HeaderMap::new();
     headers.insert(header::ETAG, etag_header(meta));
     headers.insert(FENCING_TOKEN.clone(), HeaderValue::from(meta.token.get()));
-    headers.insert(SNAPSHOT_VERSION.clone(), HeaderValue::from(meta.version.get()));
-    let last_modified = meta.updated_at.format("%a, %d %b %Y %H:%M:%S GMT").to_string();
+    headers.insert(
+        SNAPSHOT_VERSION.clone(),
+        HeaderValue::from(meta.version.get()),
+    );
+    let last_modified = meta
+        .updated_at
+        .format("%a, %d %b %Y %H:%M:%S GMT")
+        .to_string();
     headers.insert(
         header::LAST_MODIFIED,
         HeaderValue::from_str(&last_modified).expect("an HTTP date is ASCII"),
@@ -108,13 +118,18 @@ fn snapshot_response(snapshot: Snapshot, pre: &Preconditions) -> Response {
     }
     match HeaderValue::from_str(&meta.content_type) {
         Ok(ct) => headers.insert(header::CONTENT_TYPE, ct),
-        Err(_) => headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(DEFAULT_CONTENT_TYPE)),
+        Err(_) => headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(DEFAULT_CONTENT_TYPE),
+        ),
     };
     (StatusCode::OK, headers, snapshot.body).into_response()
 }
 
 fn no_snapshot(key: &Key) -> ApiError {
-    ApiError::NotFound(format!("key {key:?} has no snapshot; write one with PUT and a Fencing-Token"))
+    ApiError::NotFound(format!(
+        "key {key:?} has no snapshot; write one with PUT and a Fencing-Token"
+    ))
 }
 
 async fn read(
@@ -161,7 +176,11 @@ async fn versions(
     ApiQuery(params): ApiQuery<VersionsParams>,
 ) -> Result<Json<PageBody<SnapshotMeta>>, ApiError> {
     let limit = PageLimit::new(params.limit)?;
-    let before = params.cursor.as_deref().map(Cursor::decode_number).transpose()?;
+    let before = params
+        .cursor
+        .as_deref()
+        .map(Cursor::decode_number)
+        .transpose()?;
     let page = snapshots::versions(&state.db, &key, state.rules.keep_versions, limit, before)
         .await?
         .ok_or_else(|| no_snapshot(&key))?;

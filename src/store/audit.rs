@@ -9,8 +9,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::{FromRow, PgPool, Postgres, QueryBuilder};
 
-use super::leases::Page;
 use super::Result;
+use super::leases::Page;
 use crate::domain::{
     FencingToken, Key, Metadata, Owner, PageLimit, RecoveryReason, RecoveryRecord, rfc3339_millis,
 };
@@ -179,7 +179,8 @@ fn page_query(log: Log, q: &AuditQuery) -> QueryBuilder<'static, Postgres> {
     if let Some(before) = q.before_id {
         b.push(" AND id < ").push_bind(before);
     }
-    b.push(" ORDER BY id DESC LIMIT ").push_bind(q.limit.get() + 1);
+    b.push(" ORDER BY id DESC LIMIT ")
+        .push_bind(q.limit.get() + 1);
     b
 }
 
@@ -193,7 +194,9 @@ pub async fn rejections(pool: &PgPool, q: &AuditQuery) -> Result<Page<Rejection>
         .build_query_as()
         .fetch_all(pool)
         .await?;
-    Ok(Page::from_rows(rows, q.limit, |r: &Rejection| cursor_of_id(r.id)))
+    Ok(Page::from_rows(rows, q.limit, |r: &Rejection| {
+        cursor_of_id(r.id)
+    }))
 }
 
 /// A page of replaced recovery records, newest first.
@@ -203,7 +206,9 @@ pub async fn recoveries(pool: &PgPool, q: &AuditQuery) -> Result<Page<Recovery>>
         .fetch_all(pool)
         .await?;
     let items = rows.into_iter().map(RecoveryRow::into_recovery).collect();
-    Ok(Page::from_rows(items, q.limit, |r: &Recovery| cursor_of_id(r.id)))
+    Ok(Page::from_rows(items, q.limit, |r: &Recovery| {
+        cursor_of_id(r.id)
+    }))
 }
 
 /// Deletes up to `batch` rows of `log` older than `retention`, oldest first, and returns how many

@@ -12,8 +12,8 @@ use sqlx::{FromRow, PgPool};
 
 use super::{RequestContext, Result};
 use crate::domain::{
-    Cursor, FencingToken, Key, KeyPrefix, KeyStatus, Lease, LeaseState, Metadata, Owner,
-    PageLimit, RecoveryReason, RecoveryRecord, TtlMs,
+    Cursor, FencingToken, Key, KeyPrefix, KeyStatus, Lease, LeaseState, Metadata, Owner, PageLimit,
+    RecoveryReason, RecoveryRecord, TtlMs,
 };
 
 /// What a caller asks for when it acquires a key.
@@ -70,16 +70,46 @@ pub enum LeaseChange {
 macro_rules! lease_columns {
     ($t:literal, $p:literal) => {
         concat!(
-            $t, ".key AS ", $p, "key, ",
-            $t, ".token AS ", $p, "token, ",
-            $t, ".owner AS ", $p, "owner, ",
-            $t, ".ttl_ms AS ", $p, "ttl_ms, ",
-            $t, ".metadata AS ", $p, "metadata, ",
-            $t, ".crash_recovery AS ", $p, "crash_recovery, ",
-            $t, ".recovery_required AS ", $p, "recovery_required, ",
-            $t, ".acquired_at AS ", $p, "acquired_at, ",
-            $t, ".expires_at AS ", $p, "expires_at, ",
-            $t, ".ended_at AS ", $p, "ended_at"
+            $t,
+            ".key AS ",
+            $p,
+            "key, ",
+            $t,
+            ".token AS ",
+            $p,
+            "token, ",
+            $t,
+            ".owner AS ",
+            $p,
+            "owner, ",
+            $t,
+            ".ttl_ms AS ",
+            $p,
+            "ttl_ms, ",
+            $t,
+            ".metadata AS ",
+            $p,
+            "metadata, ",
+            $t,
+            ".crash_recovery AS ",
+            $p,
+            "crash_recovery, ",
+            $t,
+            ".recovery_required AS ",
+            $p,
+            "recovery_required, ",
+            $t,
+            ".acquired_at AS ",
+            $p,
+            "acquired_at, ",
+            $t,
+            ".expires_at AS ",
+            $p,
+            "expires_at, ",
+            $t,
+            ".ended_at AS ",
+            $p,
+            "ended_at"
         )
     };
 }
@@ -88,10 +118,24 @@ macro_rules! lease_columns {
 macro_rules! derived_columns {
     ($t:literal) => {
         concat!(
-            "lease_recovery_reason(", $t, ".end_reason, ", $t, ".expires_at, ", $t,
-            ".crash_recovery, ", $t, ".recovery_required, now()) AS recovery_reason, ",
-            "lease_state(", $t, ".end_reason, ", $t, ".expires_at, ", $t,
-            ".crash_recovery, ", $t, ".recovery_required, now()) AS state"
+            "lease_recovery_reason(",
+            $t,
+            ".end_reason, ",
+            $t,
+            ".expires_at, ",
+            $t,
+            ".crash_recovery, ",
+            $t,
+            ".recovery_required, now()) AS recovery_reason, ",
+            "lease_state(",
+            $t,
+            ".end_reason, ",
+            $t,
+            ".expires_at, ",
+            $t,
+            ".crash_recovery, ",
+            $t,
+            ".recovery_required, now()) AS state"
         )
     };
 }
@@ -294,7 +338,11 @@ impl StatusRowOpt {
 /// Acquires a key: one statement ([`ACQUIRE`]), run a second time only when it lost the race
 /// to create a new key's row (rows are never deleted, so a second run always finds one).
 #[tracing::instrument(skip_all, fields(key = %req.key))]
-pub async fn acquire(pool: &PgPool, req: &AcquireRequest, ctx: &RequestContext) -> Result<AcquireOutcome> {
+pub async fn acquire(
+    pool: &PgPool,
+    req: &AcquireRequest,
+    ctx: &RequestContext,
+) -> Result<AcquireOutcome> {
     loop {
         let row: AcquireRow = sqlx::query_as(ACQUIRE)
             .bind(req.key.as_str())
@@ -343,12 +391,18 @@ pub async fn acquire(pool: &PgPool, req: &AcquireRequest, ctx: &RequestContext) 
 /// renew racing a takeover either lands before it (and the takeover sees a live lease) or sees
 /// the new token and changes nothing.
 #[tracing::instrument(skip_all, fields(key = %key))]
-pub async fn renew(pool: &PgPool, key: &Key, token: FencingToken, ttl: Option<TtlMs>) -> Result<LeaseChange> {
+pub async fn renew(
+    pool: &PgPool,
+    key: &Key,
+    token: FencingToken,
+    ttl: Option<TtlMs>,
+) -> Result<LeaseChange> {
     const RENEW: &str = concat!(
         "UPDATE leases l SET ttl_ms = coalesce($3, l.ttl_ms),
             expires_at = now() + coalesce($3, l.ttl_ms) * interval '1 millisecond'
         WHERE l.key = $1 AND l.token = $2 AND l.end_reason IS NULL AND l.expires_at > now()
-        RETURNING ", lease_columns!("l", "")
+        RETURNING ",
+        lease_columns!("l", "")
     );
     let row: Option<LeaseRow> = sqlx::query_as(RENEW)
         .bind(key.as_str())
@@ -373,9 +427,13 @@ pub enum Ending {
 /// Releases, abandons or marks a live lease: one `UPDATE` with the same live-lease condition as
 /// [`renew`], and race-free for the same reason.
 #[tracing::instrument(skip_all, fields(key = %key, ending = ?ending))]
-pub async fn end(pool: &PgPool, key: &Key, token: FencingToken, ending: Ending) -> Result<LeaseChange> {
-    const WHERE_LIVE: &str =
-        " WHERE l.key = $1 AND l.token = $2 AND l.end_reason IS NULL AND l.expires_at > now() RETURNING ";
+pub async fn end(
+    pool: &PgPool,
+    key: &Key,
+    token: FencingToken,
+    ending: Ending,
+) -> Result<LeaseChange> {
+    const WHERE_LIVE: &str = " WHERE l.key = $1 AND l.token = $2 AND l.end_reason IS NULL AND l.expires_at > now() RETURNING ";
     const COLUMNS: &str = lease_columns!("l", "");
     let set = match ending {
         Ending::Release => "UPDATE leases l SET end_reason = 'released', ended_at = now()",
@@ -395,10 +453,16 @@ pub async fn end(pool: &PgPool, key: &Key, token: FencingToken, ending: Ending) 
 /// state and changes nothing.
 pub async fn status(pool: &PgPool, key: &Key) -> Result<Option<KeyStatus>> {
     const STATUS: &str = concat!(
-        "SELECT ", lease_columns!("l", ""), ", ", derived_columns!("l"),
+        "SELECT ",
+        lease_columns!("l", ""),
+        ", ",
+        derived_columns!("l"),
         " FROM leases l WHERE l.key = $1"
     );
-    let row: Option<StatusRow> = sqlx::query_as(STATUS).bind(key.as_str()).fetch_optional(pool).await?;
+    let row: Option<StatusRow> = sqlx::query_as(STATUS)
+        .bind(key.as_str())
+        .fetch_optional(pool)
+        .await?;
     Ok(row.map(StatusRow::into_status))
 }
 
@@ -442,7 +506,10 @@ impl<T> Page<T> {
 /// cursor, so a page costs the same on the first and the millionth key.
 pub async fn list(pool: &PgPool, q: &ListQuery) -> Result<Page<KeyStatus>> {
     const LIST: &str = concat!(
-        "SELECT ", lease_columns!("l", ""), ", ", derived_columns!("l"),
+        "SELECT ",
+        lease_columns!("l", ""),
+        ", ",
+        derived_columns!("l"),
         " FROM leases l
         WHERE l.key >= $1 AND l.key < $2 AND l.key > $3
           AND ($4::text IS NULL OR lease_state(l.end_reason, l.expires_at, l.crash_recovery,
@@ -458,7 +525,9 @@ pub async fn list(pool: &PgPool, q: &ListQuery) -> Result<Page<KeyStatus>> {
         .fetch_all(pool)
         .await?;
     let items = rows.into_iter().map(StatusRow::into_status).collect();
-    Ok(Page::from_rows(items, q.limit, |s: &KeyStatus| s.key.to_string()))
+    Ok(Page::from_rows(items, q.limit, |s: &KeyStatus| {
+        s.key.to_string()
+    }))
 }
 
 /// Moves the token sequence past every token already stored, so that a database restored from
@@ -483,7 +552,10 @@ pub async fn ensure_sequence_ahead(pool: &PgPool) -> Result<Option<i64>> {
     .await?;
     tx.commit().await?;
     if let Some(position) = moved {
-        tracing::warn!(position, "the token sequence was behind stored tokens; moved it past them");
+        tracing::warn!(
+            position,
+            "the token sequence was behind stored tokens; moved it past them"
+        );
     }
     Ok(moved)
 }

@@ -53,9 +53,11 @@ fn is_unavailable(e: &sqlx::Error) -> bool {
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed
         | sqlx::Error::Protocol(_) => true,
-        sqlx::Error::Database(db) => db
-            .code()
-            .is_some_and(|c| ["08", "53", "57", "40"].iter().any(|class| c.starts_with(class))),
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| {
+            ["08", "53", "57", "40"]
+                .iter()
+                .any(|class| c.starts_with(class))
+        }),
         _ => false,
     }
 }

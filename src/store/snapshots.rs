@@ -203,7 +203,12 @@ fn if_match_params(c: Option<&EntityTagCondition>) -> (bool, Option<Vec<String>>
 /// A fenced write: one statement ([`PUT`]). It checks, writes or refuses, and audits, all
 /// under the key's row lock, and commits before the caller answers.
 #[tracing::instrument(skip_all, fields(key = %req.key, token = %req.token, size = req.body.len()))]
-pub async fn put(pool: &PgPool, req: &PutRequest, keep_versions: i64, ctx: &RequestContext) -> Result<WriteOutcome<Written>> {
+pub async fn put(
+    pool: &PgPool,
+    req: &PutRequest,
+    keep_versions: i64,
+    ctx: &RequestContext,
+) -> Result<WriteOutcome<Written>> {
     let etag = ETag::of(&req.body);
     let (has_if_match, tags) = if_match_params(req.if_match.as_ref());
     let row: FencedRow = sqlx::query_as(PUT)
@@ -345,8 +350,14 @@ impl ListedVersion {
 /// key that has a current snapshot, within the retention window, so a version that a later write
 /// pruned, or that a delete removed, is gone even if its row lingers. One statement, so the head
 /// and the body it points at are from one committed state.
-pub async fn get(pool: &PgPool, key: &Key, version: Option<Version>, keep_versions: i64) -> Result<Option<Snapshot>> {
-    const GET: &str = "SELECT v.version, v.token, v.etag, v.size, v.content_type, v.updated_at, v.body
+pub async fn get(
+    pool: &PgPool,
+    key: &Key,
+    version: Option<Version>,
+    keep_versions: i64,
+) -> Result<Option<Snapshot>> {
+    const GET: &str =
+        "SELECT v.version, v.token, v.etag, v.size, v.content_type, v.updated_at, v.body
         FROM leases l JOIN snapshot_versions v ON v.key = l.key
         WHERE l.key = $1 AND l.snapshot_etag IS NOT NULL AND v.version > l.snapshot_version - $2
           AND v.version = coalesce($3, l.snapshot_version)";

@@ -72,7 +72,12 @@ async fn a_refusal_row_says_who_what_and_from_where() {
     assert_eq!(row["holder"], "successor");
     assert_eq!(row["operation"], "put");
     assert_eq!(row["request_id"], "req-42");
-    assert!(row["remote_addr"].as_str().unwrap().starts_with("127.0.0.1:"));
+    assert!(
+        row["remote_addr"]
+            .as_str()
+            .unwrap()
+            .starts_with("127.0.0.1:")
+    );
     assert_eq!(row["principal"], Value::Null);
     assert!(row["at"].as_str().unwrap().ends_with('Z'));
     app.stop().await;
@@ -159,10 +164,29 @@ async fn rows_past_their_retention_are_pruned_in_batches_and_newer_ones_kept() {
         .await
         .unwrap();
     let retention = Duration::from_secs(30 * 86_400);
-    assert_eq!(audit::prune(app.db(), Log::Rejections, retention, 2).await.unwrap(), 2);
-    assert_eq!(audit::prune(app.db(), Log::Rejections, retention, 2).await.unwrap(), 1);
-    assert_eq!(audit::prune(app.db(), Log::Rejections, retention, 2).await.unwrap(), 0);
-    let left: Vec<i64> = page_all(&app, "").await.iter().map(|i| i["id"].as_i64().unwrap()).collect();
+    assert_eq!(
+        audit::prune(app.db(), Log::Rejections, retention, 2)
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(
+        audit::prune(app.db(), Log::Rejections, retention, 2)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        audit::prune(app.db(), Log::Rejections, retention, 2)
+            .await
+            .unwrap(),
+        0
+    );
+    let left: Vec<i64> = page_all(&app, "")
+        .await
+        .iter()
+        .map(|i| i["id"].as_i64().unwrap())
+        .collect();
     assert_eq!(left, [ids[4], ids[3]]);
     app.stop().await;
 }

@@ -129,7 +129,10 @@ async fn a_sequence_reset_by_hand_is_moved_past_stored_tokens_at_start() {
         .await
         .unwrap();
     let fresh = token(&r.json().await.unwrap());
-    assert!(fresh > newest, "{fresh} > {newest}: no token handed out twice");
+    assert!(
+        fresh > newest,
+        "{fresh} > {newest}: no token handed out twice"
+    );
     restarted.stop().await;
     app.stop().await;
 }

@@ -70,7 +70,11 @@ fn check(h: &History) -> Vec<String> {
         if !matches!(w.outcome, Outcome::Accepted { .. }) {
             continue;
         }
-        for g in h.grants.iter().filter(|g| g.key == w.key && g.token > w.token) {
+        for g in h
+            .grants
+            .iter()
+            .filter(|g| g.key == w.key && g.token > w.token)
+        {
             if g.acked < w.invoked {
                 problems.push(format!(
                     "{}: write with token {} accepted after token {} was granted",
@@ -130,12 +134,7 @@ fn the_checker_finds_each_kind_of_violation() {
     assert_eq!(check(&twice).len(), 1);
 }
 
-async fn worker(
-    http: reqwest::Client,
-    base: String,
-    id: usize,
-    history: Arc<Mutex<History>>,
-) {
+async fn worker(http: reqwest::Client, base: String, id: usize, history: Arc<Mutex<History>>) {
     for round in 0..ROUNDS {
         let key = format!("race-{}", (id + round) % KEYS);
         let r = http
@@ -216,14 +215,21 @@ async fn accepted_writes_always_carry_the_newest_token_under_racing_holders() {
         .iter()
         .filter_map(|w| match &w.outcome {
             Outcome::Refused { reason, audit_id } => {
-                assert_eq!(reason, "stale_token", "a worker only presents tokens it was granted");
+                assert_eq!(
+                    reason, "stale_token",
+                    "a worker only presents tokens it was granted"
+                );
                 Some((w, *audit_id))
             }
             Outcome::Accepted { .. } => None,
         })
         .collect();
     let accepted = h.writes.len() - refused.len();
-    assert!(accepted > 0 && !refused.is_empty(), "the race exercised both outcomes: {accepted} accepted, {} refused", refused.len());
+    assert!(
+        accepted > 0 && !refused.is_empty(),
+        "the race exercised both outcomes: {accepted} accepted, {} refused",
+        refused.len()
+    );
 
     // Exactly one audit row per refused write, and it describes that write.
     let rows: Vec<(i64, String, i64)> =
@@ -233,7 +239,10 @@ async fn accepted_writes_always_carry_the_newest_token_under_racing_holders() {
             .unwrap();
     assert_eq!(rows.len(), refused.len());
     for (w, audit_id) in &refused {
-        let row = rows.iter().find(|r| r.0 == *audit_id).expect("the refusal's audit row");
+        let row = rows
+            .iter()
+            .find(|r| r.0 == *audit_id)
+            .expect("the refusal's audit row");
         assert_eq!((&row.1, row.2), (&w.key, w.token));
     }
 
@@ -252,7 +261,10 @@ async fn accepted_writes_always_carry_the_newest_token_under_racing_holders() {
         let r = app.get(&format!("/v1/snapshots/{key}")).await;
         match last {
             Some((version, token)) => {
-                assert_eq!(r.headers()["snapshot-version"], version.to_string().as_str());
+                assert_eq!(
+                    r.headers()["snapshot-version"],
+                    version.to_string().as_str()
+                );
                 assert_eq!(r.headers()["fencing-token"], token.to_string().as_str());
             }
             None => assert_eq!(r.status(), StatusCode::NOT_FOUND),

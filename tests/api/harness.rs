@@ -79,7 +79,11 @@ fn cluster() -> &'static Cluster {
 /// A fresh, empty database of the run's cluster.
 pub async fn fresh_database() -> PgConnectOptions {
     let cluster = cluster();
-    let name = format!("t{}_{}", std::process::id(), NEXT_DB.fetch_add(1, Ordering::Relaxed));
+    let name = format!(
+        "t{}_{}",
+        std::process::id(),
+        NEXT_DB.fetch_add(1, Ordering::Relaxed)
+    );
     let mut admin = PgConnection::connect_with(&cluster.options("postgres"))
         .await
         .expect("connecting to the test cluster");
@@ -116,7 +120,9 @@ impl Instance {
                 ..DbSettings::default()
             },
         );
-        store::prepare(&db).await.expect("migrating the test database");
+        store::prepare(&db)
+            .await
+            .expect("migrating the test database");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (tx, rx) = oneshot::channel();
@@ -184,12 +190,14 @@ impl TestApp {
 
     /// A request to the first instance.
     pub fn request(&self, method: Method, path: &str) -> RequestBuilder {
-        self.http.request(method, format!("{}{path}", self.instance.base))
+        self.http
+            .request(method, format!("{}{path}", self.instance.base))
     }
 
     /// A request to a given instance.
     pub fn request_to(&self, instance: &Instance, method: Method, path: &str) -> RequestBuilder {
-        self.http.request(method, format!("{}{path}", instance.base))
+        self.http
+            .request(method, format!("{}{path}", instance.base))
     }
 
     /// `POST /v1/leases/{key}` with a body.
@@ -244,7 +252,9 @@ impl TestApp {
 pub fn enc(key: &str) -> String {
     key.bytes()
         .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
             _ => format!("%{b:02X}"),
         })
         .collect()
@@ -259,7 +269,8 @@ pub fn token(grant: &Value) -> i64 {
 pub async fn problem(r: Response, status: StatusCode, code: &str) -> Value {
     assert_eq!(r.status(), status, "status");
     assert_eq!(
-        r.headers()["content-type"], "application/problem+json",
+        r.headers()["content-type"],
+        "application/problem+json",
         "content type"
     );
     let body: Value = r.json().await.unwrap();

@@ -27,7 +27,9 @@ async fn a_key_over_512_bytes_is_refused() {
     let p = refused_acquire(&app, &"k".repeat(513), body).await;
     assert!(p["detail"].as_str().unwrap().contains("512"));
     // 512 bytes of two-byte characters is fine.
-    let r = app.acquire_with(&"é".repeat(256), json!({"owner": "w", "ttl_ms": 1000})).await;
+    let r = app
+        .acquire_with(&"é".repeat(256), json!({"owner": "w", "ttl_ms": 1000}))
+        .await;
     assert_eq!(r.status(), StatusCode::CREATED);
     app.stop().await;
 }
@@ -85,7 +87,12 @@ async fn unknown_fields_and_malformed_json_are_refused() {
     refused_acquire(&app, "k", r#"{"owner":"w","#).await;
     refused_acquire(&app, "k", "").await;
     refused_acquire(&app, "k", "[]").await;
-    refused_acquire(&app, "k", r#"{"owner":"w","ttl_ms":1000,"crash_recovery":"yes"}"#).await;
+    refused_acquire(
+        &app,
+        "k",
+        r#"{"owner":"w","ttl_ms":1000,"crash_recovery":"yes"}"#,
+    )
+    .await;
     app.stop().await;
 }
 
@@ -93,7 +100,16 @@ async fn unknown_fields_and_malformed_json_are_refused() {
 async fn malformed_fencing_tokens_are_refused_and_change_nothing() {
     let app = TestApp::spawn().await;
     let t = token(&app.acquire("k", "w", 30000).await);
-    for bad in ["abc", "0", "-1", "+1", "1.0", "9223372036854775808", "0x1", " "] {
+    for bad in [
+        "abc",
+        "0",
+        "-1",
+        "+1",
+        "1.0",
+        "9223372036854775808",
+        "0x1",
+        " ",
+    ] {
         let r = app
             .request(Method::DELETE, "/v1/leases/k")
             .header("Fencing-Token", bad)

@@ -50,7 +50,10 @@ async fn a_grant_has_every_field_of_the_contract() {
 async fn every_grant_mints_a_new_greater_token_also_for_the_same_owner() {
     let app = TestApp::spawn().await;
     let first = token(&app.acquire("k", "w", 30000).await);
-    assert_eq!(app.release("k", first).await.status(), StatusCode::NO_CONTENT);
+    assert_eq!(
+        app.release("k", first).await.status(),
+        StatusCode::NO_CONTENT
+    );
     let second = token(&app.acquire("k", "w", 30000).await);
     assert!(second > first, "{second} > {first}");
     let other_key = token(&app.acquire("other", "w", 30000).await);
@@ -62,19 +65,26 @@ async fn every_grant_mints_a_new_greater_token_also_for_the_same_owner() {
 async fn acquire_while_held_answers_lease_held_with_the_holder_and_changes_nothing() {
     let app = TestApp::spawn().await;
     let g = app
-        .acquire_with("k", json!({"owner": "a", "ttl_ms": 30000, "metadata": {"x": 1}}))
+        .acquire_with(
+            "k",
+            json!({"owner": "a", "ttl_ms": 30000, "metadata": {"x": 1}}),
+        )
         .await
         .json::<Value>()
         .await
         .unwrap();
-    let r = app.acquire_with("k", json!({"owner": "b", "ttl_ms": 30000})).await;
+    let r = app
+        .acquire_with("k", json!({"owner": "b", "ttl_ms": 30000}))
+        .await;
     let body = problem(r, StatusCode::CONFLICT, "lease_held").await;
     assert_eq!(body["holder"]["owner"], "a");
     assert_eq!(body["holder"]["acquired_at"], g["acquired_at"]);
     assert_eq!(body["holder"]["expires_at"], g["expires_at"]);
     assert_eq!(body["holder"]["metadata"], json!({"x": 1}));
     // The same owner is refused too: a grant is never re-entrant.
-    let again = app.acquire_with("k", json!({"owner": "a", "ttl_ms": 30000})).await;
+    let again = app
+        .acquire_with("k", json!({"owner": "a", "ttl_ms": 30000}))
+        .await;
     problem(again, StatusCode::CONFLICT, "lease_held").await;
     let status: Value = app.get("/v1/leases/k").await.json().await.unwrap();
     assert_eq!(status["lease"], g);
@@ -111,7 +121,11 @@ async fn renew_keeps_the_token_and_moves_the_expiry() {
 async fn renew_without_ttl_keeps_the_lease_ttl() {
     let app = TestApp::spawn().await;
     let g = app.acquire("k", "a", 5000).await;
-    let renewed: Value = renew(&app, "k", json!({"token": token(&g)})).await.json().await.unwrap();
+    let renewed: Value = renew(&app, "k", json!({"token": token(&g)}))
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(renewed["ttl_ms"], 5000);
     assert!(time(&renewed["expires_at"]) >= time(&g["expires_at"]));
     app.stop().await;
@@ -171,7 +185,12 @@ async fn a_released_lease_cannot_be_released_or_renewed_again() {
     let app = TestApp::spawn().await;
     let a = token(&app.acquire("k", "a", 30000).await);
     app.release("k", a).await;
-    problem(app.release("k", a).await, StatusCode::CONFLICT, "lease_lost").await;
+    problem(
+        app.release("k", a).await,
+        StatusCode::CONFLICT,
+        "lease_lost",
+    )
+    .await;
     let r = renew(&app, "k", json!({"token": a})).await;
     problem(r, StatusCode::CONFLICT, "lease_lost").await;
     app.stop().await;
@@ -183,7 +202,12 @@ async fn a_stale_release_leaves_the_newer_holder_untouched() {
     let a = token(&app.acquire("k", "a", 120).await);
     tokio::time::sleep(Duration::from_millis(250)).await;
     let b = app.acquire("k", "b", 30000).await;
-    problem(app.release("k", a).await, StatusCode::CONFLICT, "lease_lost").await;
+    problem(
+        app.release("k", a).await,
+        StatusCode::CONFLICT,
+        "lease_lost",
+    )
+    .await;
     let status: Value = app.get("/v1/leases/k").await.json().await.unwrap();
     assert_eq!(status["state"], "held");
     assert_eq!(status["lease"], b);
@@ -194,7 +218,11 @@ async fn a_stale_release_leaves_the_newer_holder_untouched() {
 async fn release_without_a_token_answers_token_required() {
     let app = TestApp::spawn().await;
     app.acquire("k", "a", 30000).await;
-    let r = app.request(Method::DELETE, "/v1/leases/k").send().await.unwrap();
+    let r = app
+        .request(Method::DELETE, "/v1/leases/k")
+        .send()
+        .await
+        .unwrap();
     problem(r, StatusCode::PRECONDITION_REQUIRED, "token_required").await;
     let status: Value = app.get("/v1/leases/k").await.json().await.unwrap();
     assert_eq!(status["state"], "held");
@@ -219,7 +247,12 @@ async fn get_shows_the_state_the_newest_lease_and_the_newest_token() {
 #[tokio::test]
 async fn get_of_a_never_leased_key_is_not_found() {
     let app = TestApp::spawn().await;
-    problem(app.get("/v1/leases/nope").await, StatusCode::NOT_FOUND, "not_found").await;
+    problem(
+        app.get("/v1/leases/nope").await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+    )
+    .await;
     app.stop().await;
 }
 
@@ -265,7 +298,12 @@ async fn list_filters_by_state() {
     app.acquire("held", "w", 30000).await;
     let r = token(&app.acquire("released", "w", 30000).await);
     app.release("released", r).await;
-    let page: Value = app.get("/v1/leases?state=released").await.json().await.unwrap();
+    let page: Value = app
+        .get("/v1/leases?state=released")
+        .await
+        .json()
+        .await
+        .unwrap();
     let keys: Vec<&str> = page["items"]
         .as_array()
         .unwrap()
@@ -309,8 +347,17 @@ async fn healthz_and_readyz_answer_when_the_database_is_up() {
 #[tokio::test]
 async fn unknown_paths_and_methods_answer_problems() {
     let app = TestApp::spawn().await;
-    problem(app.get("/v2/nothing").await, StatusCode::NOT_FOUND, "not_found").await;
-    let r = app.request(Method::PATCH, "/v1/leases/k").send().await.unwrap();
+    problem(
+        app.get("/v2/nothing").await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+    )
+    .await;
+    let r = app
+        .request(Method::PATCH, "/v1/leases/k")
+        .send()
+        .await
+        .unwrap();
     problem(r, StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed").await;
     app.stop().await;
 }

@@ -8,4 +8,5 @@ mod harness;
 mod inputs;
 mod leases;
 mod recovery;
+mod serve;
 mod snapshots;

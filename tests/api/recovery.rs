@@ -16,7 +16,11 @@ async fn fenced_post(app: &TestApp, key: &str, action: &str, token: i64) -> Resp
 }
 
 async fn status(app: &TestApp, key: &str) -> Value {
-    app.get(&format!("/v1/leases/{key}")).await.json().await.unwrap()
+    app.get(&format!("/v1/leases/{key}"))
+        .await
+        .json()
+        .await
+        .unwrap()
 }
 
 async fn crash_recovery_lease(app: &TestApp, key: &str, ttl_ms: i64) -> Value {
@@ -69,7 +73,10 @@ async fn a_plain_lease_that_expires_keeps_no_record() {
 async fn a_released_crash_recovery_lease_keeps_no_record() {
     let app = TestApp::spawn().await;
     let g = crash_recovery_lease(&app, "k", 30000).await;
-    assert_eq!(app.release("k", token(&g)).await.status(), StatusCode::NO_CONTENT);
+    assert_eq!(
+        app.release("k", token(&g)).await.status(),
+        StatusCode::NO_CONTENT
+    );
     assert_eq!(status(&app, "k").await["state"], "released");
     app.acquire("k", "b", 30000).await;
     app.stop().await;
@@ -79,11 +86,16 @@ async fn a_released_crash_recovery_lease_keeps_no_record() {
 async fn abandon_unlocks_at_once_but_keeps_a_record_of_reason_abandoned() {
     let app = TestApp::spawn().await;
     let t = token(&app.acquire("k", "a", 30000).await);
-    assert_eq!(fenced_post(&app, "k", "abandon", t).await.status(), StatusCode::NO_CONTENT);
+    assert_eq!(
+        fenced_post(&app, "k", "abandon", t).await.status(),
+        StatusCode::NO_CONTENT
+    );
     let s = status(&app, "k").await;
     assert_eq!(s["state"], "recovery_pending");
     assert_eq!(s["recovery"]["reason"], "abandoned");
-    let r = app.acquire_with("k", json!({"owner": "b", "ttl_ms": 30000})).await;
+    let r = app
+        .acquire_with("k", json!({"owner": "b", "ttl_ms": 30000}))
+        .await;
     let body = problem(r, StatusCode::CONFLICT, "recovery_required").await;
     assert_eq!(body["recovery"], s["recovery"]);
     app.stop().await;
@@ -95,8 +107,16 @@ async fn a_write_with_the_old_token_after_abandon_is_refused_as_stale() {
     let t = token(&app.acquire("k", "a", 30000).await);
     app.put("k", t, "before").await;
     fenced_post(&app, "k", "abandon", t).await;
-    problem(app.put("k", t, "after").await, StatusCode::CONFLICT, "stale_token").await;
-    assert_eq!(app.get("/v1/snapshots/k").await.text().await.unwrap(), "before");
+    problem(
+        app.put("k", t, "after").await,
+        StatusCode::CONFLICT,
+        "stale_token",
+    )
+    .await;
+    assert_eq!(
+        app.get("/v1/snapshots/k").await.text().await.unwrap(),
+        "before"
+    );
     app.stop().await;
 }
 
@@ -117,7 +137,10 @@ async fn require_recovery_keeps_the_lease_live_renewable_and_writable() {
         .await
         .unwrap();
     assert_eq!(renew.status(), StatusCode::OK);
-    assert_eq!(app.put("k", t, "still mine").await.status(), StatusCode::CREATED);
+    assert_eq!(
+        app.put("k", t, "still mine").await.status(),
+        StatusCode::CREATED
+    );
     app.stop().await;
 }
 
@@ -130,7 +153,9 @@ async fn require_recovery_then_release_keeps_a_record() {
     let s = status(&app, "k").await;
     assert_eq!(s["state"], "recovery_pending");
     assert_eq!(s["recovery"]["reason"], "recovery_required");
-    let r = app.acquire_with("k", json!({"owner": "b", "ttl_ms": 30000})).await;
+    let r = app
+        .acquire_with("k", json!({"owner": "b", "ttl_ms": 30000}))
+        .await;
     problem(r, StatusCode::CONFLICT, "recovery_required").await;
     app.stop().await;
 }
@@ -153,7 +178,12 @@ async fn release_after_abandon_is_lease_lost_and_the_record_stays() {
     let app = TestApp::spawn().await;
     let t = token(&app.acquire("k", "a", 30000).await);
     fenced_post(&app, "k", "abandon", t).await;
-    problem(app.release("k", t).await, StatusCode::CONFLICT, "lease_lost").await;
+    problem(
+        app.release("k", t).await,
+        StatusCode::CONFLICT,
+        "lease_lost",
+    )
+    .await;
     assert_eq!(status(&app, "k").await["recovery"]["reason"], "abandoned");
     app.stop().await;
 }
@@ -163,7 +193,12 @@ async fn abandon_and_require_recovery_need_the_live_token() {
     let app = TestApp::spawn().await;
     let t = token(&app.acquire("k", "a", 30000).await);
     for action in ["abandon", "require-recovery"] {
-        problem(fenced_post(&app, "k", action, t + 1).await, StatusCode::CONFLICT, "lease_lost").await;
+        problem(
+            fenced_post(&app, "k", action, t + 1).await,
+            StatusCode::CONFLICT,
+            "lease_lost",
+        )
+        .await;
         let r = app
             .request(Method::POST, &format!("/v1/leases/k/{action}"))
             .send()
@@ -182,7 +217,9 @@ async fn a_refused_acquire_leaves_the_record_untouched() {
     expire().await;
     let before = status(&app, "k").await;
     for _ in 0..3 {
-        let r = app.acquire_with("k", json!({"owner": "b", "ttl_ms": 30000})).await;
+        let r = app
+            .acquire_with("k", json!({"owner": "b", "ttl_ms": 30000}))
+            .await;
         let body = problem(r, StatusCode::CONFLICT, "recovery_required").await;
         assert_eq!(body["recovery"], before["recovery"]);
     }
@@ -228,7 +265,10 @@ async fn a_reconciled_acquire_replaces_the_record_and_writes_it_to_the_audit_log
 async fn reconciled_on_a_key_without_a_record_is_a_plain_grant() {
     let app = TestApp::spawn().await;
     let r = app
-        .acquire_with("k", json!({"owner": "a", "ttl_ms": 30000, "reconciled": true}))
+        .acquire_with(
+            "k",
+            json!({"owner": "a", "ttl_ms": 30000, "reconciled": true}),
+        )
         .await;
     assert_eq!(r.status(), StatusCode::CREATED);
     let g: Value = r.json().await.unwrap();
@@ -243,7 +283,10 @@ async fn reconciled_never_overrides_a_live_lease() {
     let app = TestApp::spawn().await;
     app.acquire("k", "a", 30000).await;
     let r = app
-        .acquire_with("k", json!({"owner": "b", "ttl_ms": 30000, "reconciled": true}))
+        .acquire_with(
+            "k",
+            json!({"owner": "b", "ttl_ms": 30000, "reconciled": true}),
+        )
         .await;
     problem(r, StatusCode::CONFLICT, "lease_held").await;
     app.stop().await;
@@ -255,7 +298,12 @@ async fn the_list_finds_keys_with_pending_records() {
     let t = token(&app.acquire("abandoned", "a", 30000).await);
     fenced_post(&app, "abandoned", "abandon", t).await;
     app.acquire("held", "a", 30000).await;
-    let page: Value = app.get("/v1/leases?state=recovery_pending").await.json().await.unwrap();
+    let page: Value = app
+        .get("/v1/leases?state=recovery_pending")
+        .await
+        .json()
+        .await
+        .unwrap();
     let items = page["items"].as_array().unwrap();
     assert_eq!(items.len(), 1);
     assert_eq!(items[0]["key"], "abandoned");
@@ -269,12 +317,20 @@ async fn recoveries_page_and_filter_like_rejections() {
     for (i, key) in ["a", "b", "a"].iter().enumerate() {
         let t = token(&app.acquire(key, &format!("w{i}"), 30000).await);
         fenced_post(&app, key, "abandon", t).await;
-        app.acquire_with(key, json!({"owner": "fixer", "ttl_ms": 30000, "reconciled": true}))
-            .await;
+        app.acquire_with(
+            key,
+            json!({"owner": "fixer", "ttl_ms": 30000, "reconciled": true}),
+        )
+        .await;
         let t = token(&status(&app, key).await["lease"]);
         app.release(key, t).await;
     }
-    let page: Value = app.get("/v1/audit/recoveries?key=a&limit=1").await.json().await.unwrap();
+    let page: Value = app
+        .get("/v1/audit/recoveries?key=a&limit=1")
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(page["items"].as_array().unwrap().len(), 1);
     assert_eq!(page["items"][0]["recovery"]["owner"], "w2", "newest first");
     let c = page["next_cursor"].as_str().unwrap();
@@ -286,9 +342,19 @@ async fn recoveries_page_and_filter_like_rejections() {
         .unwrap();
     assert_eq!(next["items"][0]["recovery"]["owner"], "w0");
     assert_eq!(next["next_cursor"], Value::Null);
-    let abandoned: Value = app.get("/v1/audit/recoveries?reason=abandoned").await.json().await.unwrap();
+    let abandoned: Value = app
+        .get("/v1/audit/recoveries?reason=abandoned")
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(abandoned["items"].as_array().unwrap().len(), 3);
-    let expired: Value = app.get("/v1/audit/recoveries?reason=expired").await.json().await.unwrap();
+    let expired: Value = app
+        .get("/v1/audit/recoveries?reason=expired")
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(expired["items"], json!([]));
     app.stop().await;
 }

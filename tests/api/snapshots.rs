@@ -55,7 +55,10 @@ async fn an_accepted_write_answers_every_field_and_the_etag_header() {
     assert_eq!(w["version"], 1);
     assert_eq!(w["token"], t);
     assert_eq!(w["etag"], etag.as_str());
-    assert!(etag.starts_with('"') && etag.ends_with('"') && etag.len() == 66, "{etag}");
+    assert!(
+        etag.starts_with('"') && etag.ends_with('"') && etag.len() == 66,
+        "{etag}"
+    );
     assert_eq!(w["size"], 10);
     assert_eq!(w["content_type"], "application/json");
     assert!(w["updated_at"].as_str().unwrap().ends_with('Z'));
@@ -107,7 +110,11 @@ async fn head_answers_the_headers_without_the_body() {
     let app = TestApp::spawn().await;
     let t = token(&app.acquire("k", "a", 30000).await);
     app.put("k", t, "twelve bytes").await;
-    let r = app.request(Method::HEAD, "/v1/snapshots/k").send().await.unwrap();
+    let r = app
+        .request(Method::HEAD, "/v1/snapshots/k")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(r.headers()["snapshot-version"], "1");
     assert_eq!(r.headers()["content-length"], "12");
@@ -153,13 +160,20 @@ async fn if_match_writes_on_a_match_and_answers_412_otherwise_changing_nothing()
     };
     let r = put_if("\"0000\"", "two").await.unwrap();
     problem(r, StatusCode::PRECONDITION_FAILED, "precondition_failed").await;
-    assert_eq!(app.get("/v1/snapshots/k").await.text().await.unwrap(), "one");
+    assert_eq!(
+        app.get("/v1/snapshots/k").await.text().await.unwrap(),
+        "one"
+    );
     let r = put_if(etag.to_str().unwrap(), "two").await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(r.json::<Value>().await.unwrap()["version"], 2);
     let r = put_if("*", "three").await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
-    assert_eq!(rejection_count(&app).await, 0, "a 412 is not a fencing refusal");
+    assert_eq!(
+        rejection_count(&app).await,
+        0,
+        "a 412 is not a fencing refusal"
+    );
     app.stop().await;
 }
 
@@ -176,7 +190,12 @@ async fn if_match_on_a_key_without_a_snapshot_answers_412() {
         .await
         .unwrap();
     problem(r, StatusCode::PRECONDITION_FAILED, "precondition_failed").await;
-    problem(app.get("/v1/snapshots/k").await, StatusCode::NOT_FOUND, "not_found").await;
+    problem(
+        app.get("/v1/snapshots/k").await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+    )
+    .await;
     app.stop().await;
 }
 
@@ -188,11 +207,19 @@ async fn a_lower_token_is_refused_as_stale_and_the_snapshot_is_unchanged() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let b = token(&app.acquire("k", "b", 30000).await);
     app.put("k", b, "from b").await;
-    let body = problem(app.put("k", a, "late a").await, StatusCode::CONFLICT, "stale_token").await;
+    let body = problem(
+        app.put("k", a, "late a").await,
+        StatusCode::CONFLICT,
+        "stale_token",
+    )
+    .await;
     assert_eq!(body["presented_token"], a);
     assert_eq!(body["highest_token"], b);
     assert!(body["audit_id"].as_i64().is_some());
-    assert_eq!(app.get("/v1/snapshots/k").await.text().await.unwrap(), "from b");
+    assert_eq!(
+        app.get("/v1/snapshots/k").await.text().await.unwrap(),
+        "from b"
+    );
     app.stop().await;
 }
 
@@ -203,12 +230,22 @@ async fn a_superseded_holder_is_refused_even_before_its_successor_writes() {
     app.put("k", a, "from a").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let b = token(&app.acquire("k", "b", 30000).await);
-    let body = problem(app.put("k", a, "late a").await, StatusCode::CONFLICT, "stale_token").await;
+    let body = problem(
+        app.put("k", a, "late a").await,
+        StatusCode::CONFLICT,
+        "stale_token",
+    )
+    .await;
     assert_eq!(body["highest_token"], b);
     let snap = app.get("/v1/snapshots/k").await;
     assert_eq!(snap.headers()["fencing-token"], a.to_string().as_str());
     assert_eq!(snap.text().await.unwrap(), "from a");
-    let audit: Value = app.get("/v1/audit/rejections?key=k").await.json().await.unwrap();
+    let audit: Value = app
+        .get("/v1/audit/rejections?key=k")
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(audit["items"][0]["id"], body["audit_id"]);
     assert_eq!(audit["items"][0]["reason"], "stale_token");
     assert_eq!(audit["items"][0]["highest_token"], b);
@@ -220,7 +257,12 @@ async fn a_superseded_holder_is_refused_even_before_its_successor_writes() {
 async fn a_higher_token_is_refused_as_unknown() {
     let app = TestApp::spawn().await;
     let a = token(&app.acquire("k", "a", 30000).await);
-    let body = problem(app.put("k", a + 1, "x").await, StatusCode::CONFLICT, "unknown_token").await;
+    let body = problem(
+        app.put("k", a + 1, "x").await,
+        StatusCode::CONFLICT,
+        "unknown_token",
+    )
+    .await;
     assert_eq!(body["presented_token"], a + 1);
     assert_eq!(body["highest_token"], a);
     app.stop().await;
@@ -229,7 +271,12 @@ async fn a_higher_token_is_refused_as_unknown() {
 #[tokio::test]
 async fn a_write_to_a_key_that_never_had_a_lease_is_refused_as_unknown() {
     let app = TestApp::spawn().await;
-    let body = problem(app.put("fresh", 5, "x").await, StatusCode::CONFLICT, "unknown_token").await;
+    let body = problem(
+        app.put("fresh", 5, "x").await,
+        StatusCode::CONFLICT,
+        "unknown_token",
+    )
+    .await;
     assert_eq!(body["highest_token"], Value::Null);
     assert_eq!(rejection_count(&app).await, 1);
     app.stop().await;
@@ -240,8 +287,18 @@ async fn a_token_of_another_key_is_refused() {
     let app = TestApp::spawn().await;
     let a = token(&app.acquire("a", "w", 30000).await);
     let b = token(&app.acquire("b", "w", 30000).await);
-    problem(app.put("b", a, "x").await, StatusCode::CONFLICT, "stale_token").await;
-    problem(app.put("a", b, "x").await, StatusCode::CONFLICT, "unknown_token").await;
+    problem(
+        app.put("b", a, "x").await,
+        StatusCode::CONFLICT,
+        "stale_token",
+    )
+    .await;
+    problem(
+        app.put("a", b, "x").await,
+        StatusCode::CONFLICT,
+        "unknown_token",
+    )
+    .await;
     app.stop().await;
 }
 
@@ -250,7 +307,12 @@ async fn a_released_lease_can_no_longer_write() {
     let app = TestApp::spawn().await;
     let a = token(&app.acquire("k", "a", 30000).await);
     app.release("k", a).await;
-    let body = problem(app.put("k", a, "x").await, StatusCode::CONFLICT, "stale_token").await;
+    let body = problem(
+        app.put("k", a, "x").await,
+        StatusCode::CONFLICT,
+        "stale_token",
+    )
+    .await;
     assert_eq!(body["highest_token"], a);
     app.stop().await;
 }
@@ -268,7 +330,12 @@ async fn an_expired_lease_with_no_newer_grant_may_still_write() {
 async fn a_write_without_a_token_answers_428_and_a_malformed_one_400_auditing_neither() {
     let app = TestApp::spawn().await;
     token(&app.acquire("k", "a", 30000).await);
-    let r = app.request(Method::PUT, "/v1/snapshots/k").body("x").send().await.unwrap();
+    let r = app
+        .request(Method::PUT, "/v1/snapshots/k")
+        .body("x")
+        .send()
+        .await
+        .unwrap();
     problem(r, StatusCode::PRECONDITION_REQUIRED, "token_required").await;
     for bad in ["x", "0", "-4", "99999999999999999999"] {
         let r = app
@@ -290,7 +357,12 @@ async fn a_write_without_a_token_answers_428_and_a_malformed_one_400_auditing_ne
         .unwrap();
     problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
     assert_eq!(rejection_count(&app).await, 0);
-    problem(app.get("/v1/snapshots/k").await, StatusCode::NOT_FOUND, "not_found").await;
+    problem(
+        app.get("/v1/snapshots/k").await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+    )
+    .await;
     app.stop().await;
 }
 
@@ -303,7 +375,12 @@ async fn old_versions_are_retained_newest_first_and_pruned_past_the_limit() {
     for v in 1..=5 {
         app.put("k", t, format!("body {v}")).await;
     }
-    let page: Value = app.get("/v1/snapshots/k/versions").await.json().await.unwrap();
+    let page: Value = app
+        .get("/v1/snapshots/k/versions")
+        .await
+        .json()
+        .await
+        .unwrap();
     let versions: Vec<i64> = page["items"]
         .as_array()
         .unwrap()
@@ -337,7 +414,13 @@ async fn versions_page_with_a_cursor() {
     let mut path = "/v1/snapshots/k/versions?limit=3".to_string();
     loop {
         let page: Value = app.get(&path).await.json().await.unwrap();
-        seen.extend(page["items"].as_array().unwrap().iter().map(|i| i["version"].as_i64().unwrap()));
+        seen.extend(
+            page["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["version"].as_i64().unwrap()),
+        );
         match page["next_cursor"].as_str() {
             Some(c) => path = format!("/v1/snapshots/k/versions?limit=3&cursor={c}"),
             None => break,
@@ -350,11 +433,26 @@ async fn versions_page_with_a_cursor() {
 #[tokio::test]
 async fn snapshot_reads_of_unknown_keys_and_versions_are_not_found() {
     let app = TestApp::spawn().await;
-    problem(app.get("/v1/snapshots/none").await, StatusCode::NOT_FOUND, "not_found").await;
-    problem(app.get("/v1/snapshots/none/versions").await, StatusCode::NOT_FOUND, "not_found").await;
+    problem(
+        app.get("/v1/snapshots/none").await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+    )
+    .await;
+    problem(
+        app.get("/v1/snapshots/none/versions").await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+    )
+    .await;
     let t = token(&app.acquire("k", "a", 30000).await);
     app.put("k", t, "x").await;
-    problem(app.get("/v1/snapshots/k/versions/9").await, StatusCode::NOT_FOUND, "not_found").await;
+    problem(
+        app.get("/v1/snapshots/k/versions/9").await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+    )
+    .await;
     let r = app.get("/v1/snapshots/k/versions/zero").await;
     problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
     app.stop().await;
@@ -372,8 +470,18 @@ async fn a_fenced_delete_removes_the_snapshot_and_its_versions() {
             .send()
     };
     assert_eq!(del(t).await.unwrap().status(), StatusCode::NO_CONTENT);
-    problem(app.get("/v1/snapshots/k").await, StatusCode::NOT_FOUND, "not_found").await;
-    problem(app.get("/v1/snapshots/k/versions/1").await, StatusCode::NOT_FOUND, "not_found").await;
+    problem(
+        app.get("/v1/snapshots/k").await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+    )
+    .await;
+    problem(
+        app.get("/v1/snapshots/k/versions/1").await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+    )
+    .await;
     // Deleting what is already gone is not an error, as in S3.
     assert_eq!(del(t).await.unwrap().status(), StatusCode::NO_CONTENT);
     // The next write creates the snapshot again; version numbers are never reused.
@@ -397,11 +505,18 @@ async fn a_stale_delete_is_refused_audited_and_changes_nothing() {
         .await
         .unwrap();
     let body = problem(r, StatusCode::CONFLICT, "stale_token").await;
-    assert_eq!(app.get("/v1/snapshots/k").await.text().await.unwrap(), "keep me");
+    assert_eq!(
+        app.get("/v1/snapshots/k").await.text().await.unwrap(),
+        "keep me"
+    );
     let audit: Value = app.get("/v1/audit/rejections").await.json().await.unwrap();
     assert_eq!(audit["items"][0]["id"], body["audit_id"]);
     assert_eq!(audit["items"][0]["operation"], "delete");
-    let r = app.request(Method::DELETE, "/v1/snapshots/k").send().await.unwrap();
+    let r = app
+        .request(Method::DELETE, "/v1/snapshots/k")
+        .send()
+        .await
+        .unwrap();
     problem(r, StatusCode::PRECONDITION_REQUIRED, "token_required").await;
     app.stop().await;
 }
@@ -416,12 +531,18 @@ fn small_limit() -> snapfence::Rules {
 async fn a_body_over_the_limit_is_refused_with_413_and_nothing_is_stored() {
     let app = TestApp::spawn_with(small_limit()).await;
     let t = token(&app.acquire("k", "a", 30000).await);
-    assert_eq!(app.put("k", t, vec![7u8; 1024]).await.status(), StatusCode::CREATED);
+    assert_eq!(
+        app.put("k", t, vec![7u8; 1024]).await.status(),
+        StatusCode::CREATED
+    );
     let r = app.put("k", t, vec![8u8; 1025]).await;
     problem(r, StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large").await;
     let current = app.get("/v1/snapshots/k").await;
     assert_eq!(current.headers()["snapshot-version"], "1");
-    assert_eq!(current.bytes().await.unwrap().as_ref(), vec![7u8; 1024].as_slice());
+    assert_eq!(
+        current.bytes().await.unwrap().as_ref(),
+        vec![7u8; 1024].as_slice()
+    );
     app.stop().await;
 }
 
@@ -439,7 +560,12 @@ async fn an_endless_upload_without_a_length_is_cut_off_at_the_limit() {
         .await;
     let r = r.expect("the server answers while the client is still sending");
     problem(r, StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large").await;
-    problem(app.get("/v1/snapshots/k").await, StatusCode::NOT_FOUND, "not_found").await;
+    problem(
+        app.get("/v1/snapshots/k").await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+    )
+    .await;
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM snapshot_versions")
         .fetch_one(app.db())
         .await

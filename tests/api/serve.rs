@@ -1,0 +1,228 @@
+//! The `snapfence serve` binary as a user runs it: embedded PostgreSQL in a data directory kept
+//! across restarts, graceful shutdown, and a database that goes away and comes back.
+
+use std::net::TcpListener as StdListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures_util::{StreamExt, stream};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use reqwest::{Body, StatusCode};
+use serde_json::{Value, json};
+use snapfence::embedded::{EmbeddedPostgres, Settings};
+
+use crate::harness::{Instance, problem, rules, token};
+
+fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn short_tempdir() -> std::path::PathBuf {
+    tempfile::Builder::new()
+        .prefix("sf-serve-")
+        .tempdir_in("/tmp")
+        .unwrap()
+        .keep()
+}
+
+struct Served {
+    child: Child,
+    base: String,
+}
+
+/// Starts the binary on a data directory and waits until `/readyz` says it is ready.
+async fn serve(data_dir: &Path, stderr: &Path) -> Served {
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_snapfence"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(data_dir)
+        .env_remove("DATABASE_URL")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(stderr).unwrap())
+        .spawn()
+        .expect("starting snapfence serve");
+    let base = format!("http://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(r) = reqwest::get(format!("{base}/readyz")).await {
+            if r.status() == StatusCode::OK {
+                return Served { child, base };
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "serve did not become ready: {}",
+            std::fs::read_to_string(stderr).unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+impl Served {
+    fn terminate(&self) {
+        kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM).unwrap();
+    }
+
+    async fn wait(mut self) -> std::process::ExitStatus {
+        tokio::task::spawn_blocking(move || self.child.wait().unwrap())
+            .await
+            .unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_keeps_its_embedded_data_across_restarts_and_shuts_down_gracefully() {
+    let dir = short_tempdir();
+    let data = dir.join("data");
+    let log = dir.join("serve.log");
+    let http = reqwest::Client::new();
+
+    let first = serve(&data, &log).await;
+    let grant: Value = http
+        .post(format!("{}/v1/leases/jobs%2F1", first.base))
+        .json(&json!({"owner": "w", "ttl_ms": 60000}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let t = token(&grant);
+
+    // A slow upload is in flight when SIGTERM arrives; it still completes.
+    let chunks = stream::iter(0..5).then(|i| async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        Ok::<_, std::io::Error>(format!("part{i};"))
+    });
+    let upload = http
+        .put(format!("{}/v1/snapshots/jobs%2F1", first.base))
+        .header("Fencing-Token", t.to_string())
+        .body(Body::wrap_stream(chunks))
+        .send();
+    let upload = tokio::spawn(upload);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.terminate();
+    let r = upload.await.unwrap().unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::CREATED,
+        "the in-flight request finished"
+    );
+    assert!(first.wait().await.success());
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains(data.to_str().unwrap()),
+        "the log says where the data lives"
+    );
+    let pid_file = data.join("pg").join("postmaster.pid");
+    assert!(!pid_file.exists(), "the embedded PostgreSQL was stopped");
+
+    let second = serve(&data, &log).await;
+    let snap = http
+        .get(format!("{}/v1/snapshots/jobs%2F1", second.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(snap.status(), StatusCode::OK);
+    assert_eq!(snap.text().await.unwrap(), "part0;part1;part2;part3;part4;");
+    let later: Value = http
+        .post(format!("{}/v1/leases/other", second.base))
+        .json(&json!({"owner": "w", "ttl_ms": 60000}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(token(&later) > t, "tokens keep increasing across restarts");
+    second.terminate();
+    assert!(second.wait().await.success());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_database_answers_503_quickly_and_the_service_recovers_by_itself() {
+    let dir = short_tempdir();
+    let start = {
+        let dir = dir.clone();
+        move || EmbeddedPostgres::start(&dir, &Settings::default()).unwrap()
+    };
+    let pg = tokio::task::spawn_blocking(start.clone()).await.unwrap();
+    pg.ensure_database("outage").await.unwrap();
+    let options = pg.connect_options("outage");
+    let instance = Instance::start(options, rules()).await;
+    let http = reqwest::Client::new();
+    let acquire = |key: &'static str| {
+        http.post(format!("{}/v1/leases/{key}", instance.base))
+            .json(&json!({"owner": "w", "ttl_ms": 60000}))
+            .send()
+    };
+    assert_eq!(
+        acquire("before").await.unwrap().status(),
+        StatusCode::CREATED
+    );
+
+    let pg = tokio::task::spawn_blocking(move || {
+        pg.stop().unwrap();
+        pg
+    })
+    .await
+    .unwrap();
+    let asked = Instant::now();
+    let r = acquire("during").await.unwrap();
+    assert!(
+        asked.elapsed() < Duration::from_secs(10),
+        "answered, not hung"
+    );
+    assert_eq!(r.headers()["retry-after"], "1");
+    problem(r, StatusCode::SERVICE_UNAVAILABLE, "unavailable").await;
+    let ready = http
+        .get(format!("{}/readyz", instance.base))
+        .send()
+        .await
+        .unwrap();
+    problem(ready, StatusCode::SERVICE_UNAVAILABLE, "unavailable").await;
+
+    let pg2 = tokio::task::spawn_blocking(start).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = http
+            .get(format!("{}/readyz", instance.base))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == StatusCode::OK {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the service did not recover");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        acquire("after").await.unwrap().status(),
+        StatusCode::CREATED
+    );
+    let r = acquire("during").await.unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::CREATED,
+        "the refused acquire changed nothing"
+    );
+    instance.stop().await;
+    tokio::task::spawn_blocking(move || pg2.stop().unwrap())
+        .await
+        .unwrap();
+    drop(pg);
+    std::fs::remove_dir_all(&dir).ok();
+}
