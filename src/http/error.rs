@@ -57,7 +57,7 @@ pub enum ApiError {
         /// The key.
         key: Key,
         /// The live lease.
-        holder: Holder,
+        holder: Box<Holder>,
     },
     /// 409: a recovery record blocks the grant.
     #[error("key {key:?} keeps a recovery record ({}) left by {:?}; reconcile what it left behind, then acquire with \"reconciled\": true", recovery.reason.as_str(), recovery.owner.as_str())]
@@ -65,7 +65,7 @@ pub enum ApiError {
         /// The key.
         key: Key,
         /// The retained record.
-        recovery: RecoveryRecord,
+        recovery: Box<RecoveryRecord>,
     },
     /// 409: the token is not the key's live lease.
     #[error(
@@ -95,12 +95,12 @@ pub enum ApiError {
     #[error("this path does not accept that method; see openapi.yaml for the methods it takes")]
     MethodNotAllowed,
     /// 413: the body is over the limit.
-    #[error(
-        "the body is over this server's limit of {limit} bytes; nothing was stored. Send a smaller snapshot or raise --max-snapshot-bytes"
-    )]
+    #[error("the body is over this server's limit of {limit} bytes; nothing was stored. {hint}")]
     PayloadTooLarge {
         /// The limit in bytes.
         limit: usize,
+        /// What the client can do about it.
+        hint: &'static str,
     },
     /// 503: the database cannot be reached; nothing was changed.
     #[error("the database is unavailable; nothing was changed. Retry with backoff")]
