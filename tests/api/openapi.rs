@@ -440,6 +440,7 @@ async fn answers_conform_to_the_spec_across_every_operation_and_error_code() {
     }
     c.check("get", "/healthz", app.get("/healthz").await).await;
     c.check("get", "/readyz", app.get("/readyz").await).await;
+    c.check("get", "/metrics", app.get("/metrics").await).await;
 
     // Every operation of the spec was reached at least once.
     let reached: BTreeSet<(String, String)> = c
