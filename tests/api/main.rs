@@ -7,6 +7,7 @@ mod fencing_race;
 mod harness;
 mod inputs;
 mod leases;
+mod limits;
 mod metrics;
 mod openapi;
 mod recovery;
