@@ -76,6 +76,10 @@ pub struct ServeConfig {
     #[arg(long, env = "SNAPFENCE_MAX_HEADER_BYTES", default_value_t = 16 * 1024)]
     pub max_header_bytes: usize,
 
+    /// Serve requests without an API key on a non-loopback address while no key exists.
+    #[arg(long, env = "SNAPFENCE_INSECURE_NO_AUTH")]
+    pub insecure_no_auth: bool,
+
     /// Database connections per instance.
     #[arg(long, env = "SNAPFENCE_DB_POOL_SIZE", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub db_pool_size: u32,
@@ -99,6 +103,7 @@ impl ServeConfig {
             body_timeout: self.body_timeout,
             max_concurrent_requests: self.max_concurrent_requests as usize,
             max_header_bytes: self.max_header_bytes,
+            anonymous_without_keys: self.listen.ip().is_loopback() || self.insecure_no_auth,
         }
     }
 

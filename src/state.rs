@@ -25,6 +25,9 @@ pub struct Rules {
     pub max_concurrent_requests: usize,
     /// The largest total size of a request's headers, in bytes.
     pub max_header_bytes: usize,
+    /// Whether requests without credentials are served while no live API key exists. True for
+    /// a loopback listener (or with `--insecure-no-auth`); false means every request needs a key.
+    pub anonymous_without_keys: bool,
 }
 
 impl Default for Rules {
@@ -37,6 +40,7 @@ impl Default for Rules {
             body_timeout: Duration::from_secs(30),
             max_concurrent_requests: 1024,
             max_header_bytes: 16 * 1024,
+            anonymous_without_keys: true,
         }
     }
 }

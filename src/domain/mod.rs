@@ -3,10 +3,12 @@
 //! metadata, audit rows). Every bound that `../shared/API.md` states is checked here, on
 //! construction, so that an unchecked string or an out-of-range number never reaches SQL.
 
+mod auth;
 mod lease;
 mod snapshot;
 mod values;
 
+pub use auth::{KeyName, NewSecret, Presented, Principal, Scope};
 pub use lease::{KeyStatus, Lease, LeaseState, RecoveryReason, RecoveryRecord};
 pub use snapshot::{ETag, EntityTagCondition, SnapshotMeta};
 pub use values::{

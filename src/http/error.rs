@@ -102,6 +102,12 @@ pub enum ApiError {
         /// The refusal, already in the audit log.
         refusal: Refusal,
     },
+    /// 401: credentials are required, or the ones sent are not a live key's.
+    #[error("{0}")]
+    Unauthorized(&'static str),
+    /// 403: the key may not do this, or not to this key.
+    #[error("{0}")]
+    Forbidden(String),
     /// 412: `If-Match` did not match.
     #[error("the current snapshot does not match If-Match; GET it again and retry with its ETag")]
     PreconditionFailed,
@@ -171,6 +177,8 @@ impl ApiError {
             | Self::RecoveryRequired { .. }
             | Self::LeaseLost { .. }
             | Self::Refused { .. } => StatusCode::CONFLICT,
+            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::PreconditionFailed => StatusCode::PRECONDITION_FAILED,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -191,6 +199,8 @@ impl ApiError {
             Self::RecoveryRequired { .. } => "recovery_required",
             Self::LeaseLost { .. } => "lease_lost",
             Self::Refused { refusal, .. } => refusal.reason.as_str(),
+            Self::Unauthorized(_) => "unauthorized",
+            Self::Forbidden(_) => "forbidden",
             Self::PreconditionFailed => "precondition_failed",
             Self::NotFound(_) => "not_found",
             Self::MethodNotAllowed => "method_not_allowed",
@@ -262,8 +272,14 @@ impl IntoResponse for ApiError {
         response.extensions_mut().insert(ErrorCode(self.code()));
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-        if matches!(self, Self::Unavailable(_)) {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        match self {
+            Self::Unavailable(_) => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            Self::Unauthorized(_) => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            _ => {}
         }
         response
     }

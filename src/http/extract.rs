@@ -14,7 +14,7 @@ use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
-use crate::domain::{EntityTagCondition, FencingToken, Key};
+use crate::domain::{EntityTagCondition, FencingToken, Key, Principal};
 use crate::state::AppState;
 use crate::store::RequestContext;
 
@@ -193,10 +193,11 @@ impl<S: Send + Sync> FromRequestParts<S> for Context {
             .extensions
             .get::<ConnectInfo<SocketAddr>>()
             .map(|ConnectInfo(addr)| addr.to_string());
+        let principal = parts.extensions.get::<Principal>().map(|p| p.name.clone());
         Ok(Self(RequestContext {
             request_id,
             remote_addr,
-            principal: None,
+            principal,
         }))
     }
 }

@@ -3,6 +3,7 @@
 //! problem+json; [`extract`] validates every input.
 
 pub mod audit;
+pub mod auth;
 pub mod error;
 pub mod extract;
 pub mod leases;
@@ -65,12 +66,14 @@ pub fn router(state: AppState) -> Router {
         .layer(GlobalConcurrencyLimitLayer::new(
             state.rules.max_concurrent_requests,
         ));
+    let authorize = axum::middleware::from_fn_with_state(state.clone(), auth::authorize);
     let metrics = state.metrics.clone();
     let max_header_bytes = state.rules.max_header_bytes;
     // Health checks and scrapes are never shed: an overloaded instance is alive, and its metrics
     // are what shows the overload.
     api_routes()
         .router
+        .layer(authorize)
         .layer(shed)
         .merge(ops::routes().router)
         .fallback(not_found)

@@ -100,6 +100,22 @@ pub async fn fresh_database() -> PgConnectOptions {
     cluster.options(&name).disable_statement_logging()
 }
 
+/// A `postgres://` URL for options, for the binary's `--database-url` (a password, if the
+/// cluster needs one, comes from `PGPASSWORD` in the inherited environment).
+pub fn url_of(options: &PgConnectOptions) -> String {
+    let mut url = format!(
+        "postgres://{}@{}:{}/{}",
+        options.get_username(),
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or("postgres")
+    );
+    if let Some(socket) = options.get_socket() {
+        url.push_str(&format!("?host={}", socket.display()));
+    }
+    url
+}
+
 /// Test rules: the defaults, with room for a test to change one.
 pub fn rules() -> Rules {
     Rules::default()

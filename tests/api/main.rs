@@ -2,6 +2,7 @@
 //! speaks to it the way any user would. See `harness` for how each test gets its own database.
 
 mod audit;
+mod auth;
 mod concurrency;
 mod fencing_race;
 mod harness;
