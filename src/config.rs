@@ -35,6 +35,14 @@ pub struct ServeConfig {
     #[arg(long, env = "SNAPFENCE_DATA_DIR", default_value = "./snapfence-data")]
     pub data_dir: PathBuf,
 
+    /// PEM certificate chain to serve HTTPS with (together with --tls-key).
+    #[arg(long, env = "SNAPFENCE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "SNAPFENCE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
     /// Log format.
     #[arg(
         long,

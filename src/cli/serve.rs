@@ -105,9 +105,15 @@ async fn serve_on(config: &ServeConfig, options: PgConnectOptions) -> Result<(),
             config.listen
         )
     })?;
-    tracing::info!(address = %config.listen, "listening");
+    tracing::info!(address = %config.listen, tls = config.tls_cert.is_some(), "listening");
+    let tls = match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => Some(crate::tls_config(cert, key).await.map_err(|e| {
+            format!("cannot load --tls-cert {} / --tls-key {}: {e}; pass a PEM certificate chain and its PEM private key", cert.display(), key.display())
+        })?),
+        _ => None,
+    };
     let state = AppState::new(pool.clone(), config.rules());
-    crate::run(listener, state, shutdown_signal())
+    crate::run(listener, state, tls, shutdown_signal())
         .await
         .map_err(|e| format!("the server failed: {e}"))?;
     tracing::info!("shut down; requests in flight were finished");

@@ -14,3 +14,4 @@ mod openapi;
 mod recovery;
 mod serve;
 mod snapshots;
+mod tls;
