@@ -13,6 +13,7 @@ pub use lease::{KeyStatus, Lease, LeaseState, RecoveryReason, RecoveryRecord};
 pub use snapshot::{ETag, EntityTagCondition, SnapshotMeta};
 pub use values::{
     Cursor, FencingToken, Key, KeyPrefix, Metadata, Owner, PageLimit, TtlBounds, TtlMs, Version,
+    json_integer, json_integer_opt,
 };
 
 /// Times in JSON: RFC 3339 in UTC with milliseconds, e.g. `2026-12-02T13:05:00.123Z`.
