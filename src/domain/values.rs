@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use base64::Engine;
 use base64::alphabet::URL_SAFE;
-use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, URL_SAFE_NO_PAD};
 use base64::engine::DecodePaddingMode;
+use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, URL_SAFE_NO_PAD};
 use serde::{Deserialize, Serialize};
 
 use super::InvalidInput;
@@ -129,7 +129,9 @@ pub fn json_integer<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Er
     const LIMIT: f64 = 9_223_372_036_854_775_808.0;
     match n.as_f64() {
         Some(f) if f.fract() == 0.0 && (-LIMIT..LIMIT).contains(&f) => Ok(f as i64),
-        _ => Err(serde::de::Error::custom(format!("expected an integer, got {n}"))),
+        _ => Err(serde::de::Error::custom(format!(
+            "expected an integer, got {n}"
+        ))),
     }
 }
 
@@ -406,7 +408,10 @@ impl Cursor {
 
     /// Decodes an id or version cursor: 1 to 18 decimal digits.
     pub fn decode_number(raw: &str) -> Result<i64, InvalidInput> {
-        if raw.is_empty() || raw.len() > MAX_CURSOR_DIGITS || !raw.bytes().all(|b| b.is_ascii_digit()) {
+        if raw.is_empty()
+            || raw.len() > MAX_CURSOR_DIGITS
+            || !raw.bytes().all(|b| b.is_ascii_digit())
+        {
             return Err(InvalidInput::new(
                 "cursor is not a page position (1 to 18 digits); pass back a next_cursor unchanged",
             ));
@@ -519,7 +524,10 @@ mod tests {
     fn cursors_round_trip_and_reject_garbage() {
         let c = Cursor::after("jobs/42");
         assert_eq!(Cursor::decode(c.as_str()).unwrap(), "jobs/42");
-        assert_eq!(Cursor::decode_number(Cursor::after_id(17).as_str()).unwrap(), 17);
+        assert_eq!(
+            Cursor::decode_number(Cursor::after_id(17).as_str()).unwrap(),
+            17
+        );
         for bad in ["%%%", "", "0", "abcde"] {
             assert!(Cursor::decode(bad).is_err(), "{bad:?}");
         }
