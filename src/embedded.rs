@@ -351,7 +351,10 @@ impl PipeToLog for Command {
             .stdout(log)
             .stderr(err)
             .status()
-            .map_err(io_err("running", Path::new(self.get_program())))?;
+            .map_err(io_err(
+                "running (as root, every directory above --data-dir must be searchable by the `postgres` user)",
+                Path::new(self.get_program()),
+            ))?;
         if status.success() {
             Ok(())
         } else {
