@@ -17,6 +17,9 @@ use std::fmt;
 /// Microseconds since the Unix epoch, on the wall clock.
 pub type Micros = i64;
 
+/// The reason of an [`Outcome::Indeterminate`] that was a `503 unavailable` answer.
+pub const UNAVAILABLE: &str = "503 unavailable";
+
 /// What a client asked for. Keys are given on the [`Op`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Call {
@@ -205,6 +208,9 @@ pub struct Report {
     pub indeterminate: usize,
     /// Indeterminate writes that the end state shows took effect.
     pub indeterminate_took_effect: usize,
+    /// Of those, the ones answered `503 unavailable` (the contract says a 503 changed nothing;
+    /// an answer lost after the commit makes that untrue, and this counts how often).
+    pub unavailable_took_effect: usize,
     /// Writes refused (and audited).
     pub refused_writes: usize,
     /// Writes accepted.
@@ -236,13 +242,14 @@ impl fmt::Display for Report {
         write!(
             f,
             "{} operations ({} grants, {} writes accepted, {} refused), {} indeterminate ({} of \
-             them writes that took effect), {} anomalies",
+             them writes that took effect, {} of these answered 503), {} anomalies",
             self.ops,
             self.grants,
             self.accepted_writes,
             self.refused_writes,
             self.indeterminate,
             self.indeterminate_took_effect,
+            self.unavailable_took_effect,
             self.anomalies.len()
         )?;
         let mut by_kind: BTreeMap<Property, usize> = BTreeMap::new();
@@ -291,6 +298,10 @@ pub fn check(ops: &[Op], end: &FinalState) -> Report {
         indeterminate_took_effect: effective
             .iter()
             .filter(|w| matches!(w.op.outcome, Outcome::Indeterminate(_)))
+            .count(),
+        unavailable_took_effect: effective
+            .iter()
+            .filter(|w| matches!(&w.op.outcome, Outcome::Indeterminate(why) if why == UNAVAILABLE))
             .count(),
         refused_writes: puts()
             .filter(|o| matches!(o.outcome, Outcome::Refused { .. }))

@@ -17,7 +17,9 @@ use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::checker::{Answer, AuditRow, Call, FinalState, Micros, Op, Outcome, Version};
+use crate::checker::{
+    Answer, AuditRow, Call, FinalState, Micros, Op, Outcome, UNAVAILABLE, Version,
+};
 
 /// How much load, for how long.
 #[derive(Debug, Clone)]
@@ -283,7 +285,7 @@ async fn outcome(call: &Call, answer: reqwest::Result<Response>) -> Outcome {
     };
     let status = r.status();
     if status == StatusCode::SERVICE_UNAVAILABLE {
-        return Outcome::Indeterminate("503 unavailable".into());
+        return Outcome::Indeterminate(UNAVAILABLE.into());
     }
     if matches!(call, Call::Get) && status == StatusCode::OK {
         let header = |name: &str| {
