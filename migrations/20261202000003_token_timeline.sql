@@ -71,7 +71,10 @@ BEGIN
                   + token_timeline_gap())
       INTO moved
       FROM fencing_token_seq s;
-    UPDATE token_timeline SET timeline = now_on, position = moved, secured_at = now();
+    -- An upsert, so that a guard row deleted by hand is made again rather than jumped past at
+    -- every grant.
+    INSERT INTO token_timeline (timeline, position) VALUES (now_on, moved)
+        ON CONFLICT (one) DO UPDATE SET timeline = now_on, position = moved, secured_at = now();
     RAISE WARNING 'new timeline % (was %): moved the fencing token sequence to %', now_on, recorded, moved;
     RETURN moved;
 END

@@ -11,3 +11,4 @@ mod openapi;
 mod recovery;
 mod serve;
 mod snapshots;
+mod timeline;
