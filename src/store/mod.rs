@@ -72,7 +72,8 @@ fn is_unavailable(e: &sqlx::Error) -> bool {
 /// Result of a store call.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
-/// A database call bounded on the service's side by the pool's timeout (`--db-timeout`).
+/// A database call bounded on the service's side: the pool's timeout (`--db-timeout`) plus
+/// [`SERVER_CANCEL_MARGIN`].
 ///
 /// `statement_timeout` is enforced by the server, so it cannot end a wait for an answer that a
 /// stalled link (a partition, a frozen proxy) never delivers; without this bound such a request
@@ -81,7 +82,7 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 /// connection it used is tested before it goes back to the pool and closed if it is broken.
 pub(crate) trait Bounded<T>: Future<Output = sqlx::Result<T>> + Sized {
     async fn bounded(self, pool: &PgPool) -> Result<T> {
-        let limit = pool.options().get_acquire_timeout();
+        let limit = pool.options().get_acquire_timeout() + SERVER_CANCEL_MARGIN;
         match tokio::time::timeout(limit, self).await {
             Ok(answer) => Ok(answer?),
             Err(_) => Err(StoreError::Unavailable(sqlx::Error::Io(
@@ -95,6 +96,12 @@ pub(crate) trait Bounded<T>: Future<Output = sqlx::Result<T>> + Sized {
 }
 
 impl<T, F: Future<Output = sqlx::Result<T>>> Bounded<T> for F {}
+
+/// How much longer than the server's own timeouts the service waits before it gives up on a
+/// call. When the server cancels a statement (lock or statement timeout) it rolls it back and
+/// says so, and the 503 that follows is certain to have changed nothing; giving up first on a
+/// healthy link would leave the statement running, and perhaps committing, after the 503.
+const SERVER_CANCEL_MARGIN: Duration = Duration::from_secs(1);
 
 /// How the service talks to its database.
 #[derive(Debug, Clone)]

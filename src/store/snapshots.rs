@@ -98,7 +98,7 @@ pub struct PutRequest {
 /// the audit row of a refusal. Parameters: `$1` key, `$2` token, `$3` whether `If-Match` was
 /// sent, `$4` its strong tags (NULL for `*`), `$5..$7` request id, remote address, principal.
 /// `$stale_below` is what a lower token is stale against: always `cur.token`, the key's newest
-/// granted token, except in the negative control ([`fencing_broken`]).
+/// granted token, except in the negative control (`fencing_broken`, debug builds only).
 macro_rules! fenced_ctes {
     ($operation:literal) => {
         fenced_ctes!($operation, "cur.token")
