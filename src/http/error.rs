@@ -5,7 +5,7 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use crate::domain::{InvalidInput, Key, Lease, RecoveryRecord, rfc3339_millis};
@@ -17,7 +17,7 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 
 /// The `holder` of a `lease_held` answer: who holds the key and until when. The holder's token
 /// is not shown, so a competitor cannot borrow it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Holder {
     /// The holder's owner name.
     pub owner: String,
@@ -57,7 +57,7 @@ pub enum ApiError {
         /// The key.
         key: Key,
         /// The live lease.
-        holder: Holder,
+        holder: Box<Holder>,
     },
     /// 409: a recovery record blocks the grant.
     #[error("key {key:?} keeps a recovery record ({}) left by {:?}; reconcile what it left behind, then acquire with \"reconciled\": true", recovery.reason.as_str(), recovery.owner.as_str())]
@@ -65,7 +65,7 @@ pub enum ApiError {
         /// The key.
         key: Key,
         /// The retained record.
-        recovery: RecoveryRecord,
+        recovery: Box<RecoveryRecord>,
     },
     /// 409: the token is not the key's live lease.
     #[error(

@@ -73,11 +73,12 @@ async fn acquire(
         }
         AcquireOutcome::Held { holder } => Err(ApiError::LeaseHeld {
             key,
-            holder: Holder::from(&holder),
+            holder: Box::new(Holder::from(&holder)),
         }),
-        AcquireOutcome::RecoveryRequired { recovery } => {
-            Err(ApiError::RecoveryRequired { key, recovery })
-        }
+        AcquireOutcome::RecoveryRequired { recovery } => Err(ApiError::RecoveryRequired {
+            key,
+            recovery: Box::new(recovery),
+        }),
     }
 }
 

@@ -17,7 +17,8 @@ use crate::domain::{
 };
 
 /// Why a fenced write was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum RefusalReason {
     /// The token is below the key's newest token, or its lease was released or abandoned.
     StaleToken,
