@@ -15,6 +15,7 @@ pub mod config;
 pub mod domain;
 pub mod embedded;
 pub mod http;
+pub mod metrics;
 pub mod state;
 pub mod store;
 pub mod telemetry;

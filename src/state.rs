@@ -6,6 +6,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 
 use crate::domain::TtlBounds;
+use crate::metrics::Metrics;
 
 /// The rules an instance enforces, from its configuration.
 #[derive(Debug, Clone)]
@@ -38,6 +39,8 @@ pub struct AppState {
     pub db: PgPool,
     /// The rules.
     pub rules: Arc<Rules>,
+    /// This instance's metrics.
+    pub metrics: Arc<Metrics>,
 }
 
 impl AppState {
@@ -46,6 +49,7 @@ impl AppState {
         Self {
             db,
             rules: Arc::new(rules),
+            metrics: Metrics::new(),
         }
     }
 }

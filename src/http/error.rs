@@ -42,6 +42,10 @@ impl From<&Lease> for Holder {
     }
 }
 
+/// The contract code of an error answer, left on the response for the metrics middleware.
+#[derive(Debug, Clone, Copy)]
+pub struct ErrorCode(pub &'static str);
+
 /// Every error the API answers with, one variant per contract code.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -95,12 +99,12 @@ pub enum ApiError {
     #[error("this path does not accept that method; see openapi.yaml for the methods it takes")]
     MethodNotAllowed,
     /// 413: the body is over the limit.
-    #[error(
-        "the body is over this server's limit of {limit} bytes; nothing was stored. Send a smaller snapshot or raise --max-snapshot-bytes"
-    )]
+    #[error("the body is over this server's limit of {limit} bytes; nothing was stored. {hint}")]
     PayloadTooLarge {
         /// The limit in bytes.
         limit: usize,
+        /// What the client can do about it.
+        hint: &'static str,
     },
     /// 503: the database cannot be reached; nothing was changed.
     #[error("the database is unavailable; nothing was changed. Retry with backoff")]
@@ -223,6 +227,7 @@ impl IntoResponse for ApiError {
         body.insert("code".into(), json!(self.code()));
         body.extend(self.extensions());
         let mut response = (status, Value::Object(body).to_string()).into_response();
+        response.extensions_mut().insert(ErrorCode(self.code()));
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if matches!(self, Self::Unavailable) {

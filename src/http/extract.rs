@@ -25,6 +25,8 @@ pub static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The largest JSON request body (acquire and renew bodies are small; metadata is 4 KiB).
 const MAX_JSON_BYTES: usize = 64 * 1024;
+const JSON_TOO_LARGE: &str =
+    "Lease request bodies are small JSON objects; metadata may be at most 4 KiB";
 
 /// A JSON body, parsed whatever its `Content-Type` (so `curl -d` works without `-H`), with
 /// unknown fields and type errors reported as `invalid_request`.
@@ -34,7 +36,8 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
-        let bytes = read_limited(req.into_body(), None, MAX_JSON_BYTES).await?;
+        let length = content_length(req.headers());
+        let bytes = read_limited(req.into_body(), length, MAX_JSON_BYTES, JSON_TOO_LARGE).await?;
         if bytes.is_empty() {
             return Err(ApiError::InvalidRequest(
                 "a JSON object body is required; see openapi.yaml for its fields".into(),
@@ -138,30 +141,34 @@ impl<S: Send + Sync> FromRequestParts<S> for FencingTokenHeader {
     }
 }
 
-/// The optional `If-Match` and `If-None-Match` headers.
-pub struct Preconditions {
-    /// `If-Match`, for fenced writes.
-    pub if_match: Option<EntityTagCondition>,
-    /// `If-None-Match`, for reads.
-    pub if_none_match: Option<EntityTagCondition>,
+/// Implements an extractor for an optional entity-tag header, parsed only by the handlers that
+/// use it (a header a handler ignores is never an error).
+macro_rules! entity_tag_header {
+    ($name:ident, $header:expr, $doc:literal) => {
+        #[doc = $doc]
+        pub struct $name(pub Option<EntityTagCondition>);
+
+        impl<S: Send + Sync> FromRequestParts<S> for $name {
+            type Rejection = ApiError;
+
+            async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+                let raw = single_header(&parts.headers, &$header)?;
+                Ok(Self(raw.map(EntityTagCondition::parse).transpose()?))
+            }
+        }
+    };
 }
 
-impl<S: Send + Sync> FromRequestParts<S> for Preconditions {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
-        let parse = |name| {
-            single_header(&parts.headers, name)?
-                .map(EntityTagCondition::parse)
-                .transpose()
-                .map_err(ApiError::from)
-        };
-        Ok(Self {
-            if_match: parse(&header::IF_MATCH)?,
-            if_none_match: parse(&header::IF_NONE_MATCH)?,
-        })
-    }
-}
+entity_tag_header!(
+    IfMatch,
+    header::IF_MATCH,
+    "The optional `If-Match` header of a fenced write."
+);
+entity_tag_header!(
+    IfNoneMatch,
+    header::IF_NONE_MATCH,
+    "The optional `If-None-Match` header of a read."
+);
 
 /// Where a request came from, for the audit log.
 pub struct Context(pub RequestContext);
@@ -194,9 +201,11 @@ pub async fn read_limited(
     body: Body,
     content_length: Option<u64>,
     limit: usize,
+    hint: &'static str,
 ) -> Result<Bytes, ApiError> {
+    let too_large = ApiError::PayloadTooLarge { limit, hint };
     if content_length.is_some_and(|n| n > limit as u64) {
-        return Err(ApiError::PayloadTooLarge { limit });
+        return Err(too_large);
     }
     let capacity = content_length.map_or(0, |n| n as usize);
     let mut buf = BytesMut::with_capacity(capacity);
@@ -206,7 +215,7 @@ pub async fn read_limited(
             ApiError::InvalidRequest(format!("the request body could not be read: {e}"))
         })?;
         if buf.len() + chunk.len() > limit {
-            return Err(ApiError::PayloadTooLarge { limit });
+            return Err(too_large);
         }
         buf.extend_from_slice(&chunk);
     }

@@ -10,9 +10,11 @@ pub mod ops;
 pub mod snapshots;
 
 use std::any::Any;
+use std::sync::Arc;
+use std::time::Instant;
 
 use axum::Router;
-use axum::extract::MatchedPath;
+use axum::extract::{MatchedPath, State};
 use axum::http::Request;
 use axum::response::{IntoResponse, Response};
 use axum::routing::MethodRouter;
@@ -22,8 +24,9 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
+use crate::metrics::Metrics;
 use crate::state::AppState;
-use error::ApiError;
+use error::{ApiError, ErrorCode};
 use extract::REQUEST_ID;
 
 /// The whole API with its middleware: request ids (taken or made, echoed on every answer), a
@@ -49,11 +52,13 @@ pub fn router(state: AppState) -> Router {
         )
         .layer(PropagateRequestIdLayer::new(REQUEST_ID.clone()))
         .layer(CatchPanicLayer::custom(panic_response));
+    let metrics = state.metrics.clone();
     routes()
         .router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+        .layer(axum::middleware::from_fn_with_state(metrics, observe))
         .layer(middleware)
 }
 
@@ -96,6 +101,30 @@ fn routes() -> Routes {
 /// Every path the API routes, in axum's `{param}` syntax (which is also OpenAPI's).
 pub fn paths() -> Vec<&'static str> {
     routes().paths
+}
+
+/// Counts every answer in the instance's metrics, labelled by its matched route.
+async fn observe(
+    State(metrics): State<Arc<Metrics>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let method = req.method().clone();
+    let started = Instant::now();
+    let response = next.run(req).await;
+    let code = response.extensions().get::<ErrorCode>().map(|c| c.0);
+    metrics.observe(
+        &route,
+        method.as_str(),
+        response.status().as_u16(),
+        code,
+        started.elapsed(),
+    );
+    response
 }
 
 async fn not_found() -> ApiError {

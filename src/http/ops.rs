@@ -1,7 +1,9 @@
-//! `/healthz` and `/readyz`.
+//! `/healthz`, `/readyz` and `/metrics`.
 
 use axum::Json;
 use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
 use axum::routing::get;
 use serde_json::{Value, json};
 
@@ -15,6 +17,7 @@ pub(super) fn routes() -> Routes {
     Routes::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
 }
 
 /// The process is up; says nothing about the database.
@@ -30,3 +33,29 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
         Err(ApiError::Unavailable)
     }
 }
+
+/// The instance's metrics, with the database gauges read now. A database that does not answer
+/// leaves those gauges at their last value rather than failing the scrape.
+async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    let m = &state.metrics;
+    let size = i64::from(state.db.size());
+    let idle = state.db.num_idle() as i64;
+    m.pool_connections
+        .get_or_create(&[("state", "in_use")])
+        .set(size - idle);
+    m.pool_connections
+        .get_or_create(&[("state", "idle")])
+        .set(idle);
+    m.pool_max
+        .set(i64::from(state.db.options().get_max_connections()));
+    match store::leases::count_recovery_pending(&state.db).await {
+        Ok(n) => {
+            m.recovery_records_open.set(n);
+        }
+        Err(e) => tracing::debug!(error = %e, "recovery records gauge not refreshed"),
+    }
+    ([(header::CONTENT_TYPE, OPENMETRICS)], m.render())
+}
+
+/// The media type of the metrics text.
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

@@ -11,13 +11,16 @@ use serde::Deserialize;
 use super::Routes;
 use super::error::ApiError;
 use super::extract::{
-    ApiQuery, Context, FENCING_TOKEN, FencingTokenHeader, KeyPath, KeyVersionPath, Preconditions,
-    SNAPSHOT_VERSION, content_length, read_limited,
+    ApiQuery, Context, FENCING_TOKEN, FencingTokenHeader, IfMatch, IfNoneMatch, KeyPath,
+    KeyVersionPath, SNAPSHOT_VERSION, content_length, read_limited,
 };
 use super::leases::PageBody;
-use crate::domain::{Cursor, Key, PageLimit, SnapshotMeta, Version};
+use crate::domain::{Cursor, EntityTagCondition, Key, PageLimit, SnapshotMeta, Version};
 use crate::state::AppState;
 use crate::store::snapshots::{self, PutRequest, Snapshot, WriteOutcome, Written};
+
+const SNAPSHOT_TOO_LARGE: &str =
+    "Send a smaller snapshot, or raise the server's --max-snapshot-bytes";
 
 /// The content type stored when a write sends none.
 const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
@@ -46,7 +49,7 @@ async fn write(
     State(state): State<AppState>,
     KeyPath(key): KeyPath,
     FencingTokenHeader(token): FencingTokenHeader,
-    Preconditions { if_match, .. }: Preconditions,
+    IfMatch(if_match): IfMatch,
     Context(ctx): Context,
     headers: HeaderMap,
     body: Body,
@@ -59,7 +62,7 @@ async fn write(
             .to_owned(),
     };
     let limit = state.rules.max_snapshot_bytes;
-    let body = read_limited(body, content_length(&headers), limit).await?;
+    let body = read_limited(body, content_length(&headers), limit, SNAPSHOT_TOO_LARGE).await?;
     let req = PutRequest {
         key: key.clone(),
         token,
@@ -82,7 +85,7 @@ async fn delete(
     State(state): State<AppState>,
     KeyPath(key): KeyPath,
     FencingTokenHeader(token): FencingTokenHeader,
-    Preconditions { if_match, .. }: Preconditions,
+    IfMatch(if_match): IfMatch,
     Context(ctx): Context,
 ) -> Result<StatusCode, ApiError> {
     let outcome = snapshots::delete(&state.db, &key, token, if_match.as_ref(), &ctx).await?;
@@ -92,7 +95,7 @@ async fn delete(
 
 /// A snapshot as an HTTP answer: its bytes with the contract's headers, or `304` when
 /// `If-None-Match` matches.
-fn snapshot_response(snapshot: Snapshot, pre: &Preconditions) -> Response {
+fn snapshot_response(snapshot: Snapshot, if_none_match: Option<&EntityTagCondition>) -> Response {
     let meta = &snapshot.meta;
     let mut headers = HeaderMap::new();
     headers.insert(header::ETAG, etag_header(meta));
@@ -109,11 +112,7 @@ fn snapshot_response(snapshot: Snapshot, pre: &Preconditions) -> Response {
         header::LAST_MODIFIED,
         HeaderValue::from_str(&last_modified).expect("an HTTP date is ASCII"),
     );
-    if pre
-        .if_none_match
-        .as_ref()
-        .is_some_and(|c| c.matches_weak(&meta.etag))
-    {
+    if if_none_match.is_some_and(|c| c.matches_weak(&meta.etag)) {
         return (StatusCode::NOT_MODIFIED, headers).into_response();
     }
     match HeaderValue::from_str(&meta.content_type) {
@@ -135,18 +134,18 @@ fn no_snapshot(key: &Key) -> ApiError {
 async fn read(
     State(state): State<AppState>,
     KeyPath(key): KeyPath,
-    pre: Preconditions,
+    IfNoneMatch(if_none_match): IfNoneMatch,
 ) -> Result<Response, ApiError> {
     let snapshot = snapshots::get(&state.db, &key, None, state.rules.keep_versions)
         .await?
         .ok_or_else(|| no_snapshot(&key))?;
-    Ok(snapshot_response(snapshot, &pre))
+    Ok(snapshot_response(snapshot, if_none_match.as_ref()))
 }
 
 async fn read_version(
     State(state): State<AppState>,
     KeyVersionPath(key, version): KeyVersionPath,
-    pre: Preconditions,
+    IfNoneMatch(if_none_match): IfNoneMatch,
 ) -> Result<Response, ApiError> {
     let version = Version::parse(&version)?;
     let snapshot = snapshots::get(&state.db, &key, Some(version), state.rules.keep_versions)
@@ -157,7 +156,7 @@ async fn read_version(
                 version.get()
             ))
         })?;
-    Ok(snapshot_response(snapshot, &pre))
+    Ok(snapshot_response(snapshot, if_none_match.as_ref()))
 }
 
 /// The query of a versions list.

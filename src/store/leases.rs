@@ -559,3 +559,14 @@ pub async fn ensure_sequence_ahead(pool: &PgPool) -> Result<Option<i64>> {
     }
     Ok(moved)
 }
+
+/// How many keys have an open recovery record now. A scan of the lease rows (the rule depends on
+/// the clock, so no index can answer it); run at metrics scrape time, not on a request path.
+pub async fn count_recovery_pending(pool: &PgPool) -> Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM leases l WHERE lease_recovery_reason(l.end_reason, l.expires_at,
+            l.crash_recovery, l.recovery_required, now()) IS NOT NULL",
+    )
+    .fetch_one(pool)
+    .await?)
+}

@@ -43,8 +43,8 @@ impl From<sqlx::Error> for StoreError {
 
 /// Whether an error means "the database is not there right now" rather than "this statement is
 /// wrong". SQLSTATE classes: 08 connection exception, 53 insufficient resources, 57 operator
-/// intervention (shutdown, statement timeout), 40 transaction rollback (serialization, deadlock):
-/// each leaves nothing changed and may succeed when retried.
+/// intervention (shutdown, statement timeout), 40 transaction rollback (serialization, deadlock),
+/// and 55P03 (`lock_timeout` passed): each leaves nothing changed and may succeed when retried.
 fn is_unavailable(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_)
@@ -124,10 +124,14 @@ pub async fn prepare(pool: &PgPool) -> Result<()> {
 /// Whether the database answers and has every migration this build knows of.
 pub async fn ready(pool: &PgPool) -> Result<bool> {
     let latest = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
-    let applied: Option<i64> =
-        sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
-            .fetch_one(pool)
-            .await?;
+    // to_regclass: a database that was never migrated has no migrations table, which is
+    // "not ready", not an error.
+    let applied: Option<i64> = sqlx::query_scalar(
+        "SELECT CASE WHEN to_regclass('_sqlx_migrations') IS NOT NULL
+                THEN (SELECT max(version) FROM _sqlx_migrations WHERE success) END",
+    )
+    .fetch_one(pool)
+    .await?;
     Ok(applied.is_some_and(|v| v >= latest))
 }
 

@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 /// Where test databases are created.
 enum Cluster {
     Embedded(EmbeddedPostgres),
-    External(PgConnectOptions),
+    External(Box<PgConnectOptions>),
 }
 
 impl Cluster {
@@ -38,10 +38,15 @@ static NEXT_DB: AtomicU32 = AtomicU32::new(0);
 
 /// The run's cluster, started on first use. An embedded cluster is stopped and removed by a
 /// watchdog process once this test process exits, however it exits.
+#[allow(
+    clippy::zombie_processes,
+    reason = "the watchdog must outlive this process; init reaps it"
+)]
 fn cluster() -> &'static Cluster {
     CLUSTER.get_or_init(|| {
         if let Ok(url) = std::env::var("DATABASE_URL") {
-            return Cluster::External(url.parse().expect("DATABASE_URL is a PostgreSQL URL"));
+            let options = url.parse().expect("DATABASE_URL is a PostgreSQL URL");
+            return Cluster::External(Box::new(options));
         }
         let dir = tempfile::Builder::new()
             .prefix("sf-test-")

@@ -7,6 +7,8 @@ mod fencing_race;
 mod harness;
 mod inputs;
 mod leases;
+mod metrics;
+mod openapi;
 mod recovery;
 mod serve;
 mod snapshots;

@@ -37,6 +37,10 @@ struct Served {
 }
 
 /// Starts the binary on a data directory and waits until `/readyz` says it is ready.
+#[allow(
+    clippy::zombie_processes,
+    reason = "the child is waited on by `Served::wait`; a failed start fails the test"
+)]
 async fn serve(data_dir: &Path, stderr: &Path) -> Served {
     let port = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_snapfence"))

@@ -1,0 +1,209 @@
+//! Prometheus metrics of one instance, served at `GET /metrics` in the OpenMetrics text format.
+//!
+//! Each instance owns its registry (rather than a process-global recorder), so several instances
+//! in one process, as in the tests, never mix their figures. Counters are bumped by the HTTP
+//! layer where the outcome is known; gauges that describe the database are read at scrape time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// The labels of a request: its matched route (never the raw path), method and status.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// The matched route, e.g. `/v1/leases/{key}`, or `unmatched`.
+    pub route: String,
+    /// The HTTP method.
+    pub method: String,
+    /// The status code.
+    pub status: u16,
+}
+
+/// The labels of a latency observation.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    /// The matched route.
+    pub route: String,
+    /// The HTTP method.
+    pub method: String,
+}
+
+/// One label, e.g. `("reason", "stale_token")`.
+pub type Label = [(&'static str, &'static str); 1];
+
+/// Every metric of an instance. See the README's metrics table for what each one means.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Requests answered, by route, method and status.
+    pub requests: Family<RequestLabels, Counter>,
+    /// Request latency in seconds, by route and method.
+    pub latency: Family<RouteLabels, Histogram, fn() -> Histogram>,
+    /// Leases granted.
+    pub leases_granted: Counter,
+    /// Acquires refused, by code (`lease_held`, `recovery_required`).
+    pub leases_conflicted: Family<Label, Counter>,
+    /// Renewals, releases, abandons and require-recoveries refused with `lease_lost`, by route.
+    pub leases_lost: Family<Label, Counter>,
+    /// Fenced writes accepted, by operation (`put`, `delete`).
+    pub writes_accepted: Family<Label, Counter>,
+    /// Fenced writes refused, by reason (`stale_token`, `unknown_token`).
+    pub rejections: Family<Label, Counter>,
+    /// Keys whose recovery record is open, read at scrape time.
+    pub recovery_records_open: Gauge,
+    /// Pool connections, by state (`in_use`, `idle`), read at scrape time.
+    pub pool_connections: Family<Label, Gauge>,
+    /// The pool's size limit.
+    pub pool_max: Gauge,
+}
+
+fn latency_histogram() -> Histogram {
+    // 0.25 ms .. ~8 s: the hot paths sit in the low milliseconds, the tail in the seconds.
+    Histogram::new(exponential_buckets(0.000_25, 2.0, 16))
+}
+
+impl Metrics {
+    /// A fresh registry with every metric registered.
+    pub fn new() -> Arc<Self> {
+        let mut registry = Registry::with_prefix("snapfence");
+        let m = Metrics {
+            requests: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            leases_granted: Counter::default(),
+            leases_conflicted: Family::default(),
+            leases_lost: Family::default(),
+            writes_accepted: Family::default(),
+            rejections: Family::default(),
+            recovery_records_open: Gauge::default(),
+            pool_connections: Family::default(),
+            pool_max: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "http_requests",
+            "Requests answered, by route, method and status",
+            m.requests.clone(),
+        );
+        registry.register(
+            "http_request_duration_seconds",
+            "Request latency in seconds, by route and method",
+            m.latency.clone(),
+        );
+        registry.register("leases_granted", "Leases granted", m.leases_granted.clone());
+        registry.register(
+            "leases_conflicted",
+            "Acquires refused, by code (lease_held, recovery_required)",
+            m.leases_conflicted.clone(),
+        );
+        registry.register(
+            "leases_lost",
+            "Lease changes refused with lease_lost, by operation",
+            m.leases_lost.clone(),
+        );
+        registry.register(
+            "writes_accepted",
+            "Fenced writes accepted, by operation (put, delete)",
+            m.writes_accepted.clone(),
+        );
+        registry.register(
+            "rejections",
+            "Fenced writes refused and audited, by reason (stale_token, unknown_token)",
+            m.rejections.clone(),
+        );
+        registry.register(
+            "recovery_records_open",
+            "Keys whose recovery record blocks the next grant (read at scrape time)",
+            m.recovery_records_open.clone(),
+        );
+        registry.register(
+            "db_pool_connections",
+            "Database pool connections of this instance, by state (in_use, idle)",
+            m.pool_connections.clone(),
+        );
+        registry.register(
+            "db_pool_max_connections",
+            "Database pool size limit",
+            m.pool_max.clone(),
+        );
+        Arc::new(Metrics { registry, ..m })
+    }
+
+    /// Counts one answered request: its route, status and latency, and what it did to leases and
+    /// snapshots, told by its route, method, status and (for errors) contract code. Counting here
+    /// rather than in each handler keeps every figure defined in one place.
+    pub fn observe(
+        &self,
+        route: &str,
+        method: &str,
+        status: u16,
+        code: Option<&str>,
+        elapsed: Duration,
+    ) {
+        self.observe_request(route, method, status, elapsed);
+        let ok = (200..300).contains(&status);
+        match (method, route, code) {
+            ("POST", "/v1/leases/{key}", None) if ok => {
+                self.leases_granted.inc();
+            }
+            (_, _, Some("lease_held")) => Self::inc(&self.leases_conflicted, "code", "lease_held"),
+            (_, _, Some("recovery_required")) => {
+                Self::inc(&self.leases_conflicted, "code", "recovery_required")
+            }
+            (_, _, Some("lease_lost")) => Self::inc(&self.leases_lost, "route", route_name(route)),
+            ("PUT", "/v1/snapshots/{key}", None) if ok => {
+                Self::inc(&self.writes_accepted, "operation", "put")
+            }
+            ("DELETE", "/v1/snapshots/{key}", None) if ok => {
+                Self::inc(&self.writes_accepted, "operation", "delete")
+            }
+            (_, _, Some("stale_token")) => Self::inc(&self.rejections, "reason", "stale_token"),
+            (_, _, Some("unknown_token")) => Self::inc(&self.rejections, "reason", "unknown_token"),
+            _ => {}
+        }
+    }
+
+    fn observe_request(&self, route: &str, method: &str, status: u16, elapsed: Duration) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                route: route.to_owned(),
+                method: method.to_owned(),
+                status,
+            })
+            .inc();
+        self.latency
+            .get_or_create(&RouteLabels {
+                route: route.to_owned(),
+                method: method.to_owned(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Bumps a counter with one label.
+    pub fn inc(family: &Family<Label, Counter>, name: &'static str, value: &'static str) {
+        family.get_or_create(&[(name, value)]).inc();
+    }
+
+    /// The registry in the OpenMetrics text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// The lease operation of a route that can answer `lease_lost`.
+fn route_name(route: &str) -> &'static str {
+    match route {
+        "/v1/leases/{key}/renew" => "renew",
+        "/v1/leases/{key}/abandon" => "abandon",
+        "/v1/leases/{key}/require-recovery" => "require_recovery",
+        _ => "release",
+    }
+}

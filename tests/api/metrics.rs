@@ -1,0 +1,111 @@
+//! `/metrics`: the figures move as the instance serves.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+use crate::harness::{TestApp, token};
+
+/// The value of one sample line (`name{labels} value`) in the metrics text, 0 when absent.
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+async fn scrape(app: &TestApp) -> String {
+    let r = app.get("/metrics").await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/openmetrics-text")
+    );
+    r.text().await.unwrap()
+}
+
+#[tokio::test]
+async fn lease_write_and_refusal_counters_move_as_requests_are_served() {
+    let app = TestApp::spawn().await;
+    let before = scrape(&app).await;
+    assert_eq!(sample(&before, "snapfence_leases_granted_total"), 0.0);
+
+    let a = token(&app.acquire("k", "a", 150).await);
+    app.acquire_with("k", json!({"owner": "b", "ttl_ms": 1000}))
+        .await;
+    app.put("k", a, "x").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    app.acquire("k", "b", 30000).await;
+    app.put("k", a, "late").await;
+    app.put("never", 1, "x").await;
+    app.request(Method::POST, "/v1/leases/k/renew")
+        .json(&json!({"token": a}))
+        .send()
+        .await
+        .unwrap();
+
+    let after = scrape(&app).await;
+    assert_eq!(sample(&after, "snapfence_leases_granted_total"), 2.0);
+    assert_eq!(
+        sample(
+            &after,
+            r#"snapfence_leases_conflicted_total{code="lease_held"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(&after, r#"snapfence_leases_lost_total{route="renew"}"#),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            &after,
+            r#"snapfence_writes_accepted_total{operation="put"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            &after,
+            r#"snapfence_rejections_total{reason="stale_token"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            &after,
+            r#"snapfence_rejections_total{reason="unknown_token"}"#
+        ),
+        1.0
+    );
+    let puts =
+        r#"snapfence_http_requests_total{route="/v1/snapshots/{key}",method="PUT",status="409"}"#;
+    assert_eq!(sample(&after, puts), 2.0);
+    let latency =
+        r#"snapfence_http_request_duration_seconds_count{route="/v1/leases/{key}",method="POST"}"#;
+    assert_eq!(sample(&after, latency), 3.0);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_recovery_and_pool_gauges_are_read_at_scrape_time() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("k", "a", 30000).await);
+    app.request(Method::POST, "/v1/leases/k/abandon")
+        .header("Fencing-Token", t.to_string())
+        .send()
+        .await
+        .unwrap();
+    let text = scrape(&app).await;
+    assert_eq!(sample(&text, "snapfence_recovery_records_open"), 1.0);
+    assert_eq!(sample(&text, "snapfence_db_pool_max_connections"), 8.0);
+    let in_use = sample(&text, r#"snapfence_db_pool_connections{state="in_use"}"#);
+    let idle = sample(&text, r#"snapfence_db_pool_connections{state="idle"}"#);
+    assert!(
+        in_use + idle >= 1.0,
+        "the pool has connections: {in_use} + {idle}"
+    );
+    app.stop().await;
+}

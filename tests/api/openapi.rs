@@ -1,0 +1,463 @@
+//! `openapi.yaml` is kept true by checking it against the running service: its paths are exactly
+//! the routed ones, each path answers exactly its documented methods, and a scripted session that
+//! reaches every operation and every error code has each answer's status, media type, headers and
+//! JSON body checked against the spec.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use reqwest::{Method, Response, StatusCode};
+use serde_json::{Value, json};
+
+use crate::harness::{TestApp, token};
+
+fn spec() -> Value {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.yaml"))
+        .expect("openapi.yaml at the top level");
+    serde_norway::from_str(&text).expect("openapi.yaml is YAML")
+}
+
+/// Follows a local `$ref` (`#/components/...`) to the object it names.
+fn resolve<'a>(spec: &'a Value, v: &'a Value) -> &'a Value {
+    match v.get("$ref").and_then(Value::as_str) {
+        Some(r) => {
+            let pointer = r.strip_prefix('#').expect("local references only");
+            resolve(
+                spec,
+                spec.pointer(pointer)
+                    .unwrap_or_else(|| panic!("unresolved {r}")),
+            )
+        }
+        None => v,
+    }
+}
+
+const METHODS: [&str; 6] = ["get", "head", "post", "put", "delete", "patch"];
+
+/// A concrete path for a template: every parameter filled in with a harmless value.
+fn concrete(template: &str) -> String {
+    template.replace("{key}", "probe").replace("{version}", "1")
+}
+
+#[tokio::test]
+async fn the_spec_lists_exactly_the_routed_paths() {
+    let spec = spec();
+    let documented: BTreeSet<&str> = spec["paths"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let routed: BTreeSet<&str> = snapfence::http::paths().into_iter().collect();
+    assert_eq!(documented, routed);
+}
+
+#[tokio::test]
+async fn every_path_answers_exactly_its_documented_methods() {
+    let spec = spec();
+    let app = TestApp::spawn().await;
+    for (template, item) in spec["paths"].as_object().unwrap() {
+        for method in METHODS {
+            let r = app
+                .request(
+                    Method::from_bytes(method.to_uppercase().as_bytes()).unwrap(),
+                    &concrete(template),
+                )
+                .send()
+                .await
+                .unwrap();
+            match item.get(method) {
+                Some(op) => {
+                    assert_ne!(
+                        r.status(),
+                        StatusCode::METHOD_NOT_ALLOWED,
+                        "{method} {template}"
+                    );
+                    let status = r.status().as_u16().to_string();
+                    assert!(
+                        op["responses"].get(&status).is_some(),
+                        "{method} {template} answered undocumented {status}"
+                    );
+                }
+                None => assert_eq!(
+                    r.status(),
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "{method} {template}"
+                ),
+            }
+        }
+    }
+    app.stop().await;
+}
+
+/// Checks answers against the spec and remembers which (operation, status) pairs it saw.
+struct Conformance {
+    spec: Value,
+    seen: BTreeSet<(String, String, u16)>,
+    validators: HashMap<String, jsonschema::Validator>,
+}
+
+impl Conformance {
+    fn new() -> Self {
+        Self {
+            spec: spec(),
+            seen: BTreeSet::new(),
+            validators: HashMap::new(),
+        }
+    }
+
+    /// A validator for a schema of the spec, resolving its references against the whole spec.
+    fn validator(&mut self, pointer: &str, schema: &Value) -> &jsonschema::Validator {
+        let spec = &self.spec;
+        self.validators
+            .entry(pointer.to_string())
+            .or_insert_with(|| {
+                let mut root = spec.clone();
+                let object = root.as_object_mut().unwrap();
+                for (k, v) in schema.as_object().expect("a schema object") {
+                    object.insert(k.clone(), v.clone());
+                }
+                jsonschema::options()
+                    .with_draft(jsonschema::Draft::Draft202012)
+                    .build(&root)
+                    .unwrap_or_else(|e| panic!("schema at {pointer}: {e}"))
+            })
+    }
+
+    /// Checks one answer of `method template` and returns its JSON body (or Null).
+    async fn check(&mut self, method: &str, template: &str, r: Response) -> Value {
+        let status = r.status().as_u16();
+        let headers = r.headers().clone();
+        let bytes = r.bytes().await.unwrap();
+        let op = self.spec["paths"][template][method].clone();
+        assert!(op.is_object(), "{method} {template} is not in the spec");
+        let key = status.to_string();
+        let response = resolve(&self.spec, &op["responses"][&key]).clone();
+        assert!(
+            response.is_object(),
+            "{method} {template}: status {status} is not documented"
+        );
+        self.seen.insert((method.into(), template.into(), status));
+        for (name, header) in response["headers"].as_object().into_iter().flatten() {
+            let header = resolve(&self.spec, header);
+            if header["required"] == true {
+                assert!(
+                    headers.contains_key(name.as_str()),
+                    "{method} {template} {status}: required header {name} missing"
+                );
+            }
+        }
+        let Some(content) = response["content"].as_object() else {
+            assert!(
+                bytes.is_empty(),
+                "{method} {template} {status}: undocumented body"
+            );
+            return Value::Null;
+        };
+        let media = headers
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        if method == "head" {
+            assert!(bytes.is_empty());
+            return Value::Null;
+        }
+        let entry = content
+            .get(&media)
+            .or_else(|| content.get("*/*"))
+            .unwrap_or_else(|| {
+                panic!("{method} {template} {status}: media type {media:?} not documented")
+            });
+        if !media.contains("json") {
+            return Value::Null;
+        }
+        let body: Value = serde_json::from_slice(&bytes).expect("a JSON body");
+        let schema = entry["schema"].clone();
+        let pointer = format!("{method} {template} {status} {media}");
+        let validator = self.validator(&pointer, &schema);
+        let errors: Vec<String> = validator
+            .iter_errors(&body)
+            .map(|e| e.to_string())
+            .collect();
+        assert!(
+            errors.is_empty(),
+            "{pointer}: {body} does not conform: {errors:#?}"
+        );
+        body
+    }
+}
+
+#[tokio::test]
+async fn answers_conform_to_the_spec_across_every_operation_and_error_code() {
+    let app = TestApp::spawn().await;
+    let mut c = Conformance::new();
+    let lease = "/v1/leases/{key}";
+    let snap = "/v1/snapshots/{key}";
+    let send = |m: Method, path: &str| app.request(m, path);
+
+    // Leases: grant, held, renew, lost, list, get, not found, bad input.
+    let body = json!({"owner": "a", "ttl_ms": 150, "metadata": {"pid": 1}, "crash_recovery": true});
+    let g = c
+        .check(
+            "post",
+            lease,
+            send(Method::POST, "/v1/leases/k")
+                .json(&body)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+    let a = token(&g);
+    let held = send(Method::POST, "/v1/leases/k").json(&json!({"owner": "b", "ttl_ms": 1000}));
+    c.check("post", lease, held.send().await.unwrap()).await;
+    c.check(
+        "post",
+        lease,
+        send(Method::POST, "/v1/leases/k")
+            .body("{")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let renewal = json!({"token": a, "ttl_ms": 150});
+    let renew = "/v1/leases/{key}/renew";
+    c.check(
+        "post",
+        renew,
+        send(Method::POST, "/v1/leases/k/renew")
+            .json(&renewal)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let lost = json!({"token": a + 99});
+    c.check(
+        "post",
+        renew,
+        send(Method::POST, "/v1/leases/k/renew")
+            .json(&lost)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    c.check("get", lease, app.get("/v1/leases/k").await).await;
+    c.check("get", lease, app.get("/v1/leases/none").await)
+        .await;
+    c.check(
+        "head",
+        lease,
+        send(Method::HEAD, "/v1/leases/k").send().await.unwrap(),
+    )
+    .await;
+    c.check("get", "/v1/leases", app.get("/v1/leases?limit=1").await)
+        .await;
+    c.check("get", "/v1/leases", app.get("/v1/leases?limit=0").await)
+        .await;
+
+    // Snapshots: created, updated, read, 304, versions, 412, 428, 400, stale, unknown, 413, delete.
+    let put = |token: i64, body: &'static str| {
+        send(Method::PUT, "/v1/snapshots/k")
+            .header("Fencing-Token", token.to_string())
+            .body(body)
+    };
+    let w = c
+        .check("put", snap, put(a, "one").send().await.unwrap())
+        .await;
+    c.check("put", snap, put(a, "two").send().await.unwrap())
+        .await;
+    c.check("get", snap, app.get("/v1/snapshots/k").await).await;
+    c.check(
+        "head",
+        snap,
+        send(Method::HEAD, "/v1/snapshots/k").send().await.unwrap(),
+    )
+    .await;
+    let etag = w["etag"].as_str().unwrap().to_string();
+    let current = app.get("/v1/snapshots/k").await.headers()["etag"].clone();
+    let not_modified = send(Method::GET, "/v1/snapshots/k").header("If-None-Match", current);
+    c.check("get", snap, not_modified.send().await.unwrap())
+        .await;
+    let mismatch = put(a, "three").header("If-Match", etag);
+    c.check("put", snap, mismatch.send().await.unwrap()).await;
+    c.check(
+        "put",
+        snap,
+        send(Method::PUT, "/v1/snapshots/k")
+            .body("x")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    c.check("put", snap, put(0, "x").send().await.unwrap())
+        .await;
+    c.check("put", snap, put(a + 50, "x").send().await.unwrap())
+        .await;
+    let huge = send(Method::PUT, "/v1/snapshots/k")
+        .header("Fencing-Token", a.to_string())
+        .body(vec![0u8; 8 * 1024 * 1024 + 1]);
+    c.check("put", snap, huge.send().await.unwrap()).await;
+    let versions = "/v1/snapshots/{key}/versions";
+    c.check(
+        "get",
+        versions,
+        app.get("/v1/snapshots/k/versions?limit=1").await,
+    )
+    .await;
+    c.check(
+        "get",
+        versions,
+        app.get("/v1/snapshots/none/versions").await,
+    )
+    .await;
+    let version = "/v1/snapshots/{key}/versions/{version}";
+    c.check("get", version, app.get("/v1/snapshots/k/versions/1").await)
+        .await;
+    c.check("get", version, app.get("/v1/snapshots/k/versions/99").await)
+        .await;
+    c.check("get", version, app.get("/v1/snapshots/k/versions/x").await)
+        .await;
+    c.check("get", snap, app.get("/v1/snapshots/none").await)
+        .await;
+
+    // Expiry with crash_recovery: recovery_required, then a stale write, then a reconcile.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let next = send(Method::POST, "/v1/leases/k").json(&json!({"owner": "b", "ttl_ms": 30000}));
+    c.check("post", lease, next.send().await.unwrap()).await;
+    c.check(
+        "get",
+        "/v1/leases",
+        app.get("/v1/leases?state=recovery_pending").await,
+    )
+    .await;
+    let fix = json!({"owner": "b", "ttl_ms": 30000, "reconciled": true});
+    let b = token(
+        &c.check(
+            "post",
+            lease,
+            send(Method::POST, "/v1/leases/k")
+                .json(&fix)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await,
+    );
+    c.check("put", snap, put(a, "late").send().await.unwrap())
+        .await;
+    let delete = |token: i64| {
+        send(Method::DELETE, "/v1/snapshots/k").header("Fencing-Token", token.to_string())
+    };
+    c.check("delete", snap, delete(a).send().await.unwrap())
+        .await;
+    c.check("delete", snap, delete(b).send().await.unwrap())
+        .await;
+    c.check(
+        "delete",
+        snap,
+        send(Method::DELETE, "/v1/snapshots/k")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let fenced = |action: &str, token: i64| {
+        send(Method::POST, &format!("/v1/leases/k/{action}"))
+            .header("Fencing-Token", token.to_string())
+    };
+    let mark = "/v1/leases/{key}/require-recovery";
+    c.check(
+        "post",
+        mark,
+        fenced("require-recovery", b).send().await.unwrap(),
+    )
+    .await;
+    c.check(
+        "post",
+        mark,
+        fenced("require-recovery", a).send().await.unwrap(),
+    )
+    .await;
+    let abandon = "/v1/leases/{key}/abandon";
+    c.check("post", abandon, fenced("abandon", b).send().await.unwrap())
+        .await;
+    c.check("post", abandon, fenced("abandon", b).send().await.unwrap())
+        .await;
+    c.check(
+        "post",
+        abandon,
+        send(Method::POST, "/v1/leases/k/abandon")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let blocked = send(Method::POST, "/v1/leases/k").json(&json!({"owner": "c", "ttl_ms": 30000}));
+    c.check("post", lease, blocked.send().await.unwrap()).await;
+    let c_token = token(
+        &c.check(
+            "post",
+            lease,
+            send(Method::POST, "/v1/leases/k")
+                .json(&json!({"owner": "c", "ttl_ms": 30000, "reconciled": true}))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await,
+    );
+    let release = |token: i64| {
+        send(Method::DELETE, "/v1/leases/k").header("Fencing-Token", token.to_string())
+    };
+    c.check("delete", lease, release(c_token).send().await.unwrap())
+        .await;
+    c.check("delete", lease, release(c_token).send().await.unwrap())
+        .await;
+    c.check(
+        "delete",
+        lease,
+        send(Method::DELETE, "/v1/leases/k").send().await.unwrap(),
+    )
+    .await;
+
+    // Audit logs and operations.
+    for log in ["/v1/audit/rejections", "/v1/audit/recoveries"] {
+        c.check("get", log, app.get(&format!("{log}?limit=1")).await)
+            .await;
+        c.check(
+            "get",
+            log,
+            app.get(&format!("{log}?key=k&since=2020-01-01T00:00:00Z"))
+                .await,
+        )
+        .await;
+        c.check("get", log, app.get(&format!("{log}?reason=nonsense")).await)
+            .await;
+    }
+    c.check("get", "/healthz", app.get("/healthz").await).await;
+    c.check("get", "/readyz", app.get("/readyz").await).await;
+    c.check("get", "/metrics", app.get("/metrics").await).await;
+
+    // Every operation of the spec was reached at least once.
+    let reached: BTreeSet<(String, String)> = c
+        .seen
+        .iter()
+        .map(|(m, t, _)| (m.clone(), t.clone()))
+        .collect();
+    for (template, item) in c.spec["paths"].as_object().unwrap() {
+        for method in METHODS
+            .iter()
+            .filter(|m| item.get(**m).is_some() && **m != "head")
+        {
+            assert!(
+                reached.contains(&(method.to_string(), template.clone())),
+                "{method} {template} was not exercised"
+            );
+        }
+    }
+    app.stop().await;
+}
