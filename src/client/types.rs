@@ -218,6 +218,17 @@ pub enum AuditOperation {
     Reconcile,
 }
 
+impl AuditOperation {
+    /// The contract's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Put => "put",
+            Self::Delete => "delete",
+            Self::Reconcile => "reconcile",
+        }
+    }
+}
+
 /// One refused fenced write, from `GET /v1/audit/rejections`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Rejection {
