@@ -77,7 +77,13 @@ pub async fn main(ctx: &Ctx, command: AuditCommand) -> Exit {
                     ctx.output.print_page(
                         &page,
                         &[
-                            "ID", "AT", "KEY", "REASON", "OPERATION", "PRESENTED", "HIGHEST",
+                            "ID",
+                            "AT",
+                            "KEY",
+                            "REASON",
+                            "OPERATION",
+                            "PRESENTED",
+                            "HIGHEST",
                             "HOLDER",
                         ],
                         |r: &Rejection| {
@@ -104,7 +110,13 @@ pub async fn main(ctx: &Ctx, command: AuditCommand) -> Exit {
                     ctx.output.print_page(
                         &page,
                         &[
-                            "ID", "AT", "KEY", "REASON", "OWNER", "TOKEN", "RECONCILED_BY",
+                            "ID",
+                            "AT",
+                            "KEY",
+                            "REASON",
+                            "OWNER",
+                            "TOKEN",
+                            "RECONCILED_BY",
                             "NEW_TOKEN",
                         ],
                         |r: &Recovery| {

@@ -74,9 +74,7 @@ impl From<&Error> for Exit {
             Error::LeaseLost { .. } => Self::Lost,
             Error::StaleToken { .. } | Error::UnknownToken { .. } => Self::Stale,
             Error::Unavailable { .. } | Error::Transport { .. } => Self::Unavailable,
-            Error::Unexpected { status, .. }
-                if matches!(status.as_u16(), 502..=504) =>
-            {
+            Error::Unexpected { status, .. } if matches!(status.as_u16(), 502..=504) => {
                 Self::Unavailable
             }
             _ => Self::Failure,

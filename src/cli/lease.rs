@@ -9,8 +9,8 @@ use super::output::{self, fields, metadata, opt, time};
 use super::{Ctx, Exit, parse};
 use crate::client::{AcquireRequest, Grant, LeaseFilter, PageRequest};
 use crate::domain::{
-    Cursor, FencingToken, Key, KeyPrefix, KeyStatus, Lease, LeaseState, Metadata, Owner,
-    PageLimit, RecoveryRecord,
+    Cursor, FencingToken, Key, KeyPrefix, KeyStatus, Lease, LeaseState, Metadata, Owner, PageLimit,
+    RecoveryRecord,
 };
 
 /// The lease subcommands.
@@ -217,7 +217,10 @@ fn lease_fields(l: &Lease) -> Vec<(&'static str, String)> {
         ("token", l.token.to_string()),
         ("acquired_at", time(&l.acquired_at)),
         ("expires_at", time(&l.expires_at)),
-        ("ttl", humantime::format_duration(l.ttl_ms.duration()).to_string()),
+        (
+            "ttl",
+            humantime::format_duration(l.ttl_ms.duration()).to_string(),
+        ),
         ("metadata", metadata(l.metadata.as_ref())),
         ("crash_recovery", l.crash_recovery.to_string()),
         ("recovery_required", l.recovery_required.to_string()),
@@ -254,7 +257,11 @@ fn prefixed(prefix: &str, rows: Vec<(&'static str, String)>) -> Vec<(String, Str
 }
 
 fn grant_table(g: &Grant) -> String {
-    with_recovery(prefixed("", lease_fields(&g.lease)), "recovered", g.recovered.as_ref())
+    with_recovery(
+        prefixed("", lease_fields(&g.lease)),
+        "recovered",
+        g.recovered.as_ref(),
+    )
 }
 
 fn status_table(s: &KeyStatus) -> String {

@@ -170,8 +170,9 @@ mod parse {
     }
 
     pub fn metadata(raw: &str) -> Result<Metadata, InvalidInput> {
-        let value = serde_json::from_str(raw)
-            .map_err(|e| InvalidInput::new(format!("not JSON ({e}); write e.g. '{{\"pid\": 4242}}'")))?;
+        let value = serde_json::from_str(raw).map_err(|e| {
+            InvalidInput::new(format!("not JSON ({e}); write e.g. '{{\"pid\": 4242}}'"))
+        })?;
         Metadata::new(value)
     }
 
@@ -191,9 +192,8 @@ mod parse {
     }
 
     pub fn recovery_reason(raw: &str) -> Result<RecoveryReason, InvalidInput> {
-        RecoveryReason::parse(raw).ok_or_else(|| {
-            InvalidInput::new("use one of abandoned, expired, recovery_required")
-        })
+        RecoveryReason::parse(raw)
+            .ok_or_else(|| InvalidInput::new("use one of abandoned, expired, recovery_required"))
     }
 
     pub fn condition(raw: &str) -> Result<EntityTagCondition, InvalidInput> {

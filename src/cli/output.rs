@@ -39,9 +39,7 @@ impl Output {
         headers: &[&str],
         row: impl Fn(&T) -> Vec<String>,
     ) {
-        self.print(page, |p| {
-            table(headers, p.items.iter().map(&row).collect())
-        });
+        self.print(page, |p| table(headers, p.items.iter().map(&row).collect()));
         if let (Self::Table, Some(cursor)) = (self, &page.next_cursor) {
             eprintln!("more: repeat with --cursor {cursor}");
         }
@@ -140,7 +138,17 @@ pub fn message(url: &str, e: &Error, check: Option<&str>) -> String {
         Error::Protocol { .. } => {
             format!("{e}. Is {url} a snapfence server? Check --url (or SNAPFENCE_URL)")
         }
-        coded => format!("{}: {coded}", coded.code().unwrap_or("error")),
+        coded => {
+            // The server's detail names the HTTP way to go on; say the CLI's where it differs.
+            let cli_way = match coded {
+                Error::RecoveryRequired { .. } => {
+                    ". With this CLI: `snapfence lease acquire KEY --reconciled` (or `snapfence run --reconciled`)"
+                }
+                Error::TokenRequired { .. } => ". With this CLI: --token, or SNAPFENCE_TOKEN",
+                _ => "",
+            };
+            format!("{}: {coded}{cli_way}", coded.code().unwrap_or("error"))
+        }
     }
 }
 

@@ -221,8 +221,8 @@ async fn acquire(
         };
         // A write whose outcome is unknown may have granted a lease nobody knows the token of;
         // acquiring again would only find it held, so stop and say so.
-        let worth_waiting = matches!(e, Error::LeaseHeld { .. })
-            || (e.is_transient() && !e.is_indeterminate());
+        let worth_waiting =
+            matches!(e, Error::LeaseHeld { .. }) || (e.is_transient() && !e.is_indeterminate());
         let now = Instant::now();
         if args.wait.is_none() || !worth_waiting || now >= until {
             let check = format!(
@@ -293,14 +293,19 @@ fn watch_exit(pid: Pid) -> oneshot::Receiver<()> {
 
 /// Reaps the command once its group is gone, and returns how it ended.
 fn reap(child: &mut Child) -> ExitStatus {
-    child.wait().expect("the command is our child and not yet reaped")
+    child
+        .wait()
+        .expect("the command is our child and not yet reaped")
 }
 
 /// Sends a signal to every process of the group; a group already gone is fine.
 fn send(group: Pid, sig: Signal) {
     match killpg(group, sig) {
         Ok(()) | Err(Errno::ESRCH) => {}
-        Err(e) => eprintln!("snapfence: cannot send {} to the command: {e}", sig.as_str()),
+        Err(e) => eprintln!(
+            "snapfence: cannot send {} to the command: {e}",
+            sig.as_str()
+        ),
     }
 }
 
@@ -383,7 +388,10 @@ async fn finish(ctx: &Ctx, keeper: LeaseKeeper, succeeded: bool, crash_recovery:
         Ok(()) | Err(Error::LeaseLost { .. }) => {}
         Err(e) => {
             output::report(ctx.client.base_url(), &e, None);
-            eprintln!("snapfence: the lease of {} will expire by itself", lease.key);
+            eprintln!(
+                "snapfence: the lease of {} will expire by itself",
+                lease.key
+            );
         }
     }
 }

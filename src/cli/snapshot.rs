@@ -11,7 +11,9 @@ use super::lease::Fenced;
 use super::output::{self, fields, time};
 use super::{Ctx, Exit, parse};
 use crate::client::{PageRequest, PutOptions, SnapshotHead, Written};
-use crate::domain::{Cursor, EntityTagCondition, FencingToken, Key, PageLimit, SnapshotMeta, Version};
+use crate::domain::{
+    Cursor, EntityTagCondition, FencingToken, Key, PageLimit, SnapshotMeta, Version,
+};
 
 /// The snapshot subcommands.
 #[derive(Debug, Subcommand)]
@@ -138,7 +140,14 @@ pub async fn main(ctx: &Ctx, command: SnapshotCommand) -> Exit {
                 Ok(page) => {
                     ctx.output.print_page(
                         &page,
-                        &["VERSION", "TOKEN", "SIZE", "CONTENT_TYPE", "UPDATED_AT", "ETAG"],
+                        &[
+                            "VERSION",
+                            "TOKEN",
+                            "SIZE",
+                            "CONTENT_TYPE",
+                            "UPDATED_AT",
+                            "ETAG",
+                        ],
                         |v: &SnapshotMeta| {
                             vec![
                                 v.version.to_string(),

@@ -253,7 +253,7 @@ impl Error {
             .get(reqwest::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|ct| ct.starts_with(PROBLEM_JSON));
-        if is_problem {
+        if is_problem && !body.is_empty() {
             match serde_json::from_slice::<Problem>(body) {
                 Ok(problem) => {
                     if let Some(e) = problem.into_error(status, request_id.clone()) {
