@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use serde::Serialize;
 
 use super::output::{self, fields, metadata, opt, time};
 use super::{Ctx, Exit, parse};
@@ -82,14 +81,6 @@ pub struct Fenced {
     /// The lease's fencing token.
     #[arg(long, env = "SNAPFENCE_TOKEN", value_parser = parse::token)]
     pub token: FencingToken,
-}
-
-/// What a release, abandon or require-recovery did, for `--output json`.
-#[derive(Debug, Serialize)]
-struct Ended<'a> {
-    key: &'a Key,
-    token: FencingToken,
-    result: &'static str,
 }
 
 /// Runs a lease subcommand.
@@ -196,14 +187,7 @@ async fn end(ctx: &Ctx, Fenced { key, token }: Fenced, ending: Ending) -> Exit {
     );
     match answer {
         Ok(()) => {
-            let ended = Ended {
-                key: &key,
-                token,
-                result,
-            };
-            ctx.output.print(&ended, |e| {
-                format!("{}: key {} (token {})\n", e.result, e.key, e.token)
-            });
+            ctx.output.print_done(&key, token, result);
             Exit::Success
         }
         Err(e) => ctx.fail(&e, Some(&check)),

@@ -101,6 +101,12 @@ pub fn main() -> ExitCode {
     };
     let client = match Client::builder(cli.global.url.clone())
         .timeout(cli.global.timeout)
+        .on_retry(|e, pause| {
+            eprintln!(
+                "snapfence: {e} (retrying in {})",
+                humantime::format_duration(Duration::from_millis(pause.as_millis() as u64))
+            );
+        })
         .build()
     {
         Ok(client) => client,

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::Exit;
 use crate::client::Error;
-use crate::domain::{Cursor, Metadata};
+use crate::domain::{Cursor, FencingToken, Key, Metadata};
 
 /// How answers are printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -44,6 +44,25 @@ impl Output {
             eprintln!("more: repeat with --cursor {cursor}");
         }
     }
+
+    /// Prints what a fenced call that answers nothing did.
+    pub fn print_done(self, key: &Key, token: FencingToken, result: &'static str) {
+        self.print(&Done { key, token, result }, |d| {
+            format!("{}: key {} (token {})\n", d.result, d.key, d.token)
+        });
+    }
+}
+
+/// What a fenced call that answers nothing did (release, abandon, require-recovery, delete),
+/// for `--output json`: `{"key", "token", "result"}`.
+#[derive(Debug, Serialize)]
+pub struct Done<'a> {
+    /// The key.
+    pub key: &'a Key,
+    /// The token the call was fenced with.
+    pub token: FencingToken,
+    /// What happened: `released`, `abandoned`, `recovery_required` or `deleted`.
+    pub result: &'static str,
 }
 
 /// Name–value pairs, one per line, the names aligned.

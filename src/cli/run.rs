@@ -95,7 +95,7 @@ pub async fn main(ctx: &Ctx, args: RunArgs) -> Exit {
         }
     };
     let owner = args.owner.clone().unwrap_or_else(super::default_owner);
-    let request = AcquireRequest::new(owner.clone(), args.ttl)
+    let request = AcquireRequest::new(owner, args.ttl)
         .crash_recovery(args.crash_recovery)
         .reconciled(args.reconciled)
         .metadata(metadata(&args.command));

@@ -5,15 +5,12 @@ use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 
 use clap::Subcommand;
-use serde::Serialize;
 
 use super::lease::Fenced;
 use super::output::{self, fields, time};
 use super::{Ctx, Exit, parse};
 use crate::client::{PageRequest, PutOptions, SnapshotHead, Written};
-use crate::domain::{
-    Cursor, EntityTagCondition, FencingToken, Key, PageLimit, SnapshotMeta, Version,
-};
+use crate::domain::{Cursor, EntityTagCondition, Key, PageLimit, SnapshotMeta, Version};
 
 /// The snapshot subcommands.
 #[derive(Debug, Subcommand)]
@@ -64,14 +61,6 @@ pub enum SnapshotCommand {
         #[arg(long, value_parser = parse::condition)]
         if_match: Option<EntityTagCondition>,
     },
-}
-
-/// What a delete did, for `--output json`.
-#[derive(Debug, Serialize)]
-struct Deleted<'a> {
-    key: &'a Key,
-    token: FencingToken,
-    result: &'static str,
 }
 
 /// Runs a snapshot subcommand.
@@ -177,14 +166,7 @@ pub async fn main(ctx: &Ctx, command: SnapshotCommand) -> Exit {
                 .await
             {
                 Ok(()) => {
-                    let deleted = Deleted {
-                        key: &key,
-                        token,
-                        result: "deleted",
-                    };
-                    ctx.output.print(&deleted, |d| {
-                        format!("deleted: key {} (token {})\n", d.key, d.token)
-                    });
+                    ctx.output.print_done(&key, token, "deleted");
                     Exit::Success
                 }
                 Err(e) => ctx.fail(&e, Some(&check)),

@@ -143,6 +143,20 @@ impl Idempotency {
     }
 }
 
+/// Called before each retry with the failure and the pause before the next attempt, so that
+/// whoever waits can be told.
+#[derive(Clone)]
+struct OnRetry(Arc<RetryHook>);
+
+/// What [`ClientBuilder::on_retry`] takes.
+type RetryHook = dyn Fn(&Error, Duration) + Send + Sync;
+
+impl fmt::Debug for OnRetry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("OnRetry(..)")
+    }
+}
+
 /// Builds a [`Client`].
 #[derive(Debug, Clone)]
 pub struct ClientBuilder {
@@ -150,6 +164,7 @@ pub struct ClientBuilder {
     timeout: Duration,
     connect_timeout: Duration,
     retry: RetryPolicy,
+    on_retry: Option<OnRetry>,
 }
 
 impl ClientBuilder {
@@ -168,6 +183,13 @@ impl ClientBuilder {
     /// How failed attempts are retried. Default [`RetryPolicy::default`].
     pub fn retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
+        self
+    }
+
+    /// Calls `f` before each retry with the failure and the pause before the next attempt, e.g.
+    /// to tell a person why a command takes long.
+    pub fn on_retry(mut self, f: impl Fn(&Error, Duration) + Send + Sync + 'static) -> Self {
+        self.on_retry = Some(OnRetry(Arc::new(f)));
         self
     }
 
@@ -196,6 +218,7 @@ impl ClientBuilder {
             http,
             base: Arc::from(self.base.trim_end_matches('/')),
             retry: self.retry,
+            on_retry: self.on_retry,
         })
     }
 }
@@ -206,6 +229,7 @@ pub struct Client {
     http: reqwest::Client,
     base: Arc<str>,
     retry: RetryPolicy,
+    on_retry: Option<OnRetry>,
 }
 
 /// A buffered answer: every answer of the contract is small except snapshot bodies, which the
@@ -243,6 +267,7 @@ impl Client {
             timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(3),
             retry: RetryPolicy::default(),
+            on_retry: None,
         }
     }
 
@@ -282,8 +307,12 @@ impl Client {
             if attempt >= self.retry.max_attempts || !idempotency.may_retry(&error) {
                 return Err(error);
             }
-            tracing::debug!(%call, attempt, error = %error, "retrying");
-            tokio::time::sleep(self.retry.backoff(attempt)).await;
+            let pause = self.retry.backoff(attempt);
+            tracing::debug!(%call, attempt, error = %error, ?pause, "retrying");
+            if let Some(OnRetry(f)) = &self.on_retry {
+                f(&error, pause);
+            }
+            tokio::time::sleep(pause).await;
             attempt += 1;
         }
     }

@@ -213,9 +213,17 @@ impl Normaliser {
     }
 }
 
-/// A message with the server's URL and every RFC 3339 time replaced by placeholders.
+/// A message with the server's URL, every RFC 3339 time and the random pause of each retry
+/// replaced by placeholders.
 pub fn normalise_text(text: &str, base: &str) -> String {
-    let text = text.replace(base, "<url>");
+    let text: String = text
+        .replace(base, "<url>")
+        .lines()
+        .map(|line| match line.find(" (retrying in ") {
+            Some(at) => format!("{} (retrying in <pause>)\n", &line[..at]),
+            None => format!("{line}\n"),
+        })
+        .collect();
     let mut out = String::new();
     let mut i = 0;
     while let Some(c) = text[i..].chars().next() {
@@ -283,6 +291,10 @@ fn times_in_text_become_placeholders() {
             "held until 2026-12-02T13:05:00.123Z; see http://x:1/a at 2026-12-02T13:05:00Z.",
             "http://x:1"
         ),
-        "held until <time>; see <url>/a at <time>."
+        "held until <time>; see <url>/a at <time>.\n"
+    );
+    assert_eq!(
+        normalise_text("down (retrying in 87ms)\n", "-"),
+        "down (retrying in <pause>)\n"
     );
 }
