@@ -112,6 +112,15 @@ pub async fn main(ctx: &Ctx, args: RunArgs) -> Exit {
             return exit;
         }
     };
+    // Said before the command starts, so that it comes before anything the command prints.
+    eprintln!(
+        "snapfence: holding {} as {} (token {}, ttl {}); starting {}",
+        lease.key,
+        lease.owner.as_str(),
+        lease.token,
+        humantime::format_duration(args.ttl),
+        args.command[0].to_string_lossy(),
+    );
     let mut child = match spawn(ctx, &args.command, &lease) {
         Ok(child) => child,
         Err(e) => {
@@ -125,15 +134,6 @@ pub async fn main(ctx: &Ctx, args: RunArgs) -> Exit {
             };
         }
     };
-    eprintln!(
-        "snapfence: holding {} as {} (token {}, ttl {}); started {} as process group {}",
-        lease.key,
-        lease.owner.as_str(),
-        lease.token,
-        humantime::format_duration(args.ttl),
-        args.command[0].to_string_lossy(),
-        child.id()
-    );
     let group = Pid::from_raw(child.id() as i32);
     let mut exited = watch_exit(group);
     let lost = keeper.lost();
