@@ -35,6 +35,14 @@ pub struct ServeConfig {
     #[arg(long, env = "SNAPFENCE_DATA_DIR", default_value = "./snapfence-data")]
     pub data_dir: PathBuf,
 
+    /// PEM certificate chain to serve HTTPS with (together with --tls-key).
+    #[arg(long, env = "SNAPFENCE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "SNAPFENCE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
     /// Log format.
     #[arg(
         long,
@@ -64,6 +72,22 @@ pub struct ServeConfig {
     #[arg(long, env = "SNAPFENCE_AUDIT_RETENTION", value_parser = humantime::parse_duration, default_value = "30days")]
     pub audit_retention: Duration,
 
+    /// How long a request body may take to arrive before the request is answered 408.
+    #[arg(long, env = "SNAPFENCE_BODY_TIMEOUT", value_parser = humantime::parse_duration, default_value = "30s")]
+    pub body_timeout: Duration,
+
+    /// Requests one instance serves at once; more are shed at once with 503 and Retry-After.
+    #[arg(long, env = "SNAPFENCE_MAX_CONCURRENT_REQUESTS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_concurrent_requests: u32,
+
+    /// Largest total size of a request's headers in bytes; larger is answered 431.
+    #[arg(long, env = "SNAPFENCE_MAX_HEADER_BYTES", default_value_t = 16 * 1024)]
+    pub max_header_bytes: usize,
+
+    /// Serve requests without an API key on a non-loopback address while no key exists.
+    #[arg(long, env = "SNAPFENCE_INSECURE_NO_AUTH")]
+    pub insecure_no_auth: bool,
+
     /// Database connections per instance.
     #[arg(long, env = "SNAPFENCE_DB_POOL_SIZE", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub db_pool_size: u32,
@@ -84,6 +108,10 @@ impl ServeConfig {
             keep_versions: self.keep_versions,
             max_snapshot_bytes: self.max_snapshot_bytes,
             audit_retention: self.audit_retention,
+            body_timeout: self.body_timeout,
+            max_concurrent_requests: self.max_concurrent_requests as usize,
+            max_header_bytes: self.max_header_bytes,
+            anonymous_without_keys: self.listen.ip().is_loopback() || self.insecure_no_auth,
         }
     }
 

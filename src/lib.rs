@@ -24,25 +24,59 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use axum_server::tls_rustls::RustlsConfig;
 use tokio::net::TcpListener;
 
 pub use http::router;
 pub use state::{AppState, Rules};
 
-/// Serves the API on `listener` until `shutdown` resolves, then finishes the requests in flight
-/// and returns. Also runs the audit retention pruner for as long as it serves.
+/// Serves the API on `listener` (over TLS when `tls` is given) until `shutdown` resolves, then
+/// finishes the requests in flight and returns. Also runs the audit retention pruner for as long
+/// as it serves.
 pub async fn run(
     listener: TcpListener,
     state: AppState,
+    tls: Option<RustlsConfig>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let pruner = tokio::spawn(prune_audit_forever(state.clone()));
+    let handle = axum_server::Handle::new();
+    let stopper = handle.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        // No deadline: a request in flight is finished, however long its statement may take
+        // (the database bounds that); idle keep-alive connections are closed at once.
+        stopper.graceful_shutdown(None);
+    });
     let app = router(state).into_make_service_with_connect_info::<SocketAddr>();
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let listener = listener.into_std()?;
+    let served = match tls {
+        None => {
+            axum_server::from_tcp(listener)?
+                .handle(handle)
+                .serve(app)
+                .await
+        }
+        Some(tls) => {
+            axum_server::tls_rustls::from_tcp_rustls(listener, tls)?
+                .handle(handle)
+                .serve(app)
+                .await
+        }
+    };
     pruner.abort();
     served
+}
+
+/// Loads a PEM certificate chain and private key for [`run`]. Uses the `ring` provider, the one
+/// the rest of the crate's TLS (the client's) already links.
+pub async fn tls_config(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> std::io::Result<RustlsConfig> {
+    // Installing twice (several servers in one process) is harmless: the first provider stays.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    RustlsConfig::from_pem_file(cert, key).await
 }
 
 /// Deletes audit rows past their retention, a small batch at a time with a pause between

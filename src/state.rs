@@ -19,6 +19,15 @@ pub struct Rules {
     pub max_snapshot_bytes: usize,
     /// How long audit rows are kept.
     pub audit_retention: Duration,
+    /// How long a request body may take to arrive.
+    pub body_timeout: Duration,
+    /// The most requests one instance serves at once; more are shed with 503.
+    pub max_concurrent_requests: usize,
+    /// The largest total size of a request's headers, in bytes.
+    pub max_header_bytes: usize,
+    /// Whether requests without credentials are served while no live API key exists. True for
+    /// a loopback listener (or with `--insecure-no-auth`); false means every request needs a key.
+    pub anonymous_without_keys: bool,
 }
 
 impl Default for Rules {
@@ -28,6 +37,10 @@ impl Default for Rules {
             keep_versions: 10,
             max_snapshot_bytes: 8 * 1024 * 1024,
             audit_retention: Duration::from_secs(30 * 86_400),
+            body_timeout: Duration::from_secs(30),
+            max_concurrent_requests: 1024,
+            max_header_bytes: 16 * 1024,
+            anonymous_without_keys: true,
         }
     }
 }

@@ -98,15 +98,22 @@ async fn serve_on(config: &ServeConfig, options: PgConnectOptions) -> Result<(),
         }
     }
     tracing::info!("database migrated");
+    check_exposure(config, &pool).await?;
     let listener = TcpListener::bind(config.listen).await.map_err(|e| {
         format!(
             "cannot listen on {}: {e}; choose another --listen address",
             config.listen
         )
     })?;
-    tracing::info!(address = %config.listen, "listening");
+    tracing::info!(address = %config.listen, tls = config.tls_cert.is_some(), "listening");
+    let tls = match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => Some(crate::tls_config(cert, key).await.map_err(|e| {
+            format!("cannot load --tls-cert {} / --tls-key {}: {e}; pass a PEM certificate chain and its PEM private key", cert.display(), key.display())
+        })?),
+        _ => None,
+    };
     let state = AppState::new(pool.clone(), config.rules());
-    crate::run(listener, state, shutdown_signal())
+    crate::run(listener, state, tls, shutdown_signal())
         .await
         .map_err(|e| format!("the server failed: {e}"))?;
     tracing::info!("shut down; requests in flight were finished");
@@ -121,5 +128,32 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
         _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+}
+
+/// Refuses to serve a non-loopback address with no way to authenticate: with no live API key,
+/// every request there would be anonymous. `--insecure-no-auth` overrides, loudly.
+async fn check_exposure(config: &ServeConfig, pool: &sqlx::PgPool) -> Result<(), String> {
+    if config.listen.ip().is_loopback() {
+        return Ok(());
+    }
+    let keys = store::keys::any_live(pool)
+        .await
+        .map_err(|e| format!("cannot check for API keys: {e}"))?;
+    match (keys, config.insecure_no_auth) {
+        (true, _) => Ok(()),
+        (false, true) => {
+            tracing::warn!(
+                address = %config.listen,
+                "serving a non-loopback address WITHOUT authentication (--insecure-no-auth): anyone who can reach it may write"
+            );
+            Ok(())
+        }
+        (false, false) => Err(format!(
+            "refusing to listen on {} without authentication: no API key exists, so anyone who can reach \
+             the address could take leases and write. Create a key first (`snapfence keys create --name ops \
+             --scope admin`), listen on 127.0.0.1, or pass --insecure-no-auth to accept the risk",
+            config.listen
+        )),
     }
 }

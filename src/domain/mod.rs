@@ -3,14 +3,17 @@
 //! metadata, audit rows). Every bound that `../shared/API.md` states is checked here, on
 //! construction, so that an unchecked string or an out-of-range number never reaches SQL.
 
+mod auth;
 mod lease;
 mod snapshot;
 mod values;
 
+pub use auth::{KeyName, NewSecret, Presented, Principal, Scope};
 pub use lease::{KeyStatus, Lease, LeaseState, RecoveryReason, RecoveryRecord};
 pub use snapshot::{ETag, EntityTagCondition, SnapshotMeta};
 pub use values::{
     Cursor, FencingToken, Key, KeyPrefix, Metadata, Owner, PageLimit, TtlBounds, TtlMs, Version,
+    json_integer, json_integer_opt,
 };
 
 /// Times in JSON: RFC 3339 in UTC with milliseconds, e.g. `2026-12-02T13:05:00.123Z`.

@@ -77,28 +77,44 @@ impl EntityTagCondition {
         if raw == "*" {
             return Ok(Self::Any);
         }
+        let malformed = || {
+            InvalidInput::new(format!(
+                "entity tag list {raw:?} is malformed; send the ETag exactly as the server gave it, e.g. If-Match: \"9f86d0…\""
+            ))
+        };
+        // etagc (RFC 9110): visible ASCII but the double quote; commas are allowed inside quotes.
+        let etagc = |o: &str| o.bytes().all(|b| b.is_ascii_graphic() && b != b'"');
         let mut tags = Vec::new();
-        for part in raw.split(',') {
-            let part = part.trim();
-            let (weak, rest) = match part.strip_prefix("W/") {
-                Some(rest) => (true, rest),
-                None => (false, part),
-            };
-            let opaque = match rest.strip_prefix('"') {
-                Some(inner) => inner.strip_suffix('"'),
-                None => Some(rest),
-            };
-            match opaque {
-                Some(o)
-                    if !o.is_empty() && o.bytes().all(|b| b.is_ascii_graphic() && b != b'"') =>
-                {
-                    tags.push((weak, o.to_string()));
+        let mut rest = raw;
+        loop {
+            rest = rest.trim_start();
+            let weak = rest.starts_with("W/");
+            if weak {
+                rest = &rest[2..];
+            }
+            let opaque = if let Some(quoted) = rest.strip_prefix('"') {
+                let end = quoted.find('"').ok_or_else(malformed)?;
+                rest = &quoted[end + 1..];
+                &quoted[..end]
+            } else {
+                // A bare tag (quotes dropped by a script) runs to the next comma.
+                let end = rest.find(',').unwrap_or(rest.len());
+                let bare = rest[..end].trim_end();
+                rest = &rest[end..];
+                if bare.is_empty() {
+                    return Err(malformed());
                 }
-                _ => {
-                    return Err(InvalidInput::new(format!(
-                        "entity tag {part:?} is malformed; send the ETag exactly as the server gave it, e.g. If-Match: \"9f86d0…\""
-                    )));
-                }
+                bare
+            };
+            if !etagc(opaque) {
+                return Err(malformed());
+            }
+            tags.push((weak, opaque.to_string()));
+            rest = rest.trim_start();
+            match rest.strip_prefix(',') {
+                Some(next) => rest = next,
+                None if rest.is_empty() => break,
+                None => return Err(malformed()),
             }
         }
         Ok(Self::Tags(tags))
@@ -212,7 +228,7 @@ mod tests {
 
     #[test]
     fn a_condition_renders_as_the_header_it_was_parsed_from() {
-        for raw in ["*", "\"a\"", "\"a\", W/\"b\""] {
+        for raw in ["*", "\"a\"", "\"a\", W/\"b\"", "W/\"a,b\", \"\""] {
             assert_eq!(EntityTagCondition::parse(raw).unwrap().to_string(), raw);
         }
         assert_eq!(EntityTagCondition::parse("a").unwrap().to_string(), "\"a\"");
@@ -229,8 +245,19 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_quoted_tag_and_commas_inside_quotes_are_well_formed() {
+        assert!(EntityTagCondition::parse("\"\"").is_ok());
+        assert!(EntityTagCondition::parse("W/\"\", \"\"").is_ok());
+        let list = EntityTagCondition::parse("W/\"a,b\", \"c\"").unwrap();
+        assert_eq!(
+            list,
+            EntityTagCondition::Tags(vec![(true, "a,b".into()), (false, "c".into())])
+        );
+    }
+
+    #[test]
     fn malformed_entity_tags_are_rejected() {
-        for bad in ["", "\"", "\"a", "\"a\"b\"", "a b", ","] {
+        for bad in ["", "\"", "\"a", "\"a\"b\"", "a b", ",", "W/"] {
             assert!(EntityTagCondition::parse(bad).is_err(), "{bad:?}");
         }
     }

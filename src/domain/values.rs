@@ -4,7 +4,9 @@ use std::fmt;
 use std::time::Duration;
 
 use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::alphabet::URL_SAFE;
+use base64::engine::DecodePaddingMode;
+use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, URL_SAFE_NO_PAD};
 use serde::{Deserialize, Serialize};
 
 use super::InvalidInput;
@@ -130,6 +132,31 @@ impl KeyPrefix {
     }
 }
 
+/// Reads a JSON integer as JSON Schema counts one: `17` and `17.0` alike (a number with no
+/// fractional part), so that a client or a fuzzer that writes integers as floats is understood.
+/// Strings, fractions and numbers outside `i64` are refused.
+pub fn json_integer<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    let n = serde_json::Number::deserialize(d)?;
+    if let Some(i) = n.as_i64() {
+        return Ok(i);
+    }
+    // 2^63 as f64: the first float outside i64.
+    const LIMIT: f64 = 9_223_372_036_854_775_808.0;
+    match n.as_f64() {
+        Some(f) if f.fract() == 0.0 && (-LIMIT..LIMIT).contains(&f) => Ok(f as i64),
+        _ => Err(serde::de::Error::custom(format!(
+            "expected an integer, got {n}"
+        ))),
+    }
+}
+
+/// [`json_integer`] for an optional field.
+pub fn json_integer_opt<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    #[derive(Deserialize)]
+    struct Integer(#[serde(deserialize_with = "json_integer")] i64);
+    Ok(Option::<Integer>::deserialize(d)?.map(|Integer(i)| i))
+}
+
 /// A fencing token: 1..=2^63-1, drawn from one Postgres sequence at every grant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(transparent)]
@@ -171,7 +198,7 @@ impl FencingToken {
 
 impl<'de> Deserialize<'de> for FencingToken {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let value = i64::deserialize(d).map_err(|_| {
+        let value = json_integer(d).map_err(|_: D::Error| {
             serde::de::Error::custom("token must be an integer in 1..=9223372036854775807")
         })?;
         Self::new(value).map_err(serde::de::Error::custom)
@@ -416,37 +443,58 @@ impl std::str::FromStr for PageLimit {
     }
 }
 
-/// An opaque keyset cursor: the position after the last item of a page. Clients only pass back
-/// what a `next_cursor` gave them; the encoding may change between releases.
+/// A keyset cursor: the position after the last item of a page. Clients pass back what a
+/// `next_cursor` gave them. A key position is base64url text (keys may hold any character); an
+/// id or version position is its decimal number.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cursor(String);
 
+/// The most digits of a numeric cursor: every 18-digit number fits an `i64`.
+const MAX_CURSOR_DIGITS: usize = 18;
+
 impl Cursor {
-    /// The cursor that resumes after the item whose sort key is `position`.
+    /// The cursor that resumes after the key `position`.
     pub fn after(position: &str) -> Self {
         Self(URL_SAFE_NO_PAD.encode(position))
     }
 
-    /// Decodes a cursor a client passed back.
+    /// The cursor that resumes after the id or version `position`.
+    pub fn after_id(position: i64) -> Self {
+        Self(position.to_string())
+    }
+
+    /// Decodes a key cursor. Any base64url text is a position (bytes that are not UTF-8 are read
+    /// lossily: a page after any position is well defined); other text is refused.
     pub fn decode(raw: &str) -> Result<String, InvalidInput> {
-        URL_SAFE_NO_PAD
+        // Lenient about the unused bits of the last character, so that every text of a valid
+        // length (not 1 mod 4) over the alphabet is a position, as openapi.yaml says.
+        const LENIENT: GeneralPurpose = GeneralPurpose::new(
+            &URL_SAFE,
+            GeneralPurposeConfig::new()
+                .with_decode_allow_trailing_bits(true)
+                .with_decode_padding_mode(DecodePaddingMode::RequireNone),
+        );
+        LENIENT
             .decode(raw)
             .ok()
-            .and_then(|bytes| String::from_utf8(bytes).ok())
+            .filter(|bytes| !bytes.is_empty())
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
             .ok_or_else(|| {
-                InvalidInput::new(
-                    "cursor is not one this server issued; pass back a next_cursor unchanged",
-                )
+                InvalidInput::new("cursor is not base64url text; pass back a next_cursor unchanged")
             })
     }
 
-    /// Decodes a cursor whose position is a number (an audit id or a version).
+    /// Decodes an id or version cursor: 1 to 18 decimal digits.
     pub fn decode_number(raw: &str) -> Result<i64, InvalidInput> {
-        Self::decode(raw)?.parse().map_err(|_| {
-            InvalidInput::new(
-                "cursor is not one this server issued; pass back a next_cursor unchanged",
-            )
-        })
+        if raw.is_empty()
+            || raw.len() > MAX_CURSOR_DIGITS
+            || !raw.bytes().all(|b| b.is_ascii_digit())
+        {
+            return Err(InvalidInput::new(
+                "cursor is not a page position (1 to 18 digits); pass back a next_cursor unchanged",
+            ));
+        }
+        Ok(raw.parse().expect("18 digits fit an i64"))
     }
 
     /// A cursor exactly as a `next_cursor` gave it, to be passed back unchanged.
@@ -522,6 +570,17 @@ mod tests {
     }
 
     #[test]
+    fn json_integers_may_be_written_as_floats_without_a_fraction() {
+        let read = |text: &str| json_integer(&mut serde_json::Deserializer::from_str(text));
+        assert_eq!(read("17").unwrap(), 17);
+        assert_eq!(read("17.0").unwrap(), 17);
+        assert_eq!(read("-3").unwrap(), -3);
+        for bad in ["1.5", "\"17\"", "null", "9223372036854775808", "1e300"] {
+            assert!(read(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn owner_is_bounded() {
         assert!(Owner::parse("w").is_ok());
         assert!(Owner::parse("w".repeat(256)).is_ok());
@@ -574,15 +633,21 @@ mod tests {
     }
 
     #[test]
-    fn cursor_round_trips_and_rejects_garbage() {
+    fn cursors_round_trip_and_reject_garbage() {
         let c = Cursor::after("jobs/42");
         assert_eq!(Cursor::decode(c.as_str()).unwrap(), "jobs/42");
         assert_eq!(
-            Cursor::decode_number(Cursor::after("17").as_str()).unwrap(),
+            Cursor::decode_number(Cursor::after_id(17).as_str()).unwrap(),
             17
         );
-        assert!(Cursor::decode("%%%").is_err());
-        assert!(Cursor::decode_number(Cursor::after("x").as_str()).is_err());
+        for bad in ["%%%", "", "0", "abcde"] {
+            assert!(Cursor::decode(bad).is_err(), "{bad:?}");
+        }
+        // Any text of a valid length over the alphabet is a position.
+        assert!(Cursor::decode("AB").is_ok());
+        for bad in ["", "x", "-1", "1234567890123456789"] {
+            assert!(Cursor::decode_number(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

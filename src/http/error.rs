@@ -42,6 +42,19 @@ impl From<&Lease> for Holder {
     }
 }
 
+/// Why the service answers `503 unavailable`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Unavailability {
+    /// The database cannot be reached, or gave up on the statement.
+    #[error("the database is unavailable")]
+    Database,
+    /// The instance is at its cap of concurrent requests and shed this one unread.
+    #[error(
+        "this instance is at its limit of concurrent requests and shed this one before reading it"
+    )]
+    Overloaded,
+}
+
 /// The contract code of an error answer, left on the response for the metrics middleware.
 #[derive(Debug, Clone, Copy)]
 pub struct ErrorCode(pub &'static str);
@@ -89,6 +102,12 @@ pub enum ApiError {
         /// The refusal, already in the audit log.
         refusal: Refusal,
     },
+    /// 401: credentials are required, or the ones sent are not a live key's.
+    #[error("{0}")]
+    Unauthorized(&'static str),
+    /// 403: the key may not do this, or not to this key.
+    #[error("{0}")]
+    Forbidden(String),
     /// 412: `If-Match` did not match.
     #[error("the current snapshot does not match If-Match; GET it again and retry with its ETag")]
     PreconditionFailed,
@@ -106,9 +125,24 @@ pub enum ApiError {
         /// What the client can do about it.
         hint: &'static str,
     },
-    /// 503: the database cannot be reached; nothing was changed.
-    #[error("the database is unavailable; nothing was changed. Retry with backoff")]
-    Unavailable,
+    /// 503: the service cannot answer now; nothing was changed.
+    #[error("{0}; nothing was changed. Retry with backoff")]
+    Unavailable(Unavailability),
+    /// 408: the body did not arrive within the body timeout; nothing was read into the store.
+    #[error(
+        "the request body did not arrive within {0:?}; nothing was stored. Send it faster, or in smaller snapshots"
+    )]
+    RequestTimeout(std::time::Duration),
+    /// 431: the request's headers are over the limit.
+    #[error(
+        "the request headers are {size} bytes, over this server's limit of {limit}; send fewer or smaller headers"
+    )]
+    HeadersTooLarge {
+        /// Their size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// 500: a bug. The cause is logged, never sent.
     #[error("internal error; it was logged with this request's x-request-id")]
     Internal,
@@ -143,11 +177,15 @@ impl ApiError {
             | Self::RecoveryRequired { .. }
             | Self::LeaseLost { .. }
             | Self::Refused { .. } => StatusCode::CONFLICT,
+            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::PreconditionFailed => StatusCode::PRECONDITION_FAILED,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -161,11 +199,15 @@ impl ApiError {
             Self::RecoveryRequired { .. } => "recovery_required",
             Self::LeaseLost { .. } => "lease_lost",
             Self::Refused { refusal, .. } => refusal.reason.as_str(),
+            Self::Unauthorized(_) => "unauthorized",
+            Self::Forbidden(_) => "forbidden",
             Self::PreconditionFailed => "precondition_failed",
             Self::NotFound(_) => "not_found",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::PayloadTooLarge { .. } => "payload_too_large",
-            Self::Unavailable => "unavailable",
+            Self::Unavailable(_) => "unavailable",
+            Self::HeadersTooLarge { .. } => "invalid_request",
+            Self::RequestTimeout(_) => "request_timeout",
             Self::Internal => "internal",
         }
     }
@@ -200,7 +242,7 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::Unavailable(cause) => {
                 tracing::warn!(error = %cause, "database unavailable");
-                Self::Unavailable
+                Self::Unavailable(Unavailability::Database)
             }
             other => {
                 tracing::error!(error = ?other, "database error");
@@ -230,8 +272,14 @@ impl IntoResponse for ApiError {
         response.extensions_mut().insert(ErrorCode(self.code()));
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-        if matches!(self, Self::Unavailable) {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        match self {
+            Self::Unavailable(_) => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            Self::Unauthorized(_) => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            _ => {}
         }
         response
     }

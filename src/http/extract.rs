@@ -2,6 +2,7 @@
 //! into an [`ApiError`] with a `detail` that names what was wrong.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::rejection::{PathRejection, QueryRejection};
@@ -13,7 +14,8 @@ use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
-use crate::domain::{EntityTagCondition, FencingToken, Key};
+use crate::domain::{EntityTagCondition, FencingToken, Key, Principal};
+use crate::state::AppState;
 use crate::store::RequestContext;
 
 /// The header that carries a fencing token.
@@ -32,12 +34,17 @@ const JSON_TOO_LARGE: &str =
 /// unknown fields and type errors reported as `invalid_request`.
 pub struct ApiJson<T>(pub T);
 
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
         let length = content_length(req.headers());
-        let bytes = read_limited(req.into_body(), length, MAX_JSON_BYTES, JSON_TOO_LARGE).await?;
+        let limit = BodyLimit {
+            max_bytes: MAX_JSON_BYTES,
+            timeout: state.rules.body_timeout,
+            hint: JSON_TOO_LARGE,
+        };
+        let bytes = read_limited(req.into_body(), length, limit).await?;
         if bytes.is_empty() {
             return Err(ApiError::InvalidRequest(
                 "a JSON object body is required; see openapi.yaml for its fields".into(),
@@ -186,40 +193,61 @@ impl<S: Send + Sync> FromRequestParts<S> for Context {
             .extensions
             .get::<ConnectInfo<SocketAddr>>()
             .map(|ConnectInfo(addr)| addr.to_string());
+        let principal = parts.extensions.get::<Principal>().map(|p| p.name.clone());
         Ok(Self(RequestContext {
             request_id,
             remote_addr,
-            principal: None,
+            principal,
         }))
     }
 }
 
-/// Reads a body to its end, refusing it with 413 as soon as it passes `limit`: at once when
-/// `Content-Length` says so, otherwise when the bytes received pass it. At most `limit` bytes
-/// are ever held, in one buffer sized up front from `Content-Length`.
+/// How much of a body the server reads, and for how long.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimit {
+    /// The most bytes accepted.
+    pub max_bytes: usize,
+    /// How long the whole body may take to arrive.
+    pub timeout: Duration,
+    /// What to tell a client whose body is too large.
+    pub hint: &'static str,
+}
+
+/// Reads a body to its end within `limit`: 413 as soon as it passes `max_bytes` (at once when
+/// `Content-Length` says so, otherwise when the bytes received pass it), 408 when it has not
+/// arrived within `timeout` (a slow or stalled client cannot hold a request slot for ever). At
+/// most `max_bytes` are ever held, in one buffer sized up front from `Content-Length`. The body is
+/// read whole before any statement runs, so neither refusal can leave a change behind.
 pub async fn read_limited(
     body: Body,
     content_length: Option<u64>,
-    limit: usize,
-    hint: &'static str,
+    limit: BodyLimit,
 ) -> Result<Bytes, ApiError> {
-    let too_large = ApiError::PayloadTooLarge { limit, hint };
-    if content_length.is_some_and(|n| n > limit as u64) {
-        return Err(too_large);
+    let too_large = || ApiError::PayloadTooLarge {
+        limit: limit.max_bytes,
+        hint: limit.hint,
+    };
+    if content_length.is_some_and(|n| n > limit.max_bytes as u64) {
+        return Err(too_large());
     }
-    let capacity = content_length.map_or(0, |n| n as usize);
-    let mut buf = BytesMut::with_capacity(capacity);
-    let mut stream = body.into_data_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| {
-            ApiError::InvalidRequest(format!("the request body could not be read: {e}"))
-        })?;
-        if buf.len() + chunk.len() > limit {
-            return Err(too_large);
+    let read = async {
+        let capacity = content_length.map_or(0, |n| n as usize);
+        let mut buf = BytesMut::with_capacity(capacity);
+        let mut stream = body.into_data_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| {
+                ApiError::InvalidRequest(format!("the request body could not be read: {e}"))
+            })?;
+            if buf.len() + chunk.len() > limit.max_bytes {
+                return Err(too_large());
+            }
+            buf.extend_from_slice(&chunk);
         }
-        buf.extend_from_slice(&chunk);
-    }
-    Ok(buf.freeze())
+        Ok(buf.freeze())
+    };
+    tokio::time::timeout(limit.timeout, read)
+        .await
+        .map_err(|_| ApiError::RequestTimeout(limit.timeout))?
 }
 
 /// The `Content-Length` of a request, if it sent a valid one.

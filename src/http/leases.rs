@@ -35,6 +35,7 @@ pub(super) fn routes() -> Routes {
 #[serde(deny_unknown_fields)]
 pub struct AcquireBody {
     owner: Owner,
+    #[serde(deserialize_with = "crate::domain::json_integer")]
     ttl_ms: i64,
     #[serde(default)]
     metadata: Option<Metadata>,
@@ -87,7 +88,7 @@ async fn acquire(
 #[serde(deny_unknown_fields)]
 pub struct RenewBody {
     token: FencingToken,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::domain::json_integer_opt")]
     ttl_ms: Option<i64>,
 }
 

@@ -3,6 +3,7 @@
 //! problem+json; [`extract`] validates every input.
 
 pub mod audit;
+pub mod auth;
 pub mod error;
 pub mod extract;
 pub mod leases;
@@ -13,12 +14,15 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::Instant;
 
+use axum::BoxError;
 use axum::Router;
+use axum::error_handling::HandleErrorLayer;
 use axum::extract::{MatchedPath, State};
 use axum::http::Request;
 use axum::response::{IntoResponse, Response};
 use axum::routing::MethodRouter;
 use tower::ServiceBuilder;
+use tower::limit::GlobalConcurrencyLimitLayer;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
@@ -26,7 +30,7 @@ use tracing::Level;
 
 use crate::metrics::Metrics;
 use crate::state::AppState;
-use error::{ApiError, ErrorCode};
+use error::{ApiError, ErrorCode, Unavailability};
 use extract::REQUEST_ID;
 
 /// The whole API with its middleware: request ids (taken or made, echoed on every answer), a
@@ -52,14 +56,52 @@ pub fn router(state: AppState) -> Router {
         )
         .layer(PropagateRequestIdLayer::new(REQUEST_ID.clone()))
         .layer(CatchPanicLayer::custom(panic_response));
+    // One semaphore for the whole instance (Router::layer wraps each route, so a per-layer
+    // limit would be per route); a request over the cap is shed unread, never queued.
+    let shed = ServiceBuilder::new()
+        .layer(HandleErrorLayer::new(|_: BoxError| async {
+            ApiError::Unavailable(Unavailability::Overloaded)
+        }))
+        .load_shed()
+        .layer(GlobalConcurrencyLimitLayer::new(
+            state.rules.max_concurrent_requests,
+        ));
+    let authorize = axum::middleware::from_fn_with_state(state.clone(), auth::authorize);
     let metrics = state.metrics.clone();
-    routes()
+    let max_header_bytes = state.rules.max_header_bytes;
+    // Health checks and scrapes are never shed: an overloaded instance is alive, and its metrics
+    // are what shows the overload.
+    api_routes()
         .router
+        .layer(authorize)
+        .layer(shed)
+        .merge(ops::routes().router)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+        .layer(axum::middleware::from_fn(move |req, next| {
+            limit_headers(max_header_bytes, req, next)
+        }))
         .layer(axum::middleware::from_fn_with_state(metrics, observe))
         .layer(middleware)
+}
+
+/// Refuses a request whose headers, as sent, total more than `limit` bytes.
+async fn limit_headers(
+    limit: usize,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    // Each header line is `name: value\r\n`.
+    let size: usize = req
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    if size > limit {
+        return ApiError::HeadersTooLarge { size, limit }.into_response();
+    }
+    next.run(req).await
 }
 
 /// A router that remembers the paths it routes, so that the test of `openapi.yaml` can compare
@@ -90,12 +132,16 @@ impl Routes {
     }
 }
 
-fn routes() -> Routes {
+/// The contract's `/v1` routes: the ones that are shed under overload.
+fn api_routes() -> Routes {
     Routes::new()
         .merge(leases::routes())
         .merge(snapshots::routes())
         .merge(audit::routes())
-        .merge(ops::routes())
+}
+
+fn routes() -> Routes {
+    api_routes().merge(ops::routes())
 }
 
 /// Every path the API routes, in axum's `{param}` syntax (which is also OpenAPI's).

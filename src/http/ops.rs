@@ -8,7 +8,7 @@ use axum::routing::get;
 use serde_json::{Value, json};
 
 use super::Routes;
-use super::error::ApiError;
+use super::error::{ApiError, Unavailability};
 use crate::state::AppState;
 use crate::store;
 
@@ -30,7 +30,7 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
     if store::ready(&state.db).await? {
         Ok(Json(json!({"status": "ready"})))
     } else {
-        Err(ApiError::Unavailable)
+        Err(ApiError::Unavailable(Unavailability::Database))
     }
 }
 

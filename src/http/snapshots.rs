@@ -11,7 +11,7 @@ use serde::Deserialize;
 use super::Routes;
 use super::error::ApiError;
 use super::extract::{
-    ApiQuery, Context, FENCING_TOKEN, FencingTokenHeader, IfMatch, IfNoneMatch, KeyPath,
+    ApiQuery, BodyLimit, Context, FENCING_TOKEN, FencingTokenHeader, IfMatch, IfNoneMatch, KeyPath,
     KeyVersionPath, SNAPSHOT_VERSION, content_length, read_limited,
 };
 use super::leases::PageBody;
@@ -61,8 +61,12 @@ async fn write(
             .map_err(|_| ApiError::InvalidRequest("Content-Type is not visible ASCII".into()))?
             .to_owned(),
     };
-    let limit = state.rules.max_snapshot_bytes;
-    let body = read_limited(body, content_length(&headers), limit, SNAPSHOT_TOO_LARGE).await?;
+    let limit = BodyLimit {
+        max_bytes: state.rules.max_snapshot_bytes,
+        timeout: state.rules.body_timeout,
+        hint: SNAPSHOT_TOO_LARGE,
+    };
+    let body = read_limited(body, content_length(&headers), limit).await?;
     let req = PutRequest {
         key: key.clone(),
         token,

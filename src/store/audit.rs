@@ -12,7 +12,8 @@ use sqlx::{FromRow, PgPool, Postgres, QueryBuilder};
 use super::Result;
 use super::leases::Page;
 use crate::domain::{
-    FencingToken, Key, Metadata, Owner, PageLimit, RecoveryReason, RecoveryRecord, rfc3339_millis,
+    Cursor, FencingToken, Key, Metadata, Owner, PageLimit, RecoveryReason, RecoveryRecord,
+    rfc3339_millis,
 };
 
 /// Which audit table a query reads.
@@ -184,10 +185,6 @@ fn page_query(log: Log, q: &AuditQuery) -> QueryBuilder<'static, Postgres> {
     b
 }
 
-fn cursor_of_id(id: i64) -> String {
-    id.to_string()
-}
-
 /// A page of refused writes, newest first.
 pub async fn rejections(pool: &PgPool, q: &AuditQuery) -> Result<Page<Rejection>> {
     let rows: Vec<Rejection> = page_query(Log::Rejections, q)
@@ -195,7 +192,7 @@ pub async fn rejections(pool: &PgPool, q: &AuditQuery) -> Result<Page<Rejection>
         .fetch_all(pool)
         .await?;
     Ok(Page::from_rows(rows, q.limit, |r: &Rejection| {
-        cursor_of_id(r.id)
+        Cursor::after_id(r.id)
     }))
 }
 
@@ -207,7 +204,7 @@ pub async fn recoveries(pool: &PgPool, q: &AuditQuery) -> Result<Page<Recovery>>
         .await?;
     let items = rows.into_iter().map(RecoveryRow::into_recovery).collect();
     Ok(Page::from_rows(items, q.limit, |r: &Recovery| {
-        cursor_of_id(r.id)
+        Cursor::after_id(r.id)
     }))
 }
 

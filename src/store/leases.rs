@@ -490,11 +490,11 @@ pub struct Page<T> {
 
 impl<T> Page<T> {
     /// Builds a page from `limit + 1` fetched rows: the extra row only says that there is more.
-    pub fn from_rows(mut items: Vec<T>, limit: PageLimit, position: impl Fn(&T) -> String) -> Self {
+    pub fn from_rows(mut items: Vec<T>, limit: PageLimit, position: impl Fn(&T) -> Cursor) -> Self {
         let more = items.len() as i64 > limit.get();
         items.truncate(limit.get() as usize);
         let next_cursor = if more {
-            items.last().map(|last| Cursor::after(&position(last)))
+            items.last().map(position)
         } else {
             None
         };
@@ -526,7 +526,7 @@ pub async fn list(pool: &PgPool, q: &ListQuery) -> Result<Page<KeyStatus>> {
         .await?;
     let items = rows.into_iter().map(StatusRow::into_status).collect();
     Ok(Page::from_rows(items, q.limit, |s: &KeyStatus| {
-        s.key.to_string()
+        Cursor::after(s.key.as_str())
     }))
 }
 

@@ -9,6 +9,7 @@
 //! the database failing, and then nothing was changed.
 
 pub mod audit;
+pub mod keys;
 pub mod leases;
 pub mod snapshots;
 

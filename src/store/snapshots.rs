@@ -13,7 +13,7 @@ use sqlx::{FromRow, PgPool};
 use super::leases::Page;
 use super::{RequestContext, Result};
 use crate::domain::{
-    ETag, EntityTagCondition, FencingToken, Key, PageLimit, SnapshotMeta, Version,
+    Cursor, ETag, EntityTagCondition, FencingToken, Key, PageLimit, SnapshotMeta, Version,
 };
 
 /// Why a fenced write was refused.
@@ -409,6 +409,6 @@ pub async fn versions(
         .map(|r| r.into_meta(None))
         .collect();
     Ok(Some(Page::from_rows(items, limit, |m: &SnapshotMeta| {
-        m.version.get().to_string()
+        Cursor::after_id(m.version.get())
     })))
 }

@@ -7,6 +7,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use axum_server::tls_rustls::RustlsConfig;
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde_json::{Value, json};
 use snapfence::embedded::{EmbeddedPostgres, Settings};
@@ -100,6 +101,22 @@ pub async fn fresh_database() -> PgConnectOptions {
     cluster.options(&name).disable_statement_logging()
 }
 
+/// A `postgres://` URL for options, for the binary's `--database-url` (a password, if the
+/// cluster needs one, comes from `PGPASSWORD` in the inherited environment).
+pub fn url_of(options: &PgConnectOptions) -> String {
+    let mut url = format!(
+        "postgres://{}@{}:{}/{}",
+        options.get_username(),
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or("postgres")
+    );
+    if let Some(socket) = options.get_socket() {
+        url.push_str(&format!("?host={}", socket.display()));
+    }
+    url
+}
+
 /// Test rules: the defaults, with room for a test to change one.
 pub fn rules() -> Rules {
     Rules::default()
@@ -118,6 +135,15 @@ pub struct Instance {
 impl Instance {
     /// Starts an instance on a database, migrating it first, as `snapfence serve` does.
     pub async fn start(options: PgConnectOptions, rules: Rules) -> Self {
+        Self::start_with_tls(options, rules, None).await
+    }
+
+    /// Starts an instance serving HTTPS (`base` is then `https://localhost:PORT`).
+    pub async fn start_with_tls(
+        options: PgConnectOptions,
+        rules: Rules,
+        tls: Option<RustlsConfig>,
+    ) -> Self {
         let db = store::pool(
             options,
             &DbSettings {
@@ -129,10 +155,14 @@ impl Instance {
             .await
             .expect("migrating the test database");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
-        let base = format!("http://{}", listener.local_addr().unwrap());
+        let port = listener.local_addr().unwrap().port();
+        let base = match tls {
+            None => format!("http://127.0.0.1:{port}"),
+            Some(_) => format!("https://localhost:{port}"),
+        };
         let (tx, rx) = oneshot::channel();
         let state = AppState::new(db.clone(), rules);
-        let served = tokio::spawn(snapfence::run(listener, state, async {
+        let served = tokio::spawn(snapfence::run(listener, state, tls, async {
             rx.await.ok();
         }));
         Self {

@@ -188,3 +188,24 @@ async fn list_refuses_bad_limits_cursors_states_and_unknown_parameters() {
     assert_eq!(r.status(), StatusCode::OK);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn integers_written_as_floats_without_a_fraction_are_accepted() {
+    let app = TestApp::spawn().await;
+    let r = app
+        .request(Method::POST, "/v1/leases/k")
+        .body(r#"{"owner":"w","ttl_ms":30000.0}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let t = token(&r.json().await.unwrap());
+    let r = app
+        .request(Method::POST, "/v1/leases/k/renew")
+        .body(format!(r#"{{"token":{t}.0,"ttl_ms":1000.0}}"#))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    app.stop().await;
+}

@@ -442,6 +442,21 @@ async fn answers_conform_to_the_spec_across_every_operation_and_error_code() {
     c.check("get", "/readyz", app.get("/readyz").await).await;
     c.check("get", "/metrics", app.get("/metrics").await).await;
 
+    // Authentication: once a key exists, no key is 401 and a too-narrow key 403.
+    let name = snapfence::domain::KeyName::parse("reader").unwrap();
+    let all = snapfence::domain::KeyPrefix::parse("").unwrap();
+    let (_, reader) =
+        snapfence::store::keys::create(app.db(), &name, snapfence::domain::Scope::Read, &all)
+            .await
+            .unwrap()
+            .unwrap();
+    c.check("get", "/v1/leases", app.get("/v1/leases").await)
+        .await;
+    let narrow = send(Method::POST, "/v1/leases/k2")
+        .header("Authorization", format!("Bearer {reader}"))
+        .json(&json!({"owner": "r", "ttl_ms": 30000}));
+    c.check("post", lease, narrow.send().await.unwrap()).await;
+
     // Every operation of the spec was reached at least once.
     let reached: BTreeSet<(String, String)> = c
         .seen

@@ -230,3 +230,24 @@ async fn a_lost_database_answers_503_quickly_and_the_service_recovers_by_itself(
     drop(pg);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[tokio::test]
+async fn serve_refuses_a_public_address_while_no_api_key_exists() {
+    let options = crate::harness::fresh_database().await;
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_snapfence"))
+            .args(["serve", "--listen", "0.0.0.0:0", "--database-url"])
+            .arg(crate::harness::url_of(&options))
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("refusing to listen on 0.0.0.0:0 without authentication"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--insecure-no-auth"), "{stderr}");
+}

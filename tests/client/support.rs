@@ -88,6 +88,7 @@ impl Outage {
         let served = tokio::spawn(snapfence::run(
             listener,
             AppState::new(db, Rules::default()),
+            None,
             async {
                 rx.await.ok();
             },

@@ -1,0 +1,117 @@
+//! Authentication and authorization of `/v1` requests: API keys as bearer tokens, scopes, and
+//! key prefixes. Every refusal is decided before the handler runs and without looking at what
+//! exists, so a 403 never tells a confined key whether another key's lease or snapshot exists.
+
+use std::collections::HashMap;
+
+use axum::extract::{FromRequestParts, Query, RawPathParams, Request, State};
+use axum::http::{Method, header};
+use axum::middleware::Next;
+use axum::response::Response;
+
+use super::error::ApiError;
+use crate::domain::{Key, Presented, Principal, Scope};
+use crate::state::AppState;
+use crate::store;
+
+const NEEDS_KEY: &str = "this server requires an API key: send `Authorization: Bearer sf_…` (an operator makes one with `snapfence keys create`)";
+const BAD_KEY: &str =
+    "the API key is not valid: it is malformed, unknown or revoked; ask an operator for a live key";
+
+/// The scope a request needs: the audit log is `admin`, reads are `read`, the rest `write`.
+fn required_scope(method: &Method, path: &str) -> Scope {
+    if path.starts_with("/v1/audit/") {
+        Scope::Admin
+    } else if method == Method::GET || method == Method::HEAD {
+        Scope::Read
+    } else {
+        Scope::Write
+    }
+}
+
+/// The bearer secret of a request, if it sent an `Authorization` header.
+fn presented(req: &Request) -> Result<Option<Presented>, ApiError> {
+    let Some(value) = req.headers().get(header::AUTHORIZATION) else {
+        return Ok(None);
+    };
+    let token = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .ok_or(ApiError::Unauthorized(BAD_KEY))?;
+    Presented::parse(token)
+        .map(Some)
+        .ok_or(ApiError::Unauthorized(BAD_KEY))
+}
+
+/// Authenticates the request, checks its scope and prefix, and leaves its [`Principal`] in the
+/// request's extensions for the audit log.
+pub async fn authorize(
+    State(state): State<AppState>,
+    req: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let presented = presented(&req)?;
+    let lookup = store::keys::authenticate(&state.db, presented.as_ref()).await?;
+    let principal = match (presented, lookup.principal) {
+        (Some(_), Some(principal)) => principal,
+        (Some(_), None) => return Err(ApiError::Unauthorized(BAD_KEY)),
+        (None, _) if !lookup.any_live && state.rules.anonymous_without_keys => {
+            return Ok(next.run(req).await);
+        }
+        (None, _) => return Err(ApiError::Unauthorized(NEEDS_KEY)),
+    };
+    let (mut parts, body) = req.into_parts();
+    let needed = required_scope(&parts.method, parts.uri.path());
+    if principal.scope < needed {
+        return Err(ApiError::Forbidden(format!(
+            "key {:?} has scope {}; this call needs {}",
+            principal.name,
+            principal.scope.as_str(),
+            needed.as_str()
+        )));
+    }
+    if !principal.prefix.is_empty() {
+        check_prefix(&principal, &mut parts, &state).await?;
+    }
+    parts.extensions.insert(principal);
+    Ok(next.run(Request::from_parts(parts, body)).await)
+}
+
+/// A key confined to a prefix may name only keys under it: in the path (`{key}`), in a list's
+/// `prefix`, or in an audit query's `key` (which it must then send).
+async fn check_prefix(
+    principal: &Principal,
+    parts: &mut axum::http::request::Parts,
+    state: &AppState,
+) -> Result<(), ApiError> {
+    let outside = || {
+        ApiError::Forbidden(format!(
+            "key {:?} is confined to keys under {:?}",
+            principal.name, principal.prefix
+        ))
+    };
+    let params = RawPathParams::from_request_parts(parts, state)
+        .await
+        .map_err(|_| outside())?;
+    if let Some((_, raw)) = params.iter().find(|(name, _)| *name == "key") {
+        let key = Key::parse(raw)?;
+        return if principal.covers(&key) {
+            Ok(())
+        } else {
+            Err(outside())
+        };
+    }
+    let Query(query) = Query::<HashMap<String, String>>::try_from_uri(&parts.uri)
+        .map_err(|e| ApiError::InvalidRequest(e.body_text()))?;
+    let named = if parts.uri.path().starts_with("/v1/audit/") {
+        query.get("key")
+    } else {
+        query.get("prefix")
+    };
+    match named {
+        Some(named) if principal.covers_prefix(named) => Ok(()),
+        _ => Err(outside()),
+    }
+}

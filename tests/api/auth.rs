@@ -1,0 +1,298 @@
+//! API keys: scopes, prefixes, revocation, bad bearer values, and the audit principal.
+
+use reqwest::{Method, RequestBuilder, StatusCode};
+use serde_json::{Value, json};
+use snapfence::domain::{KeyName, KeyPrefix, Scope};
+use snapfence::store::keys;
+
+use crate::harness::{TestApp, problem, token};
+
+/// Makes a key straight in the database, as `snapfence keys create` does; returns its token.
+async fn key(app: &TestApp, name: &str, scope: Scope, prefix: &str) -> String {
+    let (_, token) = keys::create(
+        app.db(),
+        &KeyName::parse(name).unwrap(),
+        scope,
+        &KeyPrefix::parse(prefix).unwrap(),
+    )
+    .await
+    .unwrap()
+    .expect("a fresh name");
+    token
+}
+
+fn bearer(r: RequestBuilder, token: &str) -> RequestBuilder {
+    r.header("Authorization", format!("Bearer {token}"))
+}
+
+async fn acquire_as(app: &TestApp, token: &str, key_path: &str) -> reqwest::Response {
+    bearer(
+        app.request(Method::POST, &format!("/v1/leases/{key_path}")),
+        token,
+    )
+    .json(&json!({"owner": "w", "ttl_ms": 30000}))
+    .send()
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn once_a_key_exists_a_request_without_one_is_refused_with_401() {
+    let app = TestApp::spawn().await;
+    assert_eq!(
+        app.get("/v1/leases").await.status(),
+        StatusCode::OK,
+        "open while no key exists"
+    );
+    key(&app, "ops", Scope::Admin, "").await;
+    let r = app.get("/v1/leases").await;
+    assert_eq!(r.headers()["www-authenticate"], "Bearer");
+    let body = problem(r, StatusCode::UNAUTHORIZED, "unauthorized").await;
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("snapfence keys create")
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn health_readiness_and_metrics_stay_open_when_keys_exist() {
+    let app = TestApp::spawn().await;
+    key(&app, "ops", Scope::Admin, "").await;
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(app.get(path).await.status(), StatusCode::OK, "{path}");
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_read_key_may_read_but_not_lease_or_write() {
+    let app = TestApp::spawn().await;
+    let writer = key(&app, "writer", Scope::Write, "").await;
+    let reader = key(&app, "reader", Scope::Read, "").await;
+    let g: Value = acquire_as(&app, &writer, "k").await.json().await.unwrap();
+    let r = bearer(app.request(Method::GET, "/v1/leases/k"), &reader)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    problem(
+        acquire_as(&app, &reader, "other").await,
+        StatusCode::FORBIDDEN,
+        "forbidden",
+    )
+    .await;
+    let put = bearer(app.request(Method::PUT, "/v1/snapshots/k"), &reader)
+        .header("Fencing-Token", token(&g).to_string())
+        .body("x");
+    problem(
+        put.send().await.unwrap(),
+        StatusCode::FORBIDDEN,
+        "forbidden",
+    )
+    .await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_write_key_may_lease_and_write_but_only_an_admin_key_reads_the_audit_log() {
+    let app = TestApp::spawn().await;
+    let writer = key(&app, "writer", Scope::Write, "").await;
+    let admin = key(&app, "admin", Scope::Admin, "").await;
+    let g: Value = acquire_as(&app, &writer, "k").await.json().await.unwrap();
+    let put = bearer(app.request(Method::PUT, "/v1/snapshots/k"), &writer)
+        .header("Fencing-Token", token(&g).to_string())
+        .body("x");
+    assert_eq!(put.send().await.unwrap().status(), StatusCode::CREATED);
+    let audit = |t: &str| bearer(app.request(Method::GET, "/v1/audit/rejections"), t).send();
+    problem(
+        audit(&writer).await.unwrap(),
+        StatusCode::FORBIDDEN,
+        "forbidden",
+    )
+    .await;
+    assert_eq!(audit(&admin).await.unwrap().status(), StatusCode::OK);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_prefixed_key_is_refused_alike_for_existing_and_missing_keys_outside_its_prefix() {
+    let app = TestApp::spawn().await;
+    let admin = key(&app, "admin", Scope::Admin, "").await;
+    let jobs = key(&app, "jobs", Scope::Write, "jobs/").await;
+    acquire_as(&app, &admin, "secret%2Fexists").await;
+    assert_eq!(
+        acquire_as(&app, &jobs, "jobs%2F1").await.status(),
+        StatusCode::CREATED
+    );
+    let mut answers = Vec::new();
+    for path in ["/v1/leases/secret%2Fexists", "/v1/leases/secret%2Fmissing"] {
+        let r = bearer(app.request(Method::GET, path), &jobs)
+            .send()
+            .await
+            .unwrap();
+        let body = problem(r, StatusCode::FORBIDDEN, "forbidden").await;
+        answers.push(body["detail"].clone());
+    }
+    assert_eq!(
+        answers[0], answers[1],
+        "a 403 says nothing about what exists"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_prefixed_key_lists_and_audits_only_within_its_prefix() {
+    let app = TestApp::spawn().await;
+    let jobs = key(&app, "jobs", Scope::Admin, "jobs/").await;
+    let get = |path: &str| bearer(app.request(Method::GET, path), &jobs).send();
+    problem(
+        get("/v1/leases").await.unwrap(),
+        StatusCode::FORBIDDEN,
+        "forbidden",
+    )
+    .await;
+    problem(
+        get("/v1/leases?prefix=j").await.unwrap(),
+        StatusCode::FORBIDDEN,
+        "forbidden",
+    )
+    .await;
+    assert_eq!(
+        get("/v1/leases?prefix=jobs%2Fa").await.unwrap().status(),
+        StatusCode::OK
+    );
+    let audit = get("/v1/audit/rejections").await.unwrap();
+    problem(audit, StatusCode::FORBIDDEN, "forbidden").await;
+    let audit = get("/v1/audit/rejections?key=jobs%2F1").await.unwrap();
+    assert_eq!(audit.status(), StatusCode::OK);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_revoked_key_is_refused_at_once_on_every_instance() {
+    let app = TestApp::spawn().await;
+    let second = app.another_instance().await;
+    let t = key(&app, "ci", Scope::Write, "").await;
+    for instance in [&app.instance, &second] {
+        let r = bearer(app.request_to(instance, Method::GET, "/v1/leases"), &t)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+    assert!(
+        keys::revoke(app.db(), &KeyName::parse("ci").unwrap())
+            .await
+            .unwrap()
+    );
+    for instance in [&app.instance, &second] {
+        let r = bearer(app.request_to(instance, Method::GET, "/v1/leases"), &t)
+            .send()
+            .await
+            .unwrap();
+        problem(r, StatusCode::UNAUTHORIZED, "unauthorized").await;
+    }
+    second.stop().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn wrong_and_malformed_bearer_values_are_refused_alike() {
+    let app = TestApp::spawn().await;
+    let good = key(&app, "ci", Scope::Write, "").await;
+    let (id, secret) = good.strip_prefix("sf_").unwrap().split_once('_').unwrap();
+    let wrong_secret = format!("sf_{id}_{}", secret.chars().rev().collect::<String>());
+    let unknown_id = format!("sf_999_{secret}");
+    let mut details = Vec::new();
+    for value in [
+        format!("Bearer {wrong_secret}"),
+        format!("Bearer {unknown_id}"),
+        "Bearer sf_garbage".to_string(),
+        format!("Basic {good}"),
+        format!("bearer{good}"),
+    ] {
+        let r = app
+            .request(Method::GET, "/v1/leases")
+            .header("Authorization", value)
+            .send()
+            .await
+            .unwrap();
+        details.push(problem(r, StatusCode::UNAUTHORIZED, "unauthorized").await["detail"].clone());
+    }
+    assert!(
+        details.windows(2).all(|w| w[0] == w[1]),
+        "one answer for every bad value"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_bad_bearer_value_is_refused_even_while_no_key_exists() {
+    let app = TestApp::spawn().await;
+    let r = app
+        .request(Method::GET, "/v1/leases")
+        .header("Authorization", "Bearer nonsense")
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::UNAUTHORIZED, "unauthorized").await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_audit_principal_is_the_name_of_the_key() {
+    let app = TestApp::spawn().await;
+    let admin = key(&app, "auditor", Scope::Admin, "").await;
+    let worker = key(&app, "worker-7", Scope::Write, "").await;
+    let r = bearer(app.request(Method::PUT, "/v1/snapshots/never"), &worker)
+        .header("Fencing-Token", "5")
+        .body("x");
+    problem(
+        r.send().await.unwrap(),
+        StatusCode::CONFLICT,
+        "unknown_token",
+    )
+    .await;
+    let page: Value = bearer(app.request(Method::GET, "/v1/audit/rejections"), &admin)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(page["items"][0]["principal"], "worker-7");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_live_name_cannot_be_given_twice_but_a_revoked_one_can() {
+    let app = TestApp::spawn().await;
+    let name = KeyName::parse("dup").unwrap();
+    let all = KeyPrefix::parse("").unwrap();
+    assert!(
+        keys::create(app.db(), &name, Scope::Read, &all)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        keys::create(app.db(), &name, Scope::Read, &all)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    keys::revoke(app.db(), &name).await.unwrap();
+    assert!(
+        keys::create(app.db(), &name, Scope::Read, &all)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let listed = keys::list(app.db()).await.unwrap();
+    assert_eq!(listed.len(), 2);
+    assert!(listed[0].revoked_at.is_some() && listed[1].revoked_at.is_none());
+    app.stop().await;
+}
