@@ -6,9 +6,11 @@
 //! `openapi.yaml`.
 //!
 //! Layout: [`domain`] (validated values and records), [`store`] (all SQL), [`http`] (routes,
-//! extractors, errors), [`config`], [`embedded`] (a private PostgreSQL), [`cli`].
+//! extractors, errors), [`config`], [`embedded`] (a private PostgreSQL), [`client`] (a typed client
+//! and the lease keeper), [`cli`].
 
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod domain;
 pub mod embedded;

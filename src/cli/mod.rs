@@ -1,20 +1,56 @@
-//! The `snapfence` command line: `serve` runs the service.
+//! The `snapfence` command line: `serve` runs the service; `lease`, `snapshot` and `audit` call
+//! it through [`crate::client`]; `run` runs a command under a lease. Answers go to stdout (a
+//! table, or the contract's JSON with `--output json`), errors and progress to stderr, and the
+//! exit code tells the outcome apart ([`exit`]).
 
+mod audit;
+pub mod exit;
+mod lease;
+mod output;
+mod run;
 mod serve;
+mod snapshot;
 
 use std::process::ExitCode;
+use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
+use crate::client::{Client, Error};
 use crate::config::ServeConfig;
+use crate::domain::Owner;
+pub use exit::Exit;
+pub use output::Output;
 
 /// snapfence: leases with fencing tokens and fenced snapshots, on PostgreSQL.
 #[derive(Debug, Parser)]
-#[command(name = "snapfence", version, about)]
+#[command(name = "snapfence", version, about, after_long_help = exit::EXIT_CODES)]
 pub struct Cli {
+    /// Options of every command that talks to a server.
+    #[command(flatten)]
+    pub global: Global,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// Options of every command that talks to a server (`serve` ignores them).
+#[derive(Debug, Args)]
+pub struct Global {
+    /// The snapfence server.
+    #[arg(
+        long,
+        global = true,
+        env = "SNAPFENCE_URL",
+        default_value = "http://127.0.0.1:7878"
+    )]
+    pub url: String,
+    /// How answers are printed: a table for people, or the contract's JSON for scripts.
+    #[arg(long, global = true, value_enum, default_value = "table")]
+    pub output: Output,
+    /// How long one HTTP request may take.
+    #[arg(long, global = true, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub timeout: Duration,
 }
 
 /// The subcommands.
@@ -22,12 +58,165 @@ pub struct Cli {
 pub enum Command {
     /// Run the HTTP service (with an embedded PostgreSQL unless DATABASE_URL is set).
     Serve(ServeConfig),
+    /// The commands that talk to a server.
+    #[command(flatten)]
+    Client(ClientCommand),
+}
+
+/// The subcommands that talk to a server.
+#[derive(Debug, Subcommand)]
+pub enum ClientCommand {
+    /// Acquire, renew, release and inspect leases.
+    #[command(subcommand)]
+    Lease(lease::LeaseCommand),
+    /// Write, read and delete fenced snapshots.
+    #[command(subcommand)]
+    Snapshot(snapshot::SnapshotCommand),
+    /// Read the audit log.
+    #[command(subcommand)]
+    Audit(audit::AuditCommand),
+    /// Run a command under a lease, and stop it before the lease can lapse.
+    Run(run::RunArgs),
+}
+
+/// What every client subcommand needs.
+pub(crate) struct Ctx {
+    client: Client,
+    output: Output,
+}
+
+impl Ctx {
+    /// Prints what went wrong and what to do next; returns the exit code for it.
+    fn fail(&self, e: &Error, check: Option<&str>) -> Exit {
+        output::report(self.client.base_url(), e, check)
+    }
 }
 
 /// Parses the command line and runs it.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
-        Command::Serve(config) => serve::main(config),
+    let command = match cli.command {
+        Command::Serve(config) => return serve::main(config),
+        Command::Client(command) => command,
+    };
+    let client = match Client::builder(cli.global.url.clone())
+        .timeout(cli.global.timeout)
+        .on_retry(|e, pause| {
+            eprintln!(
+                "snapfence: {e} (retrying in {})",
+                humantime::format_duration(Duration::from_millis(pause.as_millis() as u64))
+            );
+        })
+        .build()
+    {
+        Ok(client) => client,
+        Err(e) => {
+            eprintln!("snapfence: --url: {e}");
+            return Exit::Usage.into();
+        }
+    };
+    let ctx = Ctx {
+        client,
+        output: cli.global.output,
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("snapfence: cannot start the async runtime: {e}");
+            return Exit::Failure.into();
+        }
+    };
+    let exit = runtime.block_on(async {
+        match command {
+            ClientCommand::Lease(c) => lease::main(&ctx, c).await,
+            ClientCommand::Snapshot(c) => snapshot::main(&ctx, c).await,
+            ClientCommand::Audit(c) => audit::main(&ctx, c).await,
+            ClientCommand::Run(args) => run::main(&ctx, args).await,
+        }
+    });
+    exit.into()
+}
+
+/// `USER@HOST`, the owner of a lease when none is given, so that `lease_held` says who.
+fn default_owner() -> Owner {
+    let user = std::env::var("USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .or_else(|| {
+            nix::unistd::User::from_uid(nix::unistd::getuid())
+                .ok()
+                .flatten()
+                .map(|u| u.name)
+        })
+        .unwrap_or_else(|| "unknown".to_owned());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    Owner::parse(format!("{user}@{host}"))
+        .unwrap_or_else(|_| Owner::parse("snapfence").expect("a valid owner"))
+}
+
+/// Value parsers for the arguments whose domain type has no `FromStr` of its own.
+mod parse {
+    use chrono::{DateTime, Utc};
+
+    use crate::domain::{
+        EntityTagCondition, FencingToken, InvalidInput, KeyPrefix, LeaseState, Metadata,
+        RecoveryReason,
+    };
+    use crate::store::snapshots::RefusalReason;
+
+    pub fn token(raw: &str) -> Result<FencingToken, InvalidInput> {
+        FencingToken::parse_header(raw)
+    }
+
+    pub fn metadata(raw: &str) -> Result<Metadata, InvalidInput> {
+        let value = serde_json::from_str(raw).map_err(|e| {
+            InvalidInput::new(format!("not JSON ({e}); write e.g. '{{\"pid\": 4242}}'"))
+        })?;
+        Metadata::new(value)
+    }
+
+    pub fn prefix(raw: &str) -> Result<KeyPrefix, InvalidInput> {
+        KeyPrefix::parse(raw)
+    }
+
+    pub fn state(raw: &str) -> Result<LeaseState, InvalidInput> {
+        LeaseState::parse(raw).ok_or_else(|| {
+            InvalidInput::new("use one of held, expired, released, recovery_pending")
+        })
+    }
+
+    pub fn refusal_reason(raw: &str) -> Result<RefusalReason, InvalidInput> {
+        RefusalReason::parse(raw)
+            .ok_or_else(|| InvalidInput::new("use one of stale_token, unknown_token"))
+    }
+
+    pub fn recovery_reason(raw: &str) -> Result<RecoveryReason, InvalidInput> {
+        RecoveryReason::parse(raw)
+            .ok_or_else(|| InvalidInput::new("use one of abandoned, expired, recovery_required"))
+    }
+
+    pub fn condition(raw: &str) -> Result<EntityTagCondition, InvalidInput> {
+        EntityTagCondition::parse(raw)
+    }
+
+    /// RFC 3339, or an age such as `90s` or `2h` before now (on this machine's clock).
+    pub fn time(raw: &str) -> Result<DateTime<Utc>, InvalidInput> {
+        if let Ok(t) = DateTime::parse_from_rfc3339(raw) {
+            return Ok(t.with_timezone(&Utc));
+        }
+        let age = humantime::parse_duration(raw).map_err(|_| {
+            InvalidInput::new("write an RFC 3339 time (2026-12-02T13:05:00Z) or an age (90s, 2h)")
+        })?;
+        chrono::Duration::from_std(age)
+            .ok()
+            .and_then(|age| Utc::now().checked_sub_signed(age))
+            .ok_or_else(|| InvalidInput::new("that age reaches before the calendar's start"))
     }
 }

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::{FencingToken, Key, Metadata, Owner, TtlMs, rfc3339_millis};
 
 /// A lease as granted: its holder, its token and its time window.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Lease {
     /// The key the lease is on.
     pub key: Key,
@@ -65,7 +65,7 @@ impl RecoveryReason {
 
 /// What a crashed or abandoned holder left behind: it blocks the next grant until a caller
 /// acquires with `reconciled: true`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RecoveryRecord {
     /// The holder that left it.
     pub owner: Owner,
@@ -121,7 +121,7 @@ impl LeaseState {
 }
 
 /// Everything `GET /v1/leases/{key}` tells about a key.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KeyStatus {
     /// The key.
     pub key: Key,

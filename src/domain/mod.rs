@@ -19,11 +19,17 @@ pub use values::{
 /// Times in JSON: RFC 3339 in UTC with milliseconds, e.g. `2026-12-02T13:05:00.123Z`.
 pub mod rfc3339_millis {
     use chrono::{DateTime, SecondsFormat, Utc};
-    use serde::Serializer;
+    use serde::{Deserialize, Deserializer, Serializer};
 
     /// Serializes a time the way the contract writes times.
     pub fn serialize<S: Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&t.to_rfc3339_opts(SecondsFormat::Millis, true))
+    }
+
+    /// Reads a time in any RFC 3339 form, so that a client also understands a server that
+    /// writes more or fewer fractional digits.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DateTime<Utc>, D::Error> {
+        DateTime::<Utc>::deserialize(d)
     }
 }
 

@@ -1,7 +1,7 @@
 //! Snapshot metadata and entity tags.
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::{FencingToken, InvalidInput, Key, Version, rfc3339_millis};
@@ -28,9 +28,35 @@ impl ETag {
         &self.0
     }
 
+    /// Checks an entity tag as a server sent it: quoted visible ASCII, e.g. `"9f86d0…"`.
+    pub fn parse(raw: impl Into<String>) -> Result<Self, InvalidInput> {
+        let raw = raw.into();
+        let inner = raw.strip_prefix('"').and_then(|r| r.strip_suffix('"'));
+        match inner {
+            Some(o) if !o.is_empty() && o.bytes().all(|b| b.is_ascii_graphic() && b != b'"') => {
+                Ok(Self(raw))
+            }
+            _ => Err(InvalidInput::new(format!(
+                "entity tag {raw:?} is malformed; an ETag is quoted visible ASCII, e.g. \"9f86d0…\""
+            ))),
+        }
+    }
+
     /// The tag without its quotes, for comparison.
     fn opaque(&self) -> &str {
         self.0.trim_matches('"')
+    }
+}
+
+impl<'de> Deserialize<'de> for ETag {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Self::parse(String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+impl std::fmt::Display for ETag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
     }
 }
 
@@ -128,11 +154,34 @@ impl EntityTagCondition {
     }
 }
 
+/// The header value, as RFC 9110 writes it: `*` or a list of quoted tags.
+impl std::fmt::Display for EntityTagCondition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Any => f.write_str("*"),
+            Self::Tags(tags) => {
+                for (i, (weak, tag)) in tags.iter().enumerate() {
+                    let sep = if i == 0 { "" } else { ", " };
+                    let weak = if *weak { "W/" } else { "" };
+                    write!(f, "{sep}{weak}\"{tag}\"")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl From<&ETag> for EntityTagCondition {
+    fn from(etag: &ETag) -> Self {
+        Self::Tags(vec![(false, etag.opaque().to_owned())])
+    }
+}
+
 /// One stored version of a snapshot, without its body.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SnapshotMeta {
     /// The key.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<Key>,
     /// Its version: the count of accepted writes of the key when it was written.
     pub version: Version,
@@ -175,6 +224,24 @@ mod tests {
         assert!(!EntityTagCondition::Any.matches_strong(None));
         let list = EntityTagCondition::parse(&format!("\"a\", {}", tag.as_str())).unwrap();
         assert!(list.matches_strong(Some(&tag)));
+    }
+
+    #[test]
+    fn a_condition_renders_as_the_header_it_was_parsed_from() {
+        for raw in ["*", "\"a\"", "\"a\", W/\"b\"", "W/\"a,b\", \"\""] {
+            assert_eq!(EntityTagCondition::parse(raw).unwrap().to_string(), raw);
+        }
+        assert_eq!(EntityTagCondition::parse("a").unwrap().to_string(), "\"a\"");
+        let tag = ETag::of(b"x");
+        assert_eq!(EntityTagCondition::from(&tag).to_string(), tag.as_str());
+    }
+
+    #[test]
+    fn an_etag_from_a_server_must_be_quoted() {
+        assert!(ETag::parse(ETag::of(b"x").as_str()).is_ok());
+        for bad in ["", "\"\"", "abc", "\"a b\"", "W/\"a\""] {
+            assert!(ETag::parse(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -66,6 +66,20 @@ impl Key {
     }
 }
 
+impl<'de> Deserialize<'de> for Key {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Self::parse(String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+impl std::str::FromStr for Key {
+    type Err = InvalidInput;
+
+    fn from_str(raw: &str) -> Result<Self, InvalidInput> {
+        Self::parse(raw)
+    }
+}
+
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
@@ -73,7 +87,8 @@ impl fmt::Display for Key {
 }
 
 /// A prefix that selects keys in a list. Empty selects every key.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+#[serde(transparent)]
 pub struct KeyPrefix(String);
 
 impl KeyPrefix {
@@ -231,6 +246,14 @@ impl<'de> Deserialize<'de> for Owner {
     }
 }
 
+impl std::str::FromStr for Owner {
+    type Err = InvalidInput;
+
+    fn from_str(raw: &str) -> Result<Self, InvalidInput> {
+        Self::parse(raw)
+    }
+}
+
 /// The server's bounds on a lease's time to live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TtlBounds {
@@ -275,6 +298,24 @@ impl TtlMs {
     pub fn get(self) -> i64 {
         self.0
     }
+
+    /// The TTL as a duration.
+    pub fn duration(self) -> Duration {
+        Duration::from_millis(self.0.unsigned_abs())
+    }
+}
+
+/// Only the server knows its bounds and it checked them when it granted, so a TTL read from an
+/// answer is only checked to be positive.
+impl<'de> Deserialize<'de> for TtlMs {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match i64::deserialize(d)? {
+            ms if ms >= 1 => Ok(Self(ms)),
+            ms => Err(serde::de::Error::custom(format!(
+                "ttl_ms {ms} is not a positive number of milliseconds"
+            ))),
+        }
+    }
 }
 
 /// Lease metadata: a JSON object of at most 4 KiB as serialized.
@@ -317,7 +358,7 @@ impl<'de> Deserialize<'de> for Metadata {
 }
 
 /// A snapshot version number: 1, 2, 3… per key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(transparent)]
 pub struct Version(i64);
 
@@ -343,8 +384,34 @@ impl Version {
     }
 }
 
+impl<'de> Deserialize<'de> for Version {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match i64::deserialize(d)? {
+            v if v >= 1 => Ok(Self(v)),
+            v => Err(serde::de::Error::custom(format!(
+                "version {v} is not a positive integer"
+            ))),
+        }
+    }
+}
+
+impl std::str::FromStr for Version {
+    type Err = InvalidInput;
+
+    fn from_str(raw: &str) -> Result<Self, InvalidInput> {
+        Self::parse(raw)
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 /// A page size: 1..=1000, 100 when not given.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
 pub struct PageLimit(u32);
 
 impl PageLimit {
@@ -362,6 +429,17 @@ impl PageLimit {
     /// The page size.
     pub fn get(self) -> i64 {
         i64::from(self.0)
+    }
+}
+
+impl std::str::FromStr for PageLimit {
+    type Err = InvalidInput;
+
+    fn from_str(raw: &str) -> Result<Self, InvalidInput> {
+        let n = raw
+            .parse()
+            .map_err(|_| InvalidInput::new(format!("limit {raw:?} is not an integer")))?;
+        Self::new(Some(n))
     }
 }
 
@@ -419,9 +497,26 @@ impl Cursor {
         Ok(raw.parse().expect("18 digits fit an i64"))
     }
 
+    /// A cursor exactly as a `next_cursor` gave it, to be passed back unchanged.
+    pub fn issued(raw: impl Into<String>) -> Self {
+        Self(raw.into())
+    }
+
     /// The encoded cursor.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Cursor {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(Self)
+    }
+}
+
+impl fmt::Display for Cursor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
     }
 }
 
@@ -518,6 +613,23 @@ mod tests {
         assert_eq!(PageLimit::new(Some(1000)).unwrap().get(), 1000);
         assert!(PageLimit::new(Some(0)).is_err());
         assert!(PageLimit::new(Some(1001)).is_err());
+    }
+
+    #[test]
+    fn values_read_from_an_answer_are_checked() {
+        let parse = |json: &str| serde_json::from_str::<Key>(json);
+        assert_eq!(parse("\"jobs/42\"").unwrap().as_str(), "jobs/42");
+        assert!(parse("\"\"").is_err());
+        assert!(serde_json::from_str::<TtlMs>("1").is_ok());
+        assert!(serde_json::from_str::<TtlMs>("0").is_err());
+        assert!(serde_json::from_str::<Version>("1").is_ok());
+        assert!(serde_json::from_str::<Version>("-3").is_err());
+        assert_eq!(
+            serde_json::to_string(&PageLimit::new(Some(5)).unwrap()).unwrap(),
+            "5"
+        );
+        assert_eq!("7".parse::<PageLimit>().unwrap().get(), 7);
+        assert!("0".parse::<PageLimit>().is_err());
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use crate::domain::{InvalidInput, Key, Lease, RecoveryRecord, rfc3339_millis};
@@ -17,7 +17,7 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 
 /// The `holder` of a `lease_held` answer: who holds the key and until when. The holder's token
 /// is not shown, so a competitor cannot borrow it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Holder {
     /// The holder's owner name.
     pub owner: String,

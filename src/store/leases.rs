@@ -337,7 +337,7 @@ impl StatusRowOpt {
     }
 }
 
-/// Acquires a key: one statement ([`ACQUIRE`]), run a second time only when it lost the race
+/// Acquires a key: one statement (`ACQUIRE`), run a second time only when it lost the race
 /// to create a new key's row (rows are never deleted, so a second run always finds one).
 #[tracing::instrument(skip_all, fields(key = %req.key))]
 pub async fn acquire(

@@ -17,7 +17,8 @@ use crate::domain::{
 };
 
 /// Why a fenced write was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum RefusalReason {
     /// The token is below the key's newest token, or its lease was released or abandoned.
     StaleToken,
@@ -241,7 +242,7 @@ fn if_match_params(c: Option<&EntityTagCondition>) -> (bool, Option<Vec<String>>
     (c.is_some(), c.and_then(EntityTagCondition::strong_tags))
 }
 
-/// A fenced write: one statement ([`PUT`]). It checks, writes or refuses, and audits, all
+/// A fenced write: one statement (`PUT`). It checks, writes or refuses, and audits, all
 /// under the key's row lock, and commits before the caller answers.
 #[tracing::instrument(skip_all, fields(key = %req.key, token = %req.token, size = req.body.len()))]
 pub async fn put(
@@ -282,7 +283,7 @@ pub async fn put(
     }))
 }
 
-/// A fenced delete: one short transaction. The first statement ([`DELETE_HEAD`]) checks,
+/// A fenced delete: one short transaction. The first statement (`DELETE_HEAD`) checks,
 /// clears the head or refuses and audits, under the key's row lock. The second removes the
 /// key's versions; it runs with a snapshot taken after the lock was granted, so it sees every
 /// version committed before, and no writer can add one until this commits.

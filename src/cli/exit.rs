@@ -1,0 +1,89 @@
+//! The exit codes of `snapfence`: one per outcome a script may want to tell apart, and the one
+//! mapping from client errors to them. The README's table and `snapfence --help` mirror
+//! [`EXIT_CODES`].
+
+use std::process::ExitCode;
+
+use crate::client::Error;
+
+/// How a `snapfence` command ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// 0: done.
+    Success,
+    /// 1: any failure without a code of its own (not found, invalid input, precondition
+    /// failed, an unexpected answer…).
+    Failure,
+    /// 2: the command line is wrong (clap's own code for usage errors).
+    Usage,
+    /// 10: someone else holds the key (`lease_held`), or a recovery record blocks it
+    /// (`recovery_required`).
+    Held,
+    /// 11: the lease is not (or no longer) live: `lease_lost`, or `run` stopped its command
+    /// because the lease was lost or about to lapse.
+    Lost,
+    /// 12: a fenced write was refused (`stale_token`, `unknown_token`).
+    Stale,
+    /// 13: the service or its database cannot be reached (`503`, a network failure).
+    Unavailable,
+    /// A status passed on: `run`'s command's own exit code, or 128 + the number of the signal
+    /// that killed it (or that interrupted `run` while it waited).
+    Status(u8),
+    /// 126: `run` could not execute the command (not executable, permission denied).
+    CannotExecute,
+    /// 127: `run` found no such command.
+    CommandNotFound,
+}
+
+/// The table of exit codes, as `snapfence --help` prints it.
+pub const EXIT_CODES: &str = "\
+Exit codes:
+  0    success
+  1    failure (not found, invalid input, precondition failed, unexpected answer)
+  2    usage: the command line is wrong
+  10   held: lease_held or recovery_required
+  11   lost: lease_lost, or `run` stopped its command because the lease was lost
+  12   stale: stale_token or unknown_token (a refused fenced write)
+  13   unavailable: the server or its database cannot be reached
+  126  run: the command cannot be executed
+  127  run: the command was not found
+  other `run`: the command's own exit code, or 128 + the signal that killed it";
+
+impl Exit {
+    /// The process exit code.
+    pub fn code(self) -> u8 {
+        match self {
+            Self::Success => 0,
+            Self::Failure => 1,
+            Self::Usage => 2,
+            Self::Held => 10,
+            Self::Lost => 11,
+            Self::Stale => 12,
+            Self::Unavailable => 13,
+            Self::Status(code) => code,
+            Self::CannotExecute => 126,
+            Self::CommandNotFound => 127,
+        }
+    }
+}
+
+impl From<&Error> for Exit {
+    fn from(e: &Error) -> Self {
+        match e {
+            Error::LeaseHeld { .. } | Error::RecoveryRequired { .. } => Self::Held,
+            Error::LeaseLost { .. } => Self::Lost,
+            Error::StaleToken { .. } | Error::UnknownToken { .. } => Self::Stale,
+            Error::Unavailable { .. } | Error::Transport { .. } => Self::Unavailable,
+            Error::Unexpected { status, .. } if matches!(status.as_u16(), 502..=504) => {
+                Self::Unavailable
+            }
+            _ => Self::Failure,
+        }
+    }
+}
+
+impl From<Exit> for ExitCode {
+    fn from(e: Exit) -> Self {
+        ExitCode::from(e.code())
+    }
+}

@@ -1,0 +1,258 @@
+//! `snapfence lease …`: one subcommand per lease endpoint.
+
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+
+use super::output::{self, fields, metadata, opt, time};
+use super::{Ctx, Exit, parse};
+use crate::client::{AcquireRequest, Grant, LeaseFilter, PageRequest};
+use crate::domain::{
+    Cursor, FencingToken, Key, KeyPrefix, KeyStatus, Lease, LeaseState, Metadata, Owner, PageLimit,
+    RecoveryRecord,
+};
+
+/// The lease subcommands.
+#[derive(Debug, Subcommand)]
+pub enum LeaseCommand {
+    /// Acquire a key; prints the grant with its fencing token. Never waits (see `run --wait`).
+    Acquire {
+        /// The key.
+        key: Key,
+        /// Who holds it [default: USER@HOST].
+        #[arg(long)]
+        owner: Option<Owner>,
+        /// How long the lease lasts unless renewed.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+        ttl: Duration,
+        /// A JSON object kept with the lease, e.g. '{"pid": 4242}'.
+        #[arg(long, value_parser = parse::metadata)]
+        metadata: Option<Metadata>,
+        /// Leave a recovery record if the lease expires instead of being released.
+        #[arg(long)]
+        crash_recovery: bool,
+        /// State that what a previous holder left behind is dealt with, replacing its recovery
+        /// record.
+        #[arg(long)]
+        reconciled: bool,
+    },
+    /// Renew a live lease; prints it with its new expiry.
+    Renew {
+        /// The key and the lease's token.
+        #[command(flatten)]
+        fenced: Fenced,
+        /// A new TTL [default: the lease's own].
+        #[arg(long, value_parser = humantime::parse_duration)]
+        ttl: Option<Duration>,
+    },
+    /// Release a lease; the key is free at once (unless it was marked by require-recovery).
+    Release(Fenced),
+    /// Give a lease up but keep a recovery record, so that the next holder must reconcile.
+    Abandon(Fenced),
+    /// Mark cleanup incomplete while still holding: the lease's end leaves a recovery record.
+    RequireRecovery(Fenced),
+    /// Show a key's state, newest lease and recovery record.
+    Show {
+        /// The key.
+        key: Key,
+    },
+    /// List keys in key order, a page at a time.
+    List {
+        /// Only keys starting with this.
+        #[arg(long, value_parser = parse::prefix)]
+        prefix: Option<KeyPrefix>,
+        /// Only keys in this state: held, expired, released, recovery_pending.
+        #[arg(long, value_parser = parse::state)]
+        state: Option<LeaseState>,
+        /// Keys per page (1..=1000) [default: 100].
+        #[arg(long)]
+        limit: Option<PageLimit>,
+        /// The cursor a previous page printed.
+        #[arg(long, value_parser = output::cursor)]
+        cursor: Option<Cursor>,
+    },
+}
+
+/// A key and the token of its lease, for fenced calls.
+#[derive(Debug, Args)]
+pub struct Fenced {
+    /// The key.
+    pub key: Key,
+    /// The lease's fencing token.
+    #[arg(long, env = "SNAPFENCE_TOKEN", value_parser = parse::token)]
+    pub token: FencingToken,
+}
+
+/// Runs a lease subcommand.
+pub async fn main(ctx: &Ctx, command: LeaseCommand) -> Exit {
+    match command {
+        LeaseCommand::Acquire {
+            key,
+            owner,
+            ttl,
+            metadata,
+            crash_recovery,
+            reconciled,
+        } => {
+            let mut request = AcquireRequest::new(owner.unwrap_or_else(super::default_owner), ttl)
+                .crash_recovery(crash_recovery)
+                .reconciled(reconciled);
+            if let Some(m) = metadata {
+                request = request.metadata(m);
+            }
+            let check = format!(
+                "Check with `snapfence lease show {key}`; a lease granted to you whose token you did not get expires by itself"
+            );
+            match ctx.client.acquire(&key, &request).await {
+                Ok(grant) => {
+                    ctx.output.print(&grant, grant_table);
+                    Exit::Success
+                }
+                Err(e) => ctx.fail(&e, Some(&check)),
+            }
+        }
+        LeaseCommand::Renew { fenced, ttl } => {
+            match ctx.client.renew(&fenced.key, fenced.token, ttl).await {
+                Ok(lease) => {
+                    ctx.output.print(&lease, |l| fields(&lease_fields(l)));
+                    Exit::Success
+                }
+                Err(e) => ctx.fail(&e, None),
+            }
+        }
+        LeaseCommand::Release(f) => end(ctx, f, Ending::Release).await,
+        LeaseCommand::Abandon(f) => end(ctx, f, Ending::Abandon).await,
+        LeaseCommand::RequireRecovery(f) => end(ctx, f, Ending::RequireRecovery).await,
+        LeaseCommand::Show { key } => match ctx.client.lease_status(&key).await {
+            Ok(status) => {
+                ctx.output.print(&status, status_table);
+                Exit::Success
+            }
+            Err(e) => ctx.fail(&e, None),
+        },
+        LeaseCommand::List {
+            prefix,
+            state,
+            limit,
+            cursor,
+        } => {
+            let filter = LeaseFilter {
+                prefix,
+                state,
+                page: PageRequest { limit, cursor },
+            };
+            match ctx.client.list_leases(&filter).await {
+                Ok(page) => {
+                    ctx.output.print_page(
+                        &page,
+                        &["KEY", "STATE", "OWNER", "TOKEN", "EXPIRES_AT", "RECOVERY"],
+                        |s: &KeyStatus| {
+                            vec![
+                                s.key.to_string(),
+                                s.state.as_str().to_owned(),
+                                s.lease.owner.as_str().to_owned(),
+                                s.lease.token.to_string(),
+                                time(&s.lease.expires_at),
+                                opt(s.recovery.as_ref().map(|r| r.reason.as_str())),
+                            ]
+                        },
+                    );
+                    Exit::Success
+                }
+                Err(e) => ctx.fail(&e, None),
+            }
+        }
+    }
+}
+
+/// The fenced calls that end or mark a lease and answer nothing.
+#[derive(Debug, Clone, Copy)]
+enum Ending {
+    Release,
+    Abandon,
+    RequireRecovery,
+}
+
+async fn end(ctx: &Ctx, Fenced { key, token }: Fenced, ending: Ending) -> Exit {
+    let (answer, result) = match ending {
+        Ending::Release => (ctx.client.release(&key, token).await, "released"),
+        Ending::Abandon => (ctx.client.abandon(&key, token).await, "abandoned"),
+        Ending::RequireRecovery => (
+            ctx.client.require_recovery(&key, token).await,
+            "recovery_required",
+        ),
+    };
+    let check = format!(
+        "Check with `snapfence lease show {key}` whether token {token} is still the live lease"
+    );
+    match answer {
+        Ok(()) => {
+            ctx.output.print_done(&key, token, result);
+            Exit::Success
+        }
+        Err(e) => ctx.fail(&e, Some(&check)),
+    }
+}
+
+fn lease_fields(l: &Lease) -> Vec<(&'static str, String)> {
+    vec![
+        ("key", l.key.to_string()),
+        ("owner", l.owner.as_str().to_owned()),
+        ("token", l.token.to_string()),
+        ("acquired_at", time(&l.acquired_at)),
+        ("expires_at", time(&l.expires_at)),
+        (
+            "ttl",
+            humantime::format_duration(l.ttl_ms.duration()).to_string(),
+        ),
+        ("metadata", metadata(l.metadata.as_ref())),
+        ("crash_recovery", l.crash_recovery.to_string()),
+        ("recovery_required", l.recovery_required.to_string()),
+    ]
+}
+
+fn recovery_fields(prefix: &str, r: &RecoveryRecord) -> Vec<(String, String)> {
+    let rows = vec![
+        ("reason", r.reason.as_str().to_owned()),
+        ("owner", r.owner.as_str().to_owned()),
+        ("token", r.token.to_string()),
+        ("acquired_at", time(&r.acquired_at)),
+        ("ended_at", time(&r.ended_at)),
+        ("metadata", metadata(r.metadata.as_ref())),
+    ];
+    prefixed(&format!("{prefix}."), rows)
+}
+
+fn with_recovery(
+    mut rows: Vec<(String, String)>,
+    prefix: &str,
+    r: Option<&RecoveryRecord>,
+) -> String {
+    if let Some(r) = r {
+        rows.extend(recovery_fields(prefix, r));
+    }
+    fields(&rows)
+}
+
+fn prefixed(prefix: &str, rows: Vec<(&'static str, String)>) -> Vec<(String, String)> {
+    rows.into_iter()
+        .map(|(n, v)| (format!("{prefix}{n}"), v))
+        .collect()
+}
+
+fn grant_table(g: &Grant) -> String {
+    with_recovery(
+        prefixed("", lease_fields(&g.lease)),
+        "recovered",
+        g.recovered.as_ref(),
+    )
+}
+
+fn status_table(s: &KeyStatus) -> String {
+    let mut rows = vec![
+        ("state".to_owned(), s.state.as_str().to_owned()),
+        ("newest_token".to_owned(), s.newest_token.to_string()),
+    ];
+    rows.extend(prefixed("lease.", lease_fields(&s.lease)));
+    with_recovery(rows, "recovery", s.recovery.as_ref())
+}

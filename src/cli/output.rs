@@ -1,0 +1,213 @@
+//! How commands print: answers to stdout as a table for people or as the contract's JSON for
+//! scripts; errors, progress and hints to stderr, always as text.
+
+use std::fmt::Write as _;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use clap::ValueEnum;
+use serde::Serialize;
+
+use super::Exit;
+use crate::client::Error;
+use crate::domain::{Cursor, FencingToken, Key, Metadata};
+
+/// How answers are printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// Aligned columns, for people.
+    Table,
+    /// The contract's JSON, pretty-printed, for scripts.
+    Json,
+}
+
+impl Output {
+    /// Prints `value` as JSON, or as the table `table` makes of it.
+    pub fn print<T: Serialize>(self, value: &T, table: impl FnOnce(&T) -> String) {
+        match self {
+            Self::Json => println!(
+                "{}",
+                serde_json::to_string_pretty(value).expect("answers serialize")
+            ),
+            Self::Table => print!("{}", table(value)),
+        }
+    }
+
+    /// Prints a page: its items, and on stderr how to get the next one.
+    pub fn print_page<T: Serialize>(
+        self,
+        page: &crate::client::Page<T>,
+        headers: &[&str],
+        row: impl Fn(&T) -> Vec<String>,
+    ) {
+        self.print(page, |p| table(headers, p.items.iter().map(&row).collect()));
+        if let (Self::Table, Some(cursor)) = (self, &page.next_cursor) {
+            eprintln!("more: repeat with --cursor {cursor}");
+        }
+    }
+
+    /// Prints what a fenced call that answers nothing did.
+    pub fn print_done(self, key: &Key, token: FencingToken, result: &'static str) {
+        self.print(&Done { key, token, result }, |d| {
+            format!("{}: key {} (token {})\n", d.result, d.key, d.token)
+        });
+    }
+}
+
+/// What a fenced call that answers nothing did (release, abandon, require-recovery, delete),
+/// for `--output json`: `{"key", "token", "result"}`.
+#[derive(Debug, Serialize)]
+pub struct Done<'a> {
+    /// The key.
+    pub key: &'a Key,
+    /// The token the call was fenced with.
+    pub token: FencingToken,
+    /// What happened: `released`, `abandoned`, `recovery_required` or `deleted`.
+    pub result: &'static str,
+}
+
+/// Name–value pairs, one per line, the names aligned.
+pub fn fields<N: AsRef<str>>(rows: &[(N, String)]) -> String {
+    let width = rows
+        .iter()
+        .map(|(name, _)| name.as_ref().len())
+        .max()
+        .unwrap_or(0);
+    let mut out = String::new();
+    for (name, value) in rows {
+        let _ = writeln!(out, "{:<width$}  {value}", name.as_ref());
+    }
+    out
+}
+
+/// Columns under headers, each as wide as its widest cell; `(none)` for no rows.
+pub fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
+    if rows.is_empty() {
+        return "(none)\n".to_owned();
+    }
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let header_row = headers.iter().map(|h| (*h).to_owned()).collect();
+    for row in std::iter::once(header_row).chain(rows) {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        let _ = writeln!(out, "{}", line.join("  ").trim_end());
+    }
+    out
+}
+
+/// A time as the contract writes it.
+pub fn time(t: &DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// Metadata as compact JSON, `-` for none.
+pub fn metadata(m: Option<&Metadata>) -> String {
+    m.map_or_else(|| "-".to_owned(), |m| m.as_json().to_string())
+}
+
+/// An optional value, `-` for none.
+pub fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| v.to_string())
+}
+
+/// The `--cursor` of a next page.
+pub fn cursor(raw: &str) -> Result<Cursor, std::convert::Infallible> {
+    Ok(Cursor::issued(raw))
+}
+
+/// Prints what went wrong and what to do next, and returns the exit code for it. `check` says
+/// how to find out whether a write whose outcome is unknown took effect.
+pub fn report(url: &str, e: &Error, check: Option<&str>) -> Exit {
+    eprintln!("snapfence: {}", message(url, e, check));
+    Exit::from(e)
+}
+
+/// The text of [`report`].
+pub fn message(url: &str, e: &Error, check: Option<&str>) -> String {
+    match e {
+        Error::Transport {
+            may_have_reached: false,
+            source,
+        } => format!(
+            "cannot reach the server at {url} ({}); nothing was sent. Check --url (or SNAPFENCE_URL) and that `snapfence serve` is running there",
+            causes(source)
+        ),
+        Error::Transport { source, .. } => format!(
+            "{e} ({}). {}",
+            causes(source),
+            check.unwrap_or("Check the outcome before you retry")
+        ),
+        Error::Unexpected { request_id, .. } => {
+            let id = request_id
+                .as_ref()
+                .map_or_else(String::new, |id| format!(" (x-request-id {id})"));
+            let check = check
+                .filter(|_| e.is_indeterminate())
+                .map_or_else(String::new, |c| format!(". {c}"));
+            format!("{e}{id}{check}")
+        }
+        Error::Protocol { .. } => {
+            format!("{e}. Is {url} a snapfence server? Check --url (or SNAPFENCE_URL)")
+        }
+        coded => {
+            // The server's detail names the HTTP way to go on; say the CLI's where it differs.
+            let cli_way = match coded {
+                Error::RecoveryRequired { .. } => {
+                    ". With this CLI: `snapfence lease acquire KEY --reconciled` (or `snapfence run --reconciled`)"
+                }
+                Error::TokenRequired { .. } => ". With this CLI: --token, or SNAPFENCE_TOKEN",
+                _ => "",
+            };
+            format!("{}: {coded}{cli_way}", coded.code().unwrap_or("error"))
+        }
+    }
+}
+
+/// The chain of causes of a transport error, innermost last: reqwest's own message names only
+/// the URL, the cause ("Connection refused") is further down.
+fn causes(e: &dyn std::error::Error) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        cause = c.source();
+    }
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_table_aligns_its_columns_and_trims_the_last() {
+        let t = table(
+            &["KEY", "STATE"],
+            vec![
+                vec!["jobs/1".into(), "held".into()],
+                vec!["k".into(), "released".into()],
+            ],
+        );
+        assert_eq!(t, "KEY     STATE\njobs/1  held\nk       released\n");
+        assert_eq!(table(&["KEY"], vec![]), "(none)\n");
+    }
+
+    #[test]
+    fn fields_align_their_names() {
+        assert_eq!(
+            fields(&[("key", "k".into()), ("token", "7".into())]),
+            "key    k\ntoken  7\n"
+        );
+    }
+}

@@ -1,0 +1,449 @@
+//! `snapfence run KEY -- CMD…`: run a command under a lease, and stop it before the lease can
+//! lapse.
+//!
+//! CMD runs in a process group of its own, with its lease in `SNAPFENCE_URL`, `SNAPFENCE_KEY`,
+//! `SNAPFENCE_TOKEN` and `SNAPFENCE_OWNER`. A [`LeaseKeeper`] renews the lease. The keeper
+//! declares the lease lost `grace` + [`STOP_ALLOWANCE`] before the latest moment the server can
+//! expire it; the whole group then gets SIGTERM, and SIGKILL once `grace` has passed, so every
+//! process of the group is gone while the server still holds the lease and no other holder can
+//! have started. When CMD exits, whatever it left running in its group is stopped the same way
+//! before the lease is released, since the lease covers the group.
+//!
+//! The group is watched without reaping CMD until every member is gone: an unreaped CMD keeps
+//! its process id, which is the group's id, from being reused, so no signal can reach a
+//! stranger. A process that leaves the group (`setsid`, `setpgid`) escapes the lease; so does
+//! CMD if `run` itself is killed with SIGKILL, since only `run` can stop it.
+
+use std::ffi::OsString;
+use std::io::ErrorKind;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, ExitStatus};
+use std::time::Duration;
+
+use clap::Args;
+use nix::errno::Errno;
+use nix::sys::signal::{Signal, killpg};
+use nix::sys::wait::{Id, WaitPidFlag, waitid};
+use nix::unistd::Pid;
+use serde_json::json;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::oneshot;
+use tokio::time::{Instant, sleep};
+
+use super::{Ctx, Exit, output};
+use crate::client::{AcquireRequest, Error, KeeperOptions, LeaseKeeper, LostReason, RetryPolicy};
+use crate::domain::{Key, Lease, Metadata, Owner};
+
+/// Time allowed, beyond `--grace`, between the keeper declaring the lease lost and the server's
+/// earliest possible expiry: for SIGKILL to take the group down and for the scheduler.
+const STOP_ALLOWANCE: Duration = Duration::from_secs(1);
+/// The least time that `--ttl` must leave for renewing once `--grace` and [`STOP_ALLOWANCE`]
+/// are reserved: several renewal attempts.
+const MIN_RENEW_WINDOW: Duration = Duration::from_secs(1);
+/// How often the process group is looked at while it is being stopped.
+const POLL: Duration = Duration::from_millis(10);
+
+/// `snapfence run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The key to hold while the command runs.
+    pub key: Key,
+    /// Who holds the lease [default: USER@HOST].
+    #[arg(long)]
+    pub owner: Option<Owner>,
+    /// The lease's TTL. It must exceed --grace by at least 2s: 1s to stop the command's
+    /// processes, and 1s to renew in.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "15s")]
+    pub ttl: Duration,
+    /// While someone else holds the key, retry for up to this long [default: fail at once].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub wait: Option<Duration>,
+    /// If the command fails or is stopped, leave a recovery record; also if `run` dies and the
+    /// lease expires.
+    #[arg(long)]
+    pub crash_recovery: bool,
+    /// Replace a recovery record left by a previous holder (state that it is dealt with).
+    #[arg(long)]
+    pub reconciled: bool,
+    /// How long the command's processes have between SIGTERM and SIGKILL.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    pub grace: Duration,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+/// Runs the command under the lease; see the module docs.
+pub async fn main(ctx: &Ctx, args: RunArgs) -> Exit {
+    let margin = args.grace + STOP_ALLOWANCE;
+    if args.ttl < margin + MIN_RENEW_WINDOW {
+        eprintln!(
+            "snapfence: --ttl {} is too short for --grace {}: the command must be stopped before the lease can expire, which takes --grace plus {}, and the lease needs at least {} more to be renewed in. Use --ttl {} or more, or a shorter --grace",
+            humantime::format_duration(args.ttl),
+            humantime::format_duration(args.grace),
+            humantime::format_duration(STOP_ALLOWANCE),
+            humantime::format_duration(MIN_RENEW_WINDOW),
+            humantime::format_duration(margin + MIN_RENEW_WINDOW),
+        );
+        return Exit::Usage;
+    }
+    let mut signals = match Signals::new() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("snapfence: cannot handle signals: {e}");
+            return Exit::Failure;
+        }
+    };
+    let owner = args.owner.clone().unwrap_or_else(super::default_owner);
+    let request = AcquireRequest::new(owner, args.ttl)
+        .crash_recovery(args.crash_recovery)
+        .reconciled(args.reconciled)
+        .metadata(metadata(&args.command));
+    let (lease, sent) = match acquire(ctx, &args, &request, &mut signals).await {
+        Ok(granted) => granted,
+        Err(exit) => return exit,
+    };
+    let options = KeeperOptions::default().margin(margin);
+    let keeper = match LeaseKeeper::start(&ctx.client, lease.clone(), sent, options) {
+        Ok(k) => k,
+        Err(e) => {
+            let exit = ctx.fail(&e, None);
+            release_quietly(ctx, &lease).await;
+            return exit;
+        }
+    };
+    // Said before the command starts, so that it comes before anything the command prints.
+    eprintln!(
+        "snapfence: holding {} as {} (token {}, ttl {}); starting {}",
+        lease.key,
+        lease.owner.as_str(),
+        lease.token,
+        humantime::format_duration(args.ttl),
+        args.command[0].to_string_lossy(),
+    );
+    let mut child = match spawn(ctx, &args.command, &lease) {
+        Ok(child) => child,
+        Err(e) => {
+            let program = args.command[0].to_string_lossy();
+            eprintln!("snapfence: cannot start {program}: {e}");
+            finish(ctx, keeper, false, args.crash_recovery).await;
+            return match e.kind() {
+                ErrorKind::NotFound => Exit::CommandNotFound,
+                ErrorKind::PermissionDenied => Exit::CannotExecute,
+                _ => Exit::Failure,
+            };
+        }
+    };
+    let group = Pid::from_raw(child.id() as i32);
+    let mut exited = watch_exit(group);
+    let lost = keeper.lost();
+    let lost_first = loop {
+        tokio::select! {
+            biased;
+            () = lost.cancelled() => break true,
+            _ = &mut exited => break false,
+            sig = signals.recv() => {
+                eprintln!("snapfence: passing {} on to the command's process group", sig.as_str());
+                send(group, sig);
+            }
+        }
+    };
+    if lost_first {
+        let reason = keeper
+            .lost_reason()
+            .map_or_else(|| "the lease was lost".to_owned(), |r| r.to_string());
+        eprintln!(
+            "snapfence: {reason}; stopping the command (SIGTERM, then SIGKILL after {})",
+            humantime::format_duration(args.grace)
+        );
+        if stop_group(group, args.grace).await {
+            reap(&mut child);
+        }
+        // Only a lapsing lease can still be live; after lease_lost or a refusal there is
+        // nothing left to release, and the keeper's drop sends nothing once `run` returns.
+        if let Some(LostReason::Lapsing { .. }) = keeper.lost_reason() {
+            eprintln!("snapfence: the command was stopped before the lease could expire");
+            finish(ctx, keeper, false, args.crash_recovery).await;
+        }
+        return Exit::Lost;
+    }
+    if group_alive(group) {
+        eprintln!(
+            "snapfence: the command exited but left processes in its group; stopping them before releasing"
+        );
+        stop_group(group, args.grace).await;
+    }
+    let status = reap(&mut child);
+    finish(ctx, keeper, status.success(), args.crash_recovery).await;
+    exit_of(status)
+}
+
+/// The lease's metadata: who is running what, for whoever finds the key held.
+fn metadata(command: &[OsString]) -> Metadata {
+    let line: String = command
+        .iter()
+        .map(|a| a.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ")
+        .chars()
+        .take(512)
+        .collect();
+    Metadata::new(json!({"pid": std::process::id(), "command": line}))
+        .expect("a small object is valid metadata")
+}
+
+/// Acquires the key; with `--wait`, retries while it is held (or the server is briefly away)
+/// until the wait is over. Returns the lease and when its acquire was sent.
+async fn acquire(
+    ctx: &Ctx,
+    args: &RunArgs,
+    request: &AcquireRequest,
+    signals: &mut Signals,
+) -> Result<(Lease, Instant), Exit> {
+    let until = Instant::now() + args.wait.unwrap_or_default();
+    let pause = RetryPolicy {
+        max_attempts: u32::MAX,
+        initial_backoff: Duration::from_millis(100),
+        max_backoff: Duration::from_secs(1),
+    };
+    let mut attempt = 0;
+    let mut announced: Option<(String, Instant)> = None;
+    loop {
+        let sent = Instant::now();
+        let e = match ctx.client.acquire(&args.key, request).await {
+            Ok(grant) => {
+                if announced.is_some() {
+                    eprintln!("snapfence: acquired {}", args.key);
+                }
+                return Ok((grant.lease, sent));
+            }
+            Err(e) => e,
+        };
+        // A write whose outcome is unknown may have granted a lease nobody knows the token of;
+        // acquiring again would only find it held, so stop and say so.
+        let worth_waiting =
+            matches!(e, Error::LeaseHeld { .. }) || (e.is_transient() && !e.is_indeterminate());
+        let now = Instant::now();
+        if args.wait.is_none() || !worth_waiting || now >= until {
+            let check = format!(
+                "Check with `snapfence lease show {}`: a lease granted to you whose token you did not get expires by itself",
+                args.key
+            );
+            return Err(ctx.fail(&e, Some(&check)));
+        }
+        let what = match &e {
+            Error::LeaseHeld { holder, .. } => format!(
+                "{} is held by {:?} until {}",
+                args.key,
+                holder.owner,
+                output::time(&holder.expires_at)
+            ),
+            other => format!("the server is unavailable ({other})"),
+        };
+        let due = announced
+            .as_ref()
+            .is_none_or(|(said, at)| *said != what || now >= *at + Duration::from_secs(5));
+        if due {
+            eprintln!(
+                "snapfence: {what}; waiting up to {} more",
+                humantime::format_duration(round_to_seconds(until - now))
+            );
+            announced = Some((what, now));
+        }
+        attempt += 1;
+        tokio::select! {
+            () = sleep(pause.backoff(attempt).min(until - now)) => {}
+            sig = signals.recv() => {
+                eprintln!("snapfence: {} while waiting for {}; giving up", sig.as_str(), args.key);
+                return Err(Exit::Status(128 + sig as u8));
+            }
+        }
+    }
+}
+
+fn round_to_seconds(d: Duration) -> Duration {
+    Duration::from_secs(d.as_secs_f64().round() as u64)
+}
+
+/// Starts the command in a process group of its own, with its lease in the environment.
+fn spawn(ctx: &Ctx, command: &[OsString], lease: &Lease) -> std::io::Result<Child> {
+    std::process::Command::new(&command[0])
+        .args(&command[1..])
+        .env("SNAPFENCE_URL", ctx.client.base_url())
+        .env("SNAPFENCE_KEY", lease.key.as_str())
+        .env("SNAPFENCE_TOKEN", lease.token.to_string())
+        .env("SNAPFENCE_OWNER", lease.owner.as_str())
+        .process_group(0)
+        .spawn()
+}
+
+/// Resolves once `pid` has exited, leaving it unreaped (`WNOWAIT`) so that its id, and with it
+/// the process group's, stays taken until [`reap`]. `waitid` blocks, so a thread of its own
+/// waits; it is not a runtime task, so that the runtime never waits for it at shutdown.
+fn watch_exit(pid: Pid) -> oneshot::Receiver<()> {
+    let (tx, rx) = oneshot::channel();
+    std::thread::spawn(move || {
+        while let Err(Errno::EINTR) =
+            waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT)
+        {}
+        let _ = tx.send(());
+    });
+    rx
+}
+
+/// Reaps the command once its group is gone, and returns how it ended.
+fn reap(child: &mut Child) -> ExitStatus {
+    child
+        .wait()
+        .expect("the command is our child and not yet reaped")
+}
+
+/// Sends a signal to every process of the group; a group already gone is fine.
+fn send(group: Pid, sig: Signal) {
+    match killpg(group, sig) {
+        Ok(()) | Err(Errno::ESRCH) => {}
+        Err(e) => eprintln!(
+            "snapfence: cannot send {} to the command: {e}",
+            sig.as_str()
+        ),
+    }
+}
+
+/// SIGTERM to the group; SIGKILL to whatever is left of it once `grace` has passed. Returns
+/// when no process of the group is alive (`true`), or when some outlive SIGKILL for longer
+/// than [`STOP_ALLOWANCE`] (`false`).
+async fn stop_group(group: Pid, grace: Duration) -> bool {
+    send(group, Signal::SIGTERM);
+    let kill_at = Instant::now() + grace;
+    while group_alive(group) {
+        if Instant::now() >= kill_at {
+            send(group, Signal::SIGKILL);
+            break;
+        }
+        sleep(POLL).await;
+    }
+    let give_up = Instant::now() + STOP_ALLOWANCE;
+    while group_alive(group) {
+        if Instant::now() >= give_up {
+            eprintln!(
+                "snapfence: processes of the command's group outlived SIGKILL (stuck in the kernel?)"
+            );
+            return false;
+        }
+        sleep(POLL).await;
+    }
+    true
+}
+
+/// Whether any process of the group is alive, zombies aside: a dead member whose parent has
+/// not reaped it yet (CMD itself, or an orphan under an init that never reaps) does no work.
+/// When `/proc` cannot be read the group is taken as alive, which errs towards SIGKILL.
+fn group_alive(group: Pid) -> bool {
+    if let Err(Errno::ESRCH) = killpg(group, None) {
+        return false;
+    }
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    entries.flatten().any(|entry| {
+        let is_pid = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()));
+        is_pid
+            && std::fs::read_to_string(entry.path().join("stat"))
+                .ok()
+                .and_then(|stat| live_member_of(&stat))
+                == Some(group.as_raw())
+    })
+}
+
+/// The process group of a `/proc/PID/stat` line, unless the process is a zombie or dead. The
+/// command name in parentheses may hold anything, so fields are counted from its last `)`.
+fn live_member_of(stat: &str) -> Option<i32> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?;
+    let _parent = fields.next()?;
+    let group = fields.next()?.parse().ok()?;
+    (!matches!(state, "Z" | "X")).then_some(group)
+}
+
+/// Ends the lease: release, after require-recovery when `--crash-recovery` asks for a record
+/// because the command did not succeed.
+async fn finish(ctx: &Ctx, keeper: LeaseKeeper, succeeded: bool, crash_recovery: bool) {
+    let lease = keeper.lease();
+    if crash_recovery && !succeeded {
+        match ctx.client.require_recovery(&lease.key, lease.token).await {
+            Ok(()) => eprintln!(
+                "snapfence: the command did not succeed; {} keeps a recovery record, and the next holder must acquire with --reconciled",
+                lease.key
+            ),
+            Err(e) => {
+                output::report(ctx.client.base_url(), &e, None);
+            }
+        }
+    }
+    match keeper.release().await {
+        Ok(()) | Err(Error::LeaseLost { .. }) => {}
+        Err(e) => {
+            output::report(ctx.client.base_url(), &e, None);
+            eprintln!(
+                "snapfence: the lease of {} will expire by itself",
+                lease.key
+            );
+        }
+    }
+}
+
+/// Releases a lease no keeper holds, reporting nothing: used only when giving up early.
+async fn release_quietly(ctx: &Ctx, lease: &Lease) {
+    let _ = ctx.client.release(&lease.key, lease.token).await;
+}
+
+/// The exit code that passes the command's status on, as a shell would.
+fn exit_of(status: ExitStatus) -> Exit {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => Exit::Status(code as u8),
+        (None, Some(sig)) => Exit::Status(128 + sig as u8),
+        (None, None) => Exit::Failure,
+    }
+}
+
+/// The signals `run` passes on to the command instead of dying of them.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Self> {
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+            hangup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    async fn recv(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.interrupt.recv() => Signal::SIGINT,
+            _ = self.terminate.recv() => Signal::SIGTERM,
+            _ = self.hangup.recv() => Signal::SIGHUP,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stat_line_gives_the_group_of_live_processes_only() {
+        let line = "4242 (sh (weird) name) S 1 4240 4240 0 -1 4194560 0";
+        assert_eq!(live_member_of(line), Some(4240));
+        assert_eq!(live_member_of("7 (x) Z 1 4240 4240"), None);
+        assert_eq!(live_member_of("garbage"), None);
+    }
+}

@@ -1,0 +1,392 @@
+//! [`Error`]: every way a call of the [`Client`](super::Client) can fail, one variant per code of
+//! the contract, plus the failures of the transport and of answers that are not the contract's.
+
+use std::fmt;
+
+use reqwest::StatusCode;
+use reqwest::header::HeaderMap;
+use serde::Deserialize;
+
+use super::AuditId;
+use crate::domain::{FencingToken, RecoveryRecord};
+use crate::http::error::{Holder, PROBLEM_JSON};
+
+/// A failed call. Variants that the server answered carry its `detail`, which says what happened
+/// and what to do next; their `Display` is that detail.
+///
+/// # Did a failed write take effect?
+///
+/// For a read it does not matter: reads are retried and change nothing. For a write (acquire,
+/// release, abandon, require-recovery, put, delete) most failures are definite: every answer with
+/// a contract code means the server refused it and changed nothing but the audit log, and
+/// [`Error::Transport`] with `may_have_reached: false` means no byte of it reached the server.
+/// [`Error::is_indeterminate`] is true for the rest, where the write may or may not have been
+/// applied: a connection that broke or timed out after the request was sent, a 5xx answer
+/// that is not the contract's `503 unavailable`, or an answer that could not be read.
+///
+/// Such a write is never retried blindly. Resolve it by reading:
+/// - a put: [`Client::find_write`](super::Client::find_write) looks for a retained version with
+///   your token and the ETag of your body (or GET the snapshot and compare its `ETag`,
+///   `Fencing-Token` and `Snapshot-Version` headers with what you sent);
+/// - a delete: GET the snapshot; `404` means it is gone;
+/// - an acquire: [`Client::lease_status`](super::Client::lease_status) shows who holds the key; a
+///   lease granted to you whose token you never learnt cannot be used, so wait for it to expire
+///   (a `crash_recovery` lease then leaves a recovery record);
+/// - a release or abandon: the key's status shows whether your token is still its live lease.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// `400 invalid_request`: malformed input (a bad key, a TTL out of the server's bounds…).
+    /// Also what the client answers, without sending anything, for input it can tell is invalid.
+    #[error("{detail}")]
+    InvalidRequest {
+        /// What was wrong.
+        detail: String,
+    },
+    /// `428 token_required`: a fenced call without a `Fencing-Token`.
+    #[error("{detail}")]
+    TokenRequired {
+        /// The server's explanation.
+        detail: String,
+    },
+    /// `409 lease_held`: another lease on the key is live.
+    #[error("{detail}")]
+    LeaseHeld {
+        /// Who holds it, and until when.
+        holder: Box<Holder>,
+        /// The server's explanation.
+        detail: String,
+    },
+    /// `409 recovery_required`: a recovery record blocks the grant until it is reconciled.
+    #[error("{detail}")]
+    RecoveryRequired {
+        /// The retained record.
+        recovery: Box<RecoveryRecord>,
+        /// The server's explanation.
+        detail: String,
+    },
+    /// `409 lease_lost`: the token is not the key's live lease. A holder that sees this must
+    /// stop working on the key.
+    #[error("{detail}")]
+    LeaseLost {
+        /// The server's explanation.
+        detail: String,
+    },
+    /// `409 stale_token`: a fenced write with a superseded token, or the token of a lease its
+    /// holder released or abandoned. Recorded in the audit log.
+    #[error("{detail}")]
+    StaleToken {
+        /// The token sent.
+        presented: FencingToken,
+        /// The key's newest token.
+        highest: FencingToken,
+        /// The refusal's row in the audit log.
+        audit_id: AuditId,
+        /// The server's explanation.
+        detail: String,
+    },
+    /// `409 unknown_token`: a fenced write with a token never issued for the key. Recorded in the
+    /// audit log.
+    #[error("{detail}")]
+    UnknownToken {
+        /// The token sent.
+        presented: FencingToken,
+        /// The key's newest token, or `None` for a key that never had a lease.
+        highest: Option<FencingToken>,
+        /// The refusal's row in the audit log.
+        audit_id: AuditId,
+        /// The server's explanation.
+        detail: String,
+    },
+    /// `412 precondition_failed`: `If-Match` did not match the current snapshot.
+    #[error("{detail}")]
+    PreconditionFailed {
+        /// The server's explanation.
+        detail: String,
+    },
+    /// `404 not_found`: no such lease, snapshot or version.
+    #[error("{detail}")]
+    NotFound {
+        /// The server's explanation.
+        detail: String,
+    },
+    /// `413 payload_too_large`: the body is over the server's limit; nothing was stored.
+    #[error("{detail}")]
+    PayloadTooLarge {
+        /// The server's explanation.
+        detail: String,
+    },
+    /// `401 unauthorized`: authentication is configured and the request had none that passed.
+    #[error("{detail}")]
+    Unauthorized {
+        /// The server's explanation.
+        detail: String,
+    },
+    /// `403 forbidden`: authenticated, but not allowed.
+    #[error("{detail}")]
+    Forbidden {
+        /// The server's explanation.
+        detail: String,
+    },
+    /// `503 unavailable`: the server cannot reach its database; nothing was changed, so any
+    /// call may be retried.
+    #[error("{detail}")]
+    Unavailable {
+        /// The server's explanation.
+        detail: String,
+    },
+    /// The request or its answer did not make it across the network: no connection, a
+    /// connection that broke, or a timeout.
+    #[error("{}", transport_message(*may_have_reached))]
+    Transport {
+        /// `false` when the connection could not even be made, so nothing reached the server;
+        /// `true` when the request may have been (partly or wholly) received.
+        may_have_reached: bool,
+        /// The cause.
+        #[source]
+        source: reqwest::Error,
+    },
+    /// An answer the contract does not name: a status without a contract code (a proxy's 502,
+    /// a 500 internal error, …).
+    #[error("the server answered {status}: {detail}")]
+    Unexpected {
+        /// The HTTP status.
+        status: StatusCode,
+        /// The `detail` of a problem body, or the start of the body.
+        detail: String,
+        /// The answer's `x-request-id`, to find the server's log of it.
+        request_id: Option<String>,
+    },
+    /// An answer that should follow the contract but does not: a body that is not the JSON of
+    /// the contract, a missing header. Is the URL a snapfence server?
+    #[error("{detail}")]
+    Protocol {
+        /// What did not fit.
+        detail: String,
+    },
+}
+
+fn transport_message(may_have_reached: bool) -> &'static str {
+    if may_have_reached {
+        "the connection failed after the request was sent, so it may or may not have taken effect"
+    } else {
+        "could not connect to the server, so nothing was sent"
+    }
+}
+
+impl Error {
+    /// Whether a write that failed this way may still have been applied; see [`Error`] for how
+    /// to find out. Always `false` for an answer with a contract code: those changed nothing.
+    pub fn is_indeterminate(&self) -> bool {
+        match self {
+            Self::Transport {
+                may_have_reached, ..
+            } => *may_have_reached,
+            Self::Unexpected { status, .. } => status.is_server_error(),
+            Self::Protocol { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// Whether the same call may succeed later without anything else changing: the network,
+    /// a 5xx, an unreadable answer. A retry of a write is only safe when it is also not
+    /// [indeterminate](Self::is_indeterminate).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Transport { .. } | Self::Unavailable { .. } | Self::Protocol { .. } => true,
+            Self::Unexpected { status, .. } => status.is_server_error(),
+            _ => false,
+        }
+    }
+
+    /// The contract's `code` for an error the server answered with one.
+    pub fn code(&self) -> Option<&'static str> {
+        Some(match self {
+            Self::InvalidRequest { .. } => "invalid_request",
+            Self::TokenRequired { .. } => "token_required",
+            Self::LeaseHeld { .. } => "lease_held",
+            Self::RecoveryRequired { .. } => "recovery_required",
+            Self::LeaseLost { .. } => "lease_lost",
+            Self::StaleToken { .. } => "stale_token",
+            Self::UnknownToken { .. } => "unknown_token",
+            Self::PreconditionFailed { .. } => "precondition_failed",
+            Self::NotFound { .. } => "not_found",
+            Self::PayloadTooLarge { .. } => "payload_too_large",
+            Self::Unauthorized { .. } => "unauthorized",
+            Self::Forbidden { .. } => "forbidden",
+            Self::Unavailable { .. } => "unavailable",
+            Self::Transport { .. } | Self::Unexpected { .. } | Self::Protocol { .. } => {
+                return None;
+            }
+        })
+    }
+
+    /// A transport failure, classified by whether anything can have reached the server: only a
+    /// failure to connect proves that nothing did.
+    pub(super) fn transport(source: reqwest::Error) -> Self {
+        Self::Transport {
+            may_have_reached: !source.is_connect(),
+            source,
+        }
+    }
+
+    /// Input the client refuses before sending anything.
+    pub(super) fn invalid(detail: impl Into<String>) -> Self {
+        Self::InvalidRequest {
+            detail: detail.into(),
+        }
+    }
+
+    /// The error a non-success answer stands for. `what` names the request, for answers that
+    /// carry no explanation of their own (a `HEAD`, a proxy's page).
+    pub(super) fn from_answer(
+        status: StatusCode,
+        headers: &HeaderMap,
+        body: &[u8],
+        what: &dyn fmt::Display,
+    ) -> Self {
+        let request_id = headers
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let is_problem = headers
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.starts_with(PROBLEM_JSON));
+        if is_problem && !body.is_empty() {
+            match serde_json::from_slice::<Problem>(body) {
+                Ok(problem) => {
+                    if let Some(e) = problem.into_error(status, request_id.clone()) {
+                        return e;
+                    }
+                }
+                Err(e) => {
+                    return Self::Protocol {
+                        detail: format!(
+                            "the {status} answer to {what} is not a problem of the contract: {e}"
+                        ),
+                    };
+                }
+            }
+        }
+        let detail = format!(
+            "{status} to {what}{}",
+            snippet(body).map_or_else(String::new, |s| format!(": {s}"))
+        );
+        match status {
+            StatusCode::NOT_FOUND => Self::NotFound { detail },
+            StatusCode::UNAUTHORIZED => Self::Unauthorized { detail },
+            StatusCode::FORBIDDEN => Self::Forbidden { detail },
+            StatusCode::PAYLOAD_TOO_LARGE => Self::PayloadTooLarge { detail },
+            _ => Self::Unexpected {
+                status,
+                detail: snippet(body).unwrap_or_else(|| format!("no explanation, to {what}")),
+                request_id,
+            },
+        }
+    }
+}
+
+/// The first line of a body that is text, for messages about answers that are not the
+/// contract's.
+fn snippet(body: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(body).ok()?.trim();
+    let line = text.lines().next()?.trim();
+    if line.is_empty() {
+        return None;
+    }
+    Some(line.chars().take(200).collect())
+}
+
+/// A problem+json body: the fields every problem has, and those some codes add.
+#[derive(Debug, Deserialize)]
+struct Problem {
+    #[serde(default)]
+    code: Option<String>,
+    #[serde(default)]
+    detail: Option<String>,
+    #[serde(default)]
+    title: Option<String>,
+    #[serde(default)]
+    holder: Option<Holder>,
+    #[serde(default)]
+    recovery: Option<RecoveryRecord>,
+    #[serde(default)]
+    presented_token: Option<FencingToken>,
+    #[serde(default)]
+    highest_token: Option<FencingToken>,
+    #[serde(default)]
+    audit_id: Option<AuditId>,
+}
+
+impl Problem {
+    /// The variant of the problem's code; `None` for a code the contract does not name, which
+    /// is then judged by its status. A code whose fields are missing is a protocol error.
+    fn into_error(self, status: StatusCode, request_id: Option<String>) -> Option<Error> {
+        let code = self.code.clone()?;
+        let detail = self
+            .detail
+            .clone()
+            .or_else(|| self.title.clone())
+            .unwrap_or_else(|| code.clone());
+        let missing = |field: &str| Error::Protocol {
+            detail: format!("a {code} problem without its `{field}` field: {detail}"),
+        };
+        let refusal = |this: &Self| -> Result<(FencingToken, AuditId), Error> {
+            Ok((
+                this.presented_token
+                    .ok_or_else(|| missing("presented_token"))?,
+                this.audit_id.ok_or_else(|| missing("audit_id"))?,
+            ))
+        };
+        Some(match code.as_str() {
+            "invalid_request" => Error::InvalidRequest { detail },
+            "token_required" => Error::TokenRequired { detail },
+            "lease_held" => match self.holder {
+                Some(holder) => Error::LeaseHeld {
+                    holder: Box::new(holder),
+                    detail,
+                },
+                None => missing("holder"),
+            },
+            "recovery_required" => match self.recovery {
+                Some(recovery) => Error::RecoveryRequired {
+                    recovery: Box::new(recovery),
+                    detail,
+                },
+                None => missing("recovery"),
+            },
+            "lease_lost" => Error::LeaseLost { detail },
+            "stale_token" => match (refusal(&self), self.highest_token) {
+                (Ok((presented, audit_id)), Some(highest)) => Error::StaleToken {
+                    presented,
+                    highest,
+                    audit_id,
+                    detail,
+                },
+                (Err(e), _) => e,
+                (Ok(_), None) => missing("highest_token"),
+            },
+            "unknown_token" => match refusal(&self) {
+                Ok((presented, audit_id)) => Error::UnknownToken {
+                    presented,
+                    highest: self.highest_token,
+                    audit_id,
+                    detail,
+                },
+                Err(e) => e,
+            },
+            "precondition_failed" => Error::PreconditionFailed { detail },
+            "not_found" => Error::NotFound { detail },
+            "payload_too_large" => Error::PayloadTooLarge { detail },
+            "unauthorized" => Error::Unauthorized { detail },
+            "forbidden" => Error::Forbidden { detail },
+            "unavailable" => Error::Unavailable { detail },
+            _ => Error::Unexpected {
+                status,
+                detail,
+                request_id,
+            },
+        })
+    }
+}

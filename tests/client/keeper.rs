@@ -1,0 +1,221 @@
+//! `LeaseKeeper` against the real server: it renews for as long as it is kept, and `lost()`
+//! fires while the server still holds the lease when renewals stop getting through, or as soon
+//! as a renewal says the lease is gone.
+
+use std::time::Duration;
+
+use snapfence::client::{AcquireRequest, Error, KeeperOptions, LeaseKeeper, LostReason};
+use snapfence::domain::LeaseState;
+use tokio::time::{Instant, timeout};
+
+use crate::harness::TestApp;
+use crate::proxy::{Mode, Proxy};
+use crate::support::{client, key, owner};
+
+fn request(ttl_ms: u64) -> AcquireRequest {
+    AcquireRequest::new(owner("keeper"), Duration::from_millis(ttl_ms))
+}
+
+#[tokio::test]
+async fn a_keeper_renews_its_lease_past_several_ttls() {
+    let app = TestApp::spawn().await;
+    let c = client(&app.instance.base);
+    let k = key("k");
+    let options = KeeperOptions::default().margin(Duration::from_millis(300));
+    let keeper = LeaseKeeper::acquire(&c, &k, &request(1000), options)
+        .await
+        .unwrap();
+    let granted = keeper.lease();
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    assert!(keeper.lost_reason().is_none(), "{:?}", keeper.lost_reason());
+    let status = c.lease_status(&k).await.unwrap();
+    assert_eq!(status.state, LeaseState::Held);
+    assert_eq!(status.lease.token, granted.token, "renewal keeps the token");
+    assert!(
+        status.lease.expires_at - granted.expires_at >= chrono::Duration::milliseconds(2500),
+        "renewed along: {} then {}",
+        granted.expires_at,
+        status.lease.expires_at
+    );
+    keeper.release().await.unwrap();
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn lost_fires_while_the_server_still_holds_the_lease_when_renewals_are_blocked() {
+    let app = TestApp::spawn().await;
+    let proxy = Proxy::start(&app.instance.base).await;
+    let direct = client(&app.instance.base);
+    let k = key("k");
+    let options = KeeperOptions::default().margin(Duration::from_millis(800));
+    let keeper = LeaseKeeper::acquire(&client(&proxy.base), &k, &request(2000), options)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    proxy.set(Mode::Stall);
+
+    timeout(Duration::from_secs(5), keeper.lost().cancelled())
+        .await
+        .expect("lost() fired");
+    let lost_at = Instant::now();
+    assert!(lost_at < keeper.deadline());
+    let status = direct.lease_status(&k).await.unwrap();
+    assert_eq!(
+        status.state,
+        LeaseState::Held,
+        "no one else can have taken over yet"
+    );
+    assert!(matches!(
+        keeper.lost_reason(),
+        Some(LostReason::Lapsing { .. })
+    ));
+
+    // Another holder takes over only once the lease has expired on the server.
+    let other = loop {
+        match direct
+            .acquire(
+                &k,
+                &AcquireRequest::new(owner("other"), Duration::from_secs(30)),
+            )
+            .await
+        {
+            Ok(g) => break g,
+            Err(Error::LeaseHeld { .. }) => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(e) => panic!("{e:?}"),
+        }
+    };
+    assert!(other.lease.token > keeper.token());
+    assert!(
+        lost_at.elapsed() >= Duration::from_millis(500),
+        "lost() fired well before the takeover ({:?} before)",
+        lost_at.elapsed()
+    );
+    drop(keeper);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn lost_fires_with_lease_lost_once_another_holder_has_taken_over() {
+    let app = TestApp::spawn().await;
+    let c = client(&app.instance.base);
+    let k = key("k");
+    let keeper = LeaseKeeper::acquire(&c, &k, &request(1500), KeeperOptions::default())
+        .await
+        .unwrap();
+    // Its token leaks and is released behind its back; someone else acquires.
+    c.release(&k, keeper.token()).await.unwrap();
+    c.acquire(
+        &k,
+        &AcquireRequest::new(owner("other"), Duration::from_secs(30)),
+    )
+    .await
+    .unwrap();
+    timeout(Duration::from_secs(3), keeper.lost().cancelled())
+        .await
+        .expect("lost() fired at the next renewal");
+    assert!(matches!(keeper.lost_reason(), Some(LostReason::LeaseLost)));
+    let e = keeper.release().await.unwrap_err();
+    assert!(
+        matches!(e, Error::LeaseLost { .. }),
+        "the newer holder is untouched: {e:?}"
+    );
+    assert_eq!(
+        c.lease_status(&k).await.unwrap().lease.owner,
+        owner("other")
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn lost_fires_before_the_deadline_when_the_server_is_stopped() {
+    let app = TestApp::spawn().await;
+    let c = client(&app.instance.base);
+    let margin = Duration::from_millis(600);
+    let options = KeeperOptions::default().margin(margin);
+    let keeper = LeaseKeeper::acquire(&c, &key("k"), &request(2000), options)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let TestApp { instance, .. } = app;
+    instance.stop().await;
+
+    timeout(Duration::from_secs(5), keeper.lost().cancelled())
+        .await
+        .expect("lost() fired");
+    let now = Instant::now();
+    let deadline = keeper.deadline();
+    assert!(
+        now < deadline,
+        "fired {:?} after the deadline",
+        now - deadline
+    );
+    assert!(
+        deadline - now <= margin + Duration::from_millis(100),
+        "fired at the margin, not long before: {:?} left",
+        deadline - now
+    );
+    let Some(LostReason::Lapsing {
+        last_error: Some(e),
+    }) = keeper.lost_reason()
+    else {
+        panic!("{:?}", keeper.lost_reason())
+    };
+    assert!(matches!(*e, Error::Transport { .. }), "{e:?}");
+    drop(keeper);
+}
+
+#[tokio::test]
+async fn release_frees_the_key_at_once() {
+    let app = TestApp::spawn().await;
+    let c = client(&app.instance.base);
+    let k = key("k");
+    let keeper = LeaseKeeper::acquire(&c, &k, &request(30_000), KeeperOptions::default())
+        .await
+        .unwrap();
+    keeper.release().await.unwrap();
+    assert_eq!(
+        c.lease_status(&k).await.unwrap().state,
+        LeaseState::Released
+    );
+    c.acquire(
+        &k,
+        &AcquireRequest::new(owner("next"), Duration::from_secs(30)),
+    )
+    .await
+    .unwrap();
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn dropping_a_keeper_releases_its_lease() {
+    let app = TestApp::spawn().await;
+    let c = client(&app.instance.base);
+    let k = key("k");
+    let keeper = LeaseKeeper::acquire(&c, &k, &request(30_000), KeeperOptions::default())
+        .await
+        .unwrap();
+    drop(keeper);
+    let until = Instant::now() + Duration::from_secs(5);
+    while c.lease_status(&k).await.unwrap().state != LeaseState::Released {
+        assert!(Instant::now() < until, "released in the background");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_margin_that_leaves_no_time_to_renew_is_refused_before_acquiring() {
+    let app = TestApp::spawn().await;
+    let c = client(&app.instance.base);
+    let options = KeeperOptions::default().margin(Duration::from_secs(2));
+    let e = LeaseKeeper::acquire(&c, &key("k"), &request(2000), options)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidRequest { .. }), "{e:?}");
+    let status = c.lease_status(&key("k")).await.unwrap_err();
+    assert!(
+        matches!(status, Error::NotFound { .. }),
+        "nothing was acquired"
+    );
+    app.stop().await;
+}

@@ -1,0 +1,138 @@
+//! What the client retries and what it does not: reads after any transient failure, writes
+//! only when nothing can have reached the server or the server said nothing changed; and how a
+//! write whose outcome is unknown is resolved.
+
+use std::time::Duration;
+
+use snapfence::client::{Error, PutOptions};
+use snapfence::domain::ETag;
+use tokio::net::TcpListener;
+
+use crate::harness::TestApp;
+use crate::proxy::{Mode, Proxy};
+use crate::support::{client, closed_port, grant, key};
+
+const TTL: Duration = Duration::from_secs(30);
+
+#[tokio::test]
+async fn a_read_is_retried_after_a_broken_connection() {
+    let app = TestApp::spawn().await;
+    let proxy = Proxy::start(&app.instance.base).await;
+    proxy.next_connections(vec![Mode::Reset]);
+    assert_eq!(client(&proxy.base).healthz().await.unwrap().status, "ok");
+    assert_eq!(proxy.connections(), 2, "one broken, one retried");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_read_is_retried_after_a_gateway_error() {
+    let app = TestApp::spawn().await;
+    let proxy = Proxy::start(&app.instance.base).await;
+    let bad_gateway = Mode::Answer {
+        status: "502 Bad Gateway",
+        content_type: "text/plain",
+        body: "upstream restarting".into(),
+    };
+    proxy.next_connections(vec![bad_gateway.clone(), bad_gateway]);
+    assert_eq!(client(&proxy.base).healthz().await.unwrap().status, "ok");
+    assert_eq!(proxy.connections(), 3);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_write_is_not_retried_once_it_may_have_reached_the_server() {
+    let app = TestApp::spawn().await;
+    let c = client(&app.instance.base);
+    let k = key("k");
+    let t = grant(&c, &k, "w", TTL).await.lease.token;
+    let proxy = Proxy::start(&app.instance.base).await;
+    proxy.next_connections(vec![Mode::Reset]);
+    let e = client(&proxy.base)
+        .put_snapshot(&k, t, "x", &PutOptions::default())
+        .await
+        .unwrap_err();
+    assert!(e.is_indeterminate(), "{e:?}");
+    assert_eq!(proxy.connections(), 1, "no second attempt");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_write_is_retried_while_the_connection_is_refused() {
+    let app = TestApp::spawn().await;
+    let c = client(&app.instance.base);
+    let k = key("k");
+    let t = grant(&c, &k, "w", TTL).await.lease.token;
+    let port = closed_port();
+    let upstream = app.instance.base.clone();
+    // The server's port opens only after the first attempt was refused.
+    let opens = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+        Proxy::start_on(listener, &upstream)
+    });
+    let late = snapfence::client::Client::builder(format!("http://127.0.0.1:{port}"))
+        .retry(snapfence::client::RetryPolicy {
+            max_attempts: 20,
+            initial_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_millis(100),
+        })
+        .build()
+        .unwrap();
+    let written = late
+        .put_snapshot(&k, t, "x", &PutOptions::default())
+        .await
+        .unwrap();
+    assert!(written.created);
+    let proxy = opens.await.unwrap();
+    assert_eq!(proxy.connections(), 1, "refused attempts never connected");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_write_answered_unavailable_is_retried_and_lands_once() {
+    let app = TestApp::spawn().await;
+    let c = client(&app.instance.base);
+    let k = key("k");
+    let t = grant(&c, &k, "w", TTL).await.lease.token;
+    let proxy = Proxy::start(&app.instance.base).await;
+    proxy.next_connections(vec![Mode::problem(
+        "503 Service Unavailable",
+        "unavailable",
+        "the database is unavailable; nothing was changed. Retry with backoff",
+    )]);
+    client(&proxy.base)
+        .put_snapshot(&k, t, "x", &PutOptions::default())
+        .await
+        .unwrap();
+    let versions = c.list_versions(&k, &Default::default()).await.unwrap();
+    assert_eq!(versions.items.len(), 1);
+    assert_eq!(proxy.connections(), 2);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_put_whose_answer_was_lost_is_resolved_with_find_write() {
+    let app = TestApp::spawn().await;
+    let c = client(&app.instance.base);
+    let k = key("k");
+    let t = grant(&c, &k, "w", TTL).await.lease.token;
+    let proxy = Proxy::start(&app.instance.base).await;
+    proxy.next_connections(vec![Mode::DropAnswer]);
+    let e = client(&proxy.base)
+        .put_snapshot(&k, t, "the body", &PutOptions::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Transport {
+                may_have_reached: true,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let found = c.find_write(&k, t, &ETag::of(b"the body")).await.unwrap();
+    assert_eq!(found.expect("the write landed").version.get(), 1);
+    app.stop().await;
+}
