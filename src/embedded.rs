@@ -201,6 +201,13 @@ impl EmbeddedPostgres {
         Ok(this)
     }
 
+    /// The cluster of `dir` when a server is already running there (the service's, say), without
+    /// starting one; `None` when none runs.
+    pub fn running_at(dir: &Path) -> Result<Option<Self>> {
+        let this = Self::at(dir, &Settings::default())?;
+        Ok(this.running().then_some(this))
+    }
+
     /// Writes the settings and starts the server, or adopts one left running.
     fn launch(self, settings: &Settings) -> Result<Self> {
         let pgdata = self.pgdata();

@@ -5,6 +5,7 @@
 
 mod audit;
 pub mod exit;
+pub mod keys;
 mod lease;
 mod output;
 mod run;
@@ -58,6 +59,8 @@ pub struct Global {
 pub enum Command {
     /// Run the HTTP service (with an embedded PostgreSQL unless DATABASE_URL is set).
     Serve(ServeConfig),
+    /// Manage API keys in the service's database.
+    Keys(keys::KeysArgs),
     /// The commands that talk to a server.
     #[command(flatten)]
     Client(ClientCommand),
@@ -97,6 +100,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let command = match cli.command {
         Command::Serve(config) => return serve::main(config),
+        Command::Keys(args) => return keys::main(args, cli.global.output),
         Command::Client(command) => command,
     };
     let client = match Client::builder(cli.global.url.clone())

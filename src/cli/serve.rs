@@ -15,7 +15,7 @@ use crate::state::AppState;
 use crate::{store, telemetry};
 
 /// The database the embedded cluster keeps the service's tables in.
-const EMBEDDED_DATABASE: &str = "snapfence";
+pub(super) const EMBEDDED_DATABASE: &str = "snapfence";
 
 /// Runs the service; the exit code is 0 after a clean shutdown, 1 when it could not start.
 pub fn main(config: ServeConfig) -> ExitCode {

@@ -296,3 +296,51 @@ async fn a_live_name_cannot_be_given_twice_but_a_revoked_one_can() {
     assert!(listed[0].revoked_at.is_some() && listed[1].revoked_at.is_none());
     app.stop().await;
 }
+
+/// Runs `snapfence keys …` against the app's database.
+fn keys_cli(app: &TestApp, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_snapfence"))
+        .arg("keys")
+        .args(args)
+        .arg("--database-url")
+        .arg(crate::harness::url_of(&app.options))
+        .output()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_keys_command_creates_lists_and_revokes_keys_in_the_database() {
+    let app = TestApp::spawn().await;
+    let out = tokio::task::block_in_place(|| {
+        keys_cli(&app, &["create", "--name", "ops", "--scope", "admin"])
+    });
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("shown this once"));
+    let r = bearer(app.request(Method::GET, "/v1/audit/rejections"), &token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let out = tokio::task::block_in_place(|| keys_cli(&app, &["--output", "json", "list"]));
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed["items"][0]["name"], "ops");
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains(&token[5..]),
+        "secrets are never listed"
+    );
+    let out = tokio::task::block_in_place(|| keys_cli(&app, &["revoke", "--name", "ops"]));
+    assert!(out.status.success());
+    let r = bearer(app.request(Method::GET, "/v1/audit/rejections"), &token)
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::UNAUTHORIZED, "unauthorized").await;
+    let out = tokio::task::block_in_place(|| keys_cli(&app, &["revoke", "--name", "ops"]));
+    assert!(!out.status.success(), "revoking twice is an error");
+    app.stop().await;
+}

@@ -1,0 +1,199 @@
+//! `snapfence keys create|list|revoke`: API keys, managed straight in the database (the first
+//! key cannot be made through an API that needs one). The database is `--database-url`, or the
+//! embedded cluster of `--data-dir`: the running service's if it is up, else started for the call
+//! and stopped after it.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::str::FromStr;
+
+use clap::{Args, Subcommand};
+use sqlx::postgres::PgConnectOptions;
+
+use super::{Exit, Output};
+use crate::domain::{KeyName, KeyPrefix, Scope};
+use crate::embedded::{EmbeddedPostgres, Settings};
+use crate::store::{self, DbSettings, keys};
+
+/// Where the keys live.
+#[derive(Debug, Args)]
+pub struct KeysArgs {
+    /// PostgreSQL of the service. Without it, the embedded cluster in --data-dir.
+    #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
+    /// The service's embedded data directory (only without --database-url).
+    #[arg(
+        long,
+        global = true,
+        env = "SNAPFENCE_DATA_DIR",
+        default_value = "./snapfence-data"
+    )]
+    data_dir: PathBuf,
+    /// What to do.
+    #[command(subcommand)]
+    command: KeysCommand,
+}
+
+/// The key subcommands.
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Make a key and print its bearer token (shown this once; only its hash is stored).
+    Create {
+        /// The key's name: the principal in the audit log.
+        #[arg(long)]
+        name: String,
+        /// What it may do: read < write < admin.
+        #[arg(long, value_enum)]
+        scope: Scope,
+        /// Confine it to keys that start with this.
+        #[arg(long, default_value = "")]
+        prefix: String,
+    },
+    /// List every key, live and revoked (never their secrets).
+    List,
+    /// Revoke the live key of a name, at once on every instance.
+    Revoke {
+        /// The key's name.
+        #[arg(long)]
+        name: String,
+    },
+}
+
+/// Runs a keys subcommand.
+pub fn main(args: KeysArgs, output: Output) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("snapfence: cannot start the async runtime: {e}");
+            return Exit::Failure.into();
+        }
+    };
+    match runtime.block_on(run(args, output)) {
+        Ok(exit) => exit.into(),
+        Err(message) => {
+            eprintln!("snapfence: {message}");
+            Exit::Failure.into()
+        }
+    }
+}
+
+async fn run(args: KeysArgs, output: Output) -> Result<Exit, String> {
+    let (options, started) = match &args.database_url {
+        Some(url) => (
+            PgConnectOptions::from_str(url)
+                .map_err(|e| format!("DATABASE_URL is not a PostgreSQL URL ({e})"))?,
+            None,
+        ),
+        None => {
+            let dir = args.data_dir.clone();
+            let (pg, started) =
+                tokio::task::spawn_blocking(move || match EmbeddedPostgres::running_at(&dir)? {
+                    Some(pg) => Ok((pg, false)),
+                    None => {
+                        EmbeddedPostgres::start(&dir, &Settings::default()).map(|pg| (pg, true))
+                    }
+                })
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+            pg.ensure_database(super::serve::EMBEDDED_DATABASE)
+                .await
+                .map_err(|e| e.to_string())?;
+            (
+                pg.connect_options(super::serve::EMBEDDED_DATABASE),
+                started.then_some(pg),
+            )
+        }
+    };
+    let pool = store::pool(
+        options,
+        &DbSettings {
+            pool_size: 1,
+            ..DbSettings::default()
+        },
+    );
+    let result = async {
+        store::prepare(&pool)
+            .await
+            .map_err(|e| format!("{e}; is the database reachable?"))?;
+        act(&pool, args.command, output).await
+    }
+    .await;
+    pool.close().await;
+    if let Some(pg) = started {
+        tokio::task::spawn_blocking(move || pg.stop())
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+    }
+    result
+}
+
+async fn act(pool: &sqlx::PgPool, command: KeysCommand, output: Output) -> Result<Exit, String> {
+    let name = |raw: String| KeyName::parse(raw).map_err(|e| e.to_string());
+    match command {
+        KeysCommand::Create {
+            name: raw,
+            scope,
+            prefix,
+        } => {
+            let prefix = KeyPrefix::parse(prefix).map_err(|e| e.to_string())?;
+            let Some((key, token)) = keys::create(pool, &name(raw)?, scope, &prefix)
+                .await
+                .map_err(|e| e.to_string())?
+            else {
+                eprintln!(
+                    "snapfence: a live key of that name exists; revoke it first or choose another --name"
+                );
+                return Ok(Exit::Failure);
+            };
+            match output {
+                Output::Json => println!("{}", serde_json::json!({"key": key, "token": token})),
+                Output::Table => {
+                    println!("{token}");
+                    eprintln!(
+                        "key {:?} (scope {}, prefix {:?}): the token above is shown this once; send it as `Authorization: Bearer <token>`",
+                        key.name, key.scope, key.prefix
+                    );
+                }
+            }
+        }
+        KeysCommand::List => {
+            let all = keys::list(pool).await.map_err(|e| e.to_string())?;
+            match output {
+                Output::Json => println!("{}", serde_json::json!({"items": all})),
+                Output::Table => {
+                    println!(
+                        "{:<6} {:<24} {:<6} {:<16} STATE",
+                        "ID", "NAME", "SCOPE", "PREFIX"
+                    );
+                    for k in all {
+                        let state = if k.revoked_at.is_some() {
+                            "revoked"
+                        } else {
+                            "live"
+                        };
+                        println!(
+                            "{:<6} {:<24} {:<6} {:<16} {state}",
+                            k.id, k.name, k.scope, k.prefix
+                        );
+                    }
+                }
+            }
+        }
+        KeysCommand::Revoke { name: raw } => {
+            let name = name(raw)?;
+            if !keys::revoke(pool, &name).await.map_err(|e| e.to_string())? {
+                eprintln!(
+                    "snapfence: no live key is named {name:?}; `snapfence keys list` shows them"
+                );
+                return Ok(Exit::Failure);
+            }
+            eprintln!("revoked {name:?}: every instance refuses it from its next request");
+        }
+    }
+    Ok(Exit::Success)
+}
