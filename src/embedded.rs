@@ -1,8 +1,9 @@
 //! A private PostgreSQL cluster run from the machine's own binaries: what `snapfence serve` uses
 //! when no `DATABASE_URL` is given, and what the test suite starts once per run.
 //!
-//! The cluster lives in `<data dir>/pg`, listens on a Unix socket in `<data dir>` only (no TCP
-//! port), and logs to `<data dir>/postgres.log`. PostgreSQL refuses to run as root, so when the
+//! The cluster lives in `<data dir>/pg`, listens on a Unix socket in `<data dir>` (and on a
+//! loopback TCP port only when [`Settings::tcp_port`] asks for one), and logs to
+//! `<data dir>/postgres.log`. PostgreSQL refuses to run as root, so when the
 //! service runs as root the cluster runs as the unprivileged `postgres` user (or `nobody`), which
 //! then owns the data directory. No crate here downloads PostgreSQL: the binaries are found on
 //! `PATH` or under `/usr/lib/postgresql/*/bin`.
@@ -19,10 +20,11 @@ use sqlx::postgres::{PgConnectOptions, PgConnection};
 
 /// The superuser that `initdb` creates.
 const SUPERUSER: &str = "postgres";
-/// The port names the socket file only; nothing listens on TCP.
+/// The port when there is no TCP port: it then names the socket file only.
 const PORT: u16 = 5432;
-/// The longest Unix socket path the kernel takes, less the socket file's own name.
-const MAX_SOCKET_DIR: usize = 107 - ".s.PGSQL.5432".len() - 1;
+/// The longest Unix socket path the kernel takes, less the socket file's own name (whose port
+/// may have five digits).
+const MAX_SOCKET_DIR: usize = 107 - ".s.PGSQL.65535".len() - 1;
 
 /// Why the embedded cluster could not be started or stopped. Each message says what to do.
 #[derive(Debug, thiserror::Error)]
@@ -85,7 +87,8 @@ fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Emb
 }
 
 /// The directory holding `initdb`, `pg_ctl` and `postgres`: the one on `PATH` first, else the
-/// newest major version under `/usr/lib/postgresql`.
+/// newest major version under `/usr/lib/postgresql`. Symbolic links on `PATH` are followed to
+/// the directory the tools really live in, so that their siblings (`pg_basebackup`) are there.
 pub fn find_binaries() -> Result<PathBuf> {
     let has_tools = |dir: &Path| {
         ["initdb", "pg_ctl", "postgres"]
@@ -94,7 +97,11 @@ pub fn find_binaries() -> Result<PathBuf> {
     };
     if let Some(path) = std::env::var_os("PATH") {
         if let Some(dir) = std::env::split_paths(&path).find(|d| has_tools(d)) {
-            return Ok(dir);
+            let real = fs::canonicalize(dir.join("initdb"))
+                .ok()
+                .and_then(|p| p.parent().map(Path::to_path_buf))
+                .filter(|d| has_tools(d));
+            return Ok(real.unwrap_or(dir));
         }
     }
     let mut versions: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
@@ -119,6 +126,10 @@ pub fn find_binaries() -> Result<PathBuf> {
 pub struct Settings {
     /// Extra `name = value` lines (values already quoted as PostgreSQL wants them).
     pub extra: Vec<(String, String)>,
+    /// Also listen on `127.0.0.1` at this port (the socket file is then named after it too).
+    /// `None`: the Unix socket only, which is all the service itself needs; a TCP port is for
+    /// whatever must sit between a client and the server, such as a proxy.
+    pub tcp_port: Option<u16>,
 }
 
 /// A running embedded cluster.
@@ -127,6 +138,7 @@ pub struct EmbeddedPostgres {
     dir: PathBuf,
     bin: PathBuf,
     run_as: Option<(Uid, Gid)>,
+    tcp_port: Option<u16>,
 }
 
 impl EmbeddedPostgres {
@@ -134,15 +146,7 @@ impl EmbeddedPostgres {
     /// server accepts connections. A server of this directory left running by an earlier
     /// process (one that was killed) is adopted rather than started twice.
     pub fn start(dir: &Path, settings: &Settings) -> Result<Self> {
-        let bin = find_binaries()?;
-        fs::create_dir_all(dir).map_err(io_err("creating", dir))?;
-        let dir = fs::canonicalize(dir).map_err(io_err("resolving", dir))?;
-        if dir.as_os_str().len() > MAX_SOCKET_DIR {
-            return Err(EmbeddedError::PathTooLong(dir));
-        }
-        let run_as = unprivileged_user()?;
-        let this = Self { dir, bin, run_as };
-        this.prepare_dir()?;
+        let this = Self::at(dir, settings)?;
         let pgdata = this.pgdata();
         if !pgdata.join("PG_VERSION").is_file() {
             tracing::info!(dir = %this.dir.display(), "creating a PostgreSQL cluster (initdb)");
@@ -156,19 +160,63 @@ impl EmbeddedPostgres {
             text.push_str("\ninclude_if_exists = 'snapfence.conf'\n");
             fs::write(&conf, text).map_err(io_err("writing", &conf))?;
         }
-        this.write_settings(settings)?;
-        if this.running() {
-            tracing::warn!(dir = %this.dir.display(), "adopting a PostgreSQL server left running by an earlier process");
+        this.launch(settings)
+    }
+
+    /// Makes `dir` a streaming standby of the server that `upstream` (a libpq connection string,
+    /// such as another cluster's [`conninfo`](Self::conninfo)) reaches, unless it already is
+    /// one, and starts it. The copy is a `pg_basebackup -R` run as the cluster's user, so the
+    /// standby keeps `upstream` as its `primary_conninfo`; it follows its primary until
+    /// [`promote`](Self::promote)d.
+    pub fn start_standby(dir: &Path, upstream: &str, settings: &Settings) -> Result<Self> {
+        let this = Self::at(dir, settings)?;
+        let pgdata = this.pgdata();
+        if !pgdata.join("PG_VERSION").is_file() {
+            tracing::info!(dir = %this.dir.display(), "copying a standby (pg_basebackup)");
+            this.tool("pg_basebackup")
+                .arg("-D")
+                .arg(&pgdata)
+                .args(["-R", "-X", "stream", "-c", "fast", "-d", upstream])
+                .pipe_to_log(&this)?;
+        }
+        this.launch(settings)
+    }
+
+    /// The cluster in `dir`, not yet started: binaries found, directory made and owned.
+    fn at(dir: &Path, settings: &Settings) -> Result<Self> {
+        let bin = find_binaries()?;
+        fs::create_dir_all(dir).map_err(io_err("creating", dir))?;
+        let dir = fs::canonicalize(dir).map_err(io_err("resolving", dir))?;
+        if dir.as_os_str().len() > MAX_SOCKET_DIR {
+            return Err(EmbeddedError::PathTooLong(dir));
+        }
+        let run_as = unprivileged_user()?;
+        let this = Self {
+            dir,
+            bin,
+            run_as,
+            tcp_port: settings.tcp_port,
+        };
+        this.prepare_dir()?;
+        Ok(this)
+    }
+
+    /// Writes the settings and starts the server, or adopts one left running.
+    fn launch(self, settings: &Settings) -> Result<Self> {
+        let pgdata = self.pgdata();
+        self.write_settings(settings)?;
+        if self.running() {
+            tracing::warn!(dir = %self.dir.display(), "adopting a PostgreSQL server left running by an earlier process");
         } else {
-            this.tool("pg_ctl")
+            self.tool("pg_ctl")
                 .arg("-D")
                 .arg(&pgdata)
                 .arg("-l")
-                .arg(this.log_path())
+                .arg(self.log_path())
                 .args(["-w", "-t", "120", "start"])
-                .pipe_to_log(&this)?;
+                .pipe_to_log(&self)?;
         }
-        Ok(this)
+        Ok(self)
     }
 
     /// The data directory.
@@ -189,7 +237,7 @@ impl EmbeddedPostgres {
     pub fn connect_options(&self, database: &str) -> PgConnectOptions {
         PgConnectOptions::new()
             .socket(&self.dir)
-            .port(PORT)
+            .port(self.port())
             .username(SUPERUSER)
             .database(database)
     }
@@ -197,9 +245,25 @@ impl EmbeddedPostgres {
     /// A `postgres://` URL for `database`, for tools such as `psql` and `pgbench`.
     pub fn url(&self, database: &str) -> String {
         format!(
-            "postgres://{SUPERUSER}@localhost:{PORT}/{database}?host={}",
+            "postgres://{SUPERUSER}@localhost:{}/{database}?host={}",
+            self.port(),
             self.dir.display()
         )
+    }
+
+    /// A libpq connection string for the superuser over the Unix socket, as a standby's
+    /// upstream (see [`start_standby`](Self::start_standby)).
+    pub fn conninfo(&self) -> String {
+        format!(
+            "host={} port={} user={SUPERUSER}",
+            self.dir.display(),
+            self.port()
+        )
+    }
+
+    /// The port: the TCP port when there is one, else the number in the socket file's name.
+    pub fn port(&self) -> u16 {
+        self.tcp_port.unwrap_or(PORT)
     }
 
     /// Creates `database` unless it exists.
@@ -223,14 +287,56 @@ impl EmbeddedPostgres {
     /// Stops the server: `fast` mode rolls back open transactions and checkpoints, so nothing
     /// committed is lost.
     pub fn stop(&self) -> Result<()> {
+        self.stop_in("fast")
+    }
+
+    /// Stops the server as a crash would: `immediate` mode ends every server process at once,
+    /// without a checkpoint, and the next start recovers from the write-ahead log.
+    pub fn stop_immediately(&self) -> Result<()> {
+        self.stop_in("immediate")
+    }
+
+    fn stop_in(&self, mode: &str) -> Result<()> {
         if !self.running() {
             return Ok(());
         }
         self.tool("pg_ctl")
             .arg("-D")
             .arg(self.pgdata())
-            .args(["-m", "fast", "-w", "-t", "120", "stop"])
+            .args(["-m", mode, "-w", "-t", "120", "stop"])
             .pipe_to_log(self)
+    }
+
+    /// Promotes a standby to a primary on a new timeline; blocks until it accepts writes.
+    pub fn promote(&self) -> Result<()> {
+        self.tool("pg_ctl")
+            .arg("-D")
+            .arg(self.pgdata())
+            .args(["-w", "-t", "120", "promote"])
+            .pipe_to_log(self)
+    }
+
+    /// For throwaway clusters: once the process `pid` has exited, however it exits, a detached
+    /// watchdog stops this cluster's server (whatever its process id is by then: it may have
+    /// been restarted) and removes the data directory.
+    #[allow(
+        clippy::zombie_processes,
+        reason = "the watchdog must outlive this process; init reaps it"
+    )]
+    pub fn remove_when_process_exits(&self, pid: u32) -> std::io::Result<()> {
+        let watchdog = format!(
+            "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; \
+             kill -QUIT \"$(head -n 1 '{dir}/pg/postmaster.pid')\" 2>/dev/null; sleep 1; rm -rf '{dir}'",
+            dir = self.dir.display()
+        );
+        Command::new("sh")
+            .args(["-c", &watchdog])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()?;
+        Ok(())
     }
 
     /// The server's process id, read from `postmaster.pid`.
@@ -291,11 +397,17 @@ impl EmbeddedPostgres {
 
     fn write_settings(&self, settings: &Settings) -> Result<()> {
         let dir = self.dir.display().to_string().replace('\'', "''");
+        let listen = if self.tcp_port.is_some() {
+            "127.0.0.1"
+        } else {
+            ""
+        };
         let mut text = format!(
             "# Written by snapfence at every start; edits are lost.\n\
-             listen_addresses = ''\n\
+             listen_addresses = '{listen}'\n\
              unix_socket_directories = '{dir}'\n\
-             port = {PORT}\n"
+             port = {port}\n",
+            port = self.port()
         );
         for (name, value) in &settings.extra {
             text.push_str(&format!("{name} = {value}\n"));
@@ -345,13 +457,17 @@ impl PipeToLog for Command {
         let tool = match self.get_program().to_string_lossy().rsplit('/').next() {
             Some("initdb") => "initdb",
             Some("pg_ctl") => "pg_ctl",
+            Some("pg_basebackup") => "pg_basebackup",
             _ => "postgres",
         };
         let status = self
             .stdout(log)
             .stderr(err)
             .status()
-            .map_err(io_err("running", Path::new(self.get_program())))?;
+            .map_err(io_err(
+                "running (as root, every directory above --data-dir must be searchable by the `postgres` user)",
+                Path::new(self.get_program()),
+            ))?;
         if status.success() {
             Ok(())
         } else {

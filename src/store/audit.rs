@@ -9,8 +9,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::{FromRow, PgPool, Postgres, QueryBuilder};
 
-use super::Result;
 use super::leases::Page;
+use super::{Bounded, Result};
 use crate::domain::{
     Cursor, FencingToken, Key, Metadata, Owner, PageLimit, RecoveryReason, RecoveryRecord,
     rfc3339_millis,
@@ -190,6 +190,7 @@ pub async fn rejections(pool: &PgPool, q: &AuditQuery) -> Result<Page<Rejection>
     let rows: Vec<Rejection> = page_query(Log::Rejections, q)
         .build_query_as()
         .fetch_all(pool)
+        .bounded(pool)
         .await?;
     Ok(Page::from_rows(rows, q.limit, |r: &Rejection| {
         Cursor::after_id(r.id)
@@ -201,6 +202,7 @@ pub async fn recoveries(pool: &PgPool, q: &AuditQuery) -> Result<Page<Recovery>>
     let rows: Vec<RecoveryRow> = page_query(Log::Recoveries, q)
         .build_query_as()
         .fetch_all(pool)
+        .bounded(pool)
         .await?;
     let items = rows.into_iter().map(RecoveryRow::into_recovery).collect();
     Ok(Page::from_rows(items, q.limit, |r: &Recovery| {
@@ -222,6 +224,7 @@ pub async fn prune(pool: &PgPool, log: Log, retention: Duration, batch: i64) -> 
         .bind(retention.as_millis() as i64)
         .bind(batch)
         .execute(pool)
+        .bounded(pool)
         .await?;
     Ok(done.rows_affected())
 }

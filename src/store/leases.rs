@@ -10,7 +10,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::{FromRow, PgPool};
 
-use super::{RequestContext, Result};
+use super::{Bounded, RequestContext, Result};
 use crate::domain::{
     Cursor, FencingToken, Key, KeyPrefix, KeyStatus, Lease, LeaseState, Metadata, Owner, PageLimit,
     RecoveryReason, RecoveryRecord, TtlMs,
@@ -222,6 +222,8 @@ impl StatusRow {
 /// win, and the losers' `ON CONFLICT DO NOTHING` yields no row; their verdict is `insert` with
 /// no lease, and [`acquire`] runs the statement again, now against the winner's row. Tokens are
 /// drawn only once the row is locked (or inserted), so per key they increase in grant order.
+/// They are drawn with `next_fencing_token()`, which secures the sequence on the server's
+/// timeline first (see [`super::timeline`]), so a promoted standby never repeats a token.
 const ACQUIRE: &str = concat!(
     "WITH cur AS (SELECT ", lease_columns!("l", ""), ", ", derived_columns!("l"), "
         FROM leases l WHERE l.key = $1 FOR NO KEY UPDATE),
@@ -234,14 +236,14 @@ const ACQUIRE: &str = concat!(
         END AS verdict
         FROM (VALUES (1)) AS one LEFT JOIN cur ON true),
     granted AS (
-        UPDATE leases SET token = nextval('fencing_token_seq'), owner = $2, ttl_ms = $3,
+        UPDATE leases SET token = next_fencing_token(), owner = $2, ttl_ms = $3,
             metadata = $4, crash_recovery = $5, recovery_required = false, acquired_at = now(),
             expires_at = now() + $3 * interval '1 millisecond', end_reason = NULL, ended_at = NULL
         FROM decision WHERE leases.key = $1 AND decision.verdict = 'grant'
         RETURNING leases.*),
     inserted AS (
         INSERT INTO leases (key, token, owner, ttl_ms, metadata, crash_recovery, acquired_at, expires_at)
-        SELECT $1, nextval('fencing_token_seq'), $2, $3, $4, $5, now(), now() + $3 * interval '1 millisecond'
+        SELECT $1, next_fencing_token(), $2, $3, $4, $5, now(), now() + $3 * interval '1 millisecond'
         FROM decision WHERE decision.verdict = 'insert'
         ON CONFLICT (key) DO NOTHING
         RETURNING *),
@@ -355,6 +357,7 @@ pub async fn acquire(
             .bind(ctx.remote_addr.as_deref())
             .bind(ctx.principal.as_deref())
             .fetch_one(pool)
+            .bounded(pool)
             .await?;
         let granted = row.granted.into_row();
         let current = row.current.into_row();
@@ -409,6 +412,7 @@ pub async fn renew(
         .bind(token.get())
         .bind(ttl.map(TtlMs::get))
         .fetch_optional(pool)
+        .bounded(pool)
         .await?;
     Ok(row.map_or(LeaseChange::Lost, |r| LeaseChange::Done(r.into_lease())))
 }
@@ -445,6 +449,7 @@ pub async fn end(
         .bind(key.as_str())
         .bind(token.get())
         .fetch_optional(pool)
+        .bounded(pool)
         .await?;
     Ok(row.map_or(LeaseChange::Lost, |r| LeaseChange::Done(r.into_lease())))
 }
@@ -462,6 +467,7 @@ pub async fn status(pool: &PgPool, key: &Key) -> Result<Option<KeyStatus>> {
     let row: Option<StatusRow> = sqlx::query_as(STATUS)
         .bind(key.as_str())
         .fetch_optional(pool)
+        .bounded(pool)
         .await?;
     Ok(row.map(StatusRow::into_status))
 }
@@ -523,6 +529,7 @@ pub async fn list(pool: &PgPool, q: &ListQuery) -> Result<Page<KeyStatus>> {
         .bind(q.state.map(LeaseState::as_str))
         .bind(q.limit.get() + 1)
         .fetch_all(pool)
+        .bounded(pool)
         .await?;
     let items = rows.into_iter().map(StatusRow::into_status).collect();
     Ok(Page::from_rows(items, q.limit, |s: &KeyStatus| {
@@ -539,9 +546,10 @@ pub async fn list(pool: &PgPool, q: &ListQuery) -> Result<Page<KeyStatus>> {
 /// maximum it reads is final, and `setval` cannot move the sequence back past a token that a
 /// concurrent grant drew.
 pub async fn ensure_sequence_ahead(pool: &PgPool) -> Result<Option<i64>> {
-    let mut tx = pool.begin().await?;
+    let mut tx = pool.begin().bounded(pool).await?;
     sqlx::query("LOCK TABLE leases IN SHARE ROW EXCLUSIVE MODE")
         .execute(&mut *tx)
+        .bounded(pool)
         .await?;
     let moved: Option<i64> = sqlx::query_scalar(
         "SELECT setval('fencing_token_seq', t.m)
@@ -549,8 +557,9 @@ pub async fn ensure_sequence_ahead(pool: &PgPool) -> Result<Option<i64>> {
          WHERE t.m IS NOT NULL AND (t.m > s.last_value OR (t.m = s.last_value AND NOT s.is_called))",
     )
     .fetch_optional(&mut *tx)
+    .bounded(pool)
     .await?;
-    tx.commit().await?;
+    tx.commit().bounded(pool).await?;
     if let Some(position) = moved {
         tracing::warn!(
             position,

@@ -4,6 +4,9 @@
 //! atomicity, the rows it locks and why it is race-free under READ COMMITTED with any number of
 //! service instances on one database.
 //!
+//! Every statement is also bounded on the service's side ([`Bounded`]): the server's timeouts
+//! end a slow statement, but not a wait on a connection that stalled on the way.
+//!
 //! Refused operations are outcomes, not errors: a stale write is recorded in the audit log,
 //! committed, and returned as [`snapshots::WriteOutcome::Refused`]. [`StoreError`] is only for
 //! the database failing, and then nothing was changed.
@@ -12,7 +15,9 @@ pub mod audit;
 pub mod keys;
 pub mod leases;
 pub mod snapshots;
+pub mod timeline;
 
+use std::future::Future;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -45,7 +50,9 @@ impl From<sqlx::Error> for StoreError {
 /// Whether an error means "the database is not there right now" rather than "this statement is
 /// wrong". SQLSTATE classes: 08 connection exception, 53 insufficient resources, 57 operator
 /// intervention (shutdown, statement timeout), 40 transaction rollback (serialization, deadlock),
-/// and 55P03 (`lock_timeout` passed): each leaves nothing changed and may succeed when retried.
+/// 55P03 (`lock_timeout` passed), and 25006 (read-only transaction: the database is a standby,
+/// as after a failover until the service is pointed at the new primary): each leaves nothing
+/// changed and may succeed when retried.
 fn is_unavailable(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_)
@@ -55,9 +62,9 @@ fn is_unavailable(e: &sqlx::Error) -> bool {
         | sqlx::Error::WorkerCrashed
         | sqlx::Error::Protocol(_) => true,
         sqlx::Error::Database(db) => db.code().is_some_and(|c| {
-            ["08", "53", "57", "40"]
+            ["08", "53", "57", "40", "55P03", "25006"]
                 .iter()
-                .any(|class| c.starts_with(class))
+                .any(|prefix| c.starts_with(prefix))
         }),
         _ => false,
     }
@@ -65,6 +72,37 @@ fn is_unavailable(e: &sqlx::Error) -> bool {
 
 /// Result of a store call.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// A database call bounded on the service's side: the pool's timeout (`--db-timeout`) plus
+/// [`SERVER_CANCEL_MARGIN`].
+///
+/// `statement_timeout` is enforced by the server, so it cannot end a wait for an answer that a
+/// stalled link (a partition, a frozen proxy) never delivers; without this bound such a request
+/// would hang. A call cut off here is answered `503 unavailable`; if it was a write it may have
+/// committed all the same, like any call whose connection is lost after it was sent. The
+/// connection it used is tested before it goes back to the pool and closed if it is broken.
+pub(crate) trait Bounded<T>: Future<Output = sqlx::Result<T>> + Sized {
+    async fn bounded(self, pool: &PgPool) -> Result<T> {
+        let limit = pool.options().get_acquire_timeout() + SERVER_CANCEL_MARGIN;
+        match tokio::time::timeout(limit, self).await {
+            Ok(answer) => Ok(answer?),
+            Err(_) => Err(StoreError::Unavailable(sqlx::Error::Io(
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer from the database within {limit:?}"),
+                ),
+            ))),
+        }
+    }
+}
+
+impl<T, F: Future<Output = sqlx::Result<T>>> Bounded<T> for F {}
+
+/// How much longer than the server's own timeouts the service waits before it gives up on a
+/// call. When the server cancels a statement (lock or statement timeout) it rolls it back and
+/// says so, and the 503 that follows is certain to have changed nothing; giving up first on a
+/// healthy link would leave the statement running, and perhaps committing, after the 503.
+const SERVER_CANCEL_MARGIN: Duration = Duration::from_secs(1);
 
 /// How the service talks to its database.
 #[derive(Debug, Clone)]
@@ -119,6 +157,15 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 pub async fn prepare(pool: &PgPool) -> Result<()> {
     MIGRATOR.run(pool).await?;
     leases::ensure_sequence_ahead(pool).await?;
+    timeline::secure(pool).await?;
+    #[cfg(debug_assertions)]
+    if snapshots::fencing_broken() {
+        tracing::error!(
+            "SNAPFENCE_BREAK_FENCING=written-token: fenced writes are checked against the highest \
+             token written, not the newest granted; fencing is broken on purpose (a negative \
+             control of the fault tests). Never run this outside them"
+        );
+    }
     Ok(())
 }
 
@@ -132,6 +179,7 @@ pub async fn ready(pool: &PgPool) -> Result<bool> {
                 THEN (SELECT max(version) FROM _sqlx_migrations WHERE success) END",
     )
     .fetch_one(pool)
+    .bounded(pool)
     .await?;
     Ok(applied.is_some_and(|v| v >= latest))
 }

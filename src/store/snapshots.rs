@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{FromRow, PgPool};
 
 use super::leases::Page;
-use super::{RequestContext, Result};
+use super::{Bounded, RequestContext, Result};
 use crate::domain::{
     Cursor, ETag, EntityTagCondition, FencingToken, Key, PageLimit, SnapshotMeta, Version,
 };
@@ -98,8 +98,13 @@ pub struct PutRequest {
 /// newest version, `verdict` applies the fencing rule and then `If-Match`, and `refused` writes
 /// the audit row of a refusal. Parameters: `$1` key, `$2` token, `$3` whether `If-Match` was
 /// sent, `$4` its strong tags (NULL for `*`), `$5..$7` request id, remote address, principal.
+/// `$stale_below` is what a lower token is stale against: always `cur.token`, the key's newest
+/// granted token, except in the negative control (`fencing_broken`, debug builds only).
 macro_rules! fenced_ctes {
     ($operation:literal) => {
+        fenced_ctes!($operation, "cur.token")
+    };
+    ($operation:literal, $stale_below:literal) => {
         concat!(
             "WITH cur AS (
                 SELECT key, token, owner, end_reason, snapshot_version, snapshot_etag
@@ -107,7 +112,9 @@ macro_rules! fenced_ctes {
             verdict AS (
                 SELECT CASE
                     WHEN cur.key IS NULL OR $2 > cur.token THEN 'unknown_token'
-                    WHEN $2 < cur.token OR cur.end_reason IS NOT NULL THEN 'stale_token'
+                    WHEN $2 < ",
+            $stale_below,
+            " OR cur.end_reason IS NOT NULL THEN 'stale_token'
                     WHEN $3 AND (cur.snapshot_etag IS NULL
                                  OR NOT ($4::text[] IS NULL OR cur.snapshot_etag = ANY($4::text[])))
                         THEN 'precondition_failed'
@@ -128,14 +135,13 @@ macro_rules! fenced_ctes {
     };
 }
 
-/// The fenced write. After the shared checks, `head` bumps the key's version counter and sets
-/// its ETag on the locked row (re-read under the lock, so the version is gapless however many
-/// writers race), `stored` inserts the body, and `pruned` drops the version that falls out of
-/// the retention window. Extra parameters: `$8` ETag, `$9` size, `$10` content type, `$11`
-/// body, `$12` versions to keep.
-const PUT: &str = concat!(
-    fenced_ctes!("put"),
-    "
+/// The fenced write statement, with the bound a lower token is stale against (see
+/// [`fenced_ctes`]).
+macro_rules! put_statement {
+    ($stale_below:literal) => {
+        concat!(
+            fenced_ctes!("put", $stale_below),
+            "
     head AS (
         UPDATE leases SET snapshot_version = leases.snapshot_version + 1, snapshot_etag = $8
         FROM verdict WHERE leases.key = $1 AND verdict.outcome = 'accepted'
@@ -150,7 +156,42 @@ const PUT: &str = concat!(
     SELECT verdict.outcome, verdict.highest_token, verdict.created, refused.id AS audit_id,
         stored.version, stored.updated_at
     FROM verdict LEFT JOIN refused ON true LEFT JOIN stored ON true"
-);
+        )
+    };
+}
+/// The fenced write. After the shared checks, `head` bumps the key's version counter and sets
+/// its ETag on the locked row (re-read under the lock, so the version is gapless however many
+/// writers race), `stored` inserts the body, and `pruned` drops the version that falls out of
+/// the retention window. Extra parameters: `$8` ETag, `$9` size, `$10` content type, `$11`
+/// body, `$12` versions to keep.
+const PUT: &str = put_statement!("cur.token");
+
+/// The negative control of the fault tests, compiled into debug builds only: [`PUT`] with the
+/// classic fencing bug of checking a token against the highest token *written* to the key
+/// instead of its newest *granted* one, which lets a superseded holder write until its successor
+/// first writes. The history checker must find that; see `tests/faults`.
+#[cfg(debug_assertions)]
+const PUT_CHECKED_AGAINST_WRITTEN_TOKENS: &str =
+    put_statement!("coalesce((SELECT max(w.token) FROM snapshot_versions w WHERE w.key = $1), 0)");
+
+/// Whether the negative control is on: a debug build run with
+/// `SNAPFENCE_BREAK_FENCING=written-token`. Release builds have no such switch.
+#[cfg(debug_assertions)]
+pub fn fencing_broken() -> bool {
+    static BROKEN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *BROKEN.get_or_init(|| {
+        std::env::var("SNAPFENCE_BREAK_FENCING").is_ok_and(|v| v == "written-token")
+    })
+}
+
+/// The fenced write statement this process runs.
+fn put_statement() -> &'static str {
+    #[cfg(debug_assertions)]
+    if fencing_broken() {
+        return PUT_CHECKED_AGAINST_WRITTEN_TOKENS;
+    }
+    PUT
+}
 
 /// The fenced delete's first statement: after the shared checks, `head` marks the key as having
 /// no current snapshot. Its versions are removed by a second statement in the same transaction
@@ -212,7 +253,7 @@ pub async fn put(
 ) -> Result<WriteOutcome<Written>> {
     let etag = ETag::of(&req.body);
     let (has_if_match, tags) = if_match_params(req.if_match.as_ref());
-    let row: FencedRow = sqlx::query_as(PUT)
+    let row: FencedRow = sqlx::query_as(put_statement())
         .bind(req.key.as_str())
         .bind(req.token.get())
         .bind(has_if_match)
@@ -226,6 +267,7 @@ pub async fn put(
         .bind(req.body.as_ref())
         .bind(keep_versions)
         .fetch_one(pool)
+        .bounded(pool)
         .await?;
     Ok(row.outcome(req.token, |r| Written {
         created: r.created.unwrap_or(true),
@@ -254,7 +296,7 @@ pub async fn delete(
     ctx: &RequestContext,
 ) -> Result<WriteOutcome<()>> {
     let (has_if_match, tags) = if_match_params(if_match);
-    let mut tx = pool.begin().await?;
+    let mut tx = pool.begin().bounded(pool).await?;
     let row: FencedRow = sqlx::query_as(DELETE_HEAD)
         .bind(key.as_str())
         .bind(token.get())
@@ -264,15 +306,17 @@ pub async fn delete(
         .bind(ctx.remote_addr.as_deref())
         .bind(ctx.principal.as_deref())
         .fetch_one(&mut *tx)
+        .bounded(pool)
         .await?;
     let outcome = row.outcome(token, |_| ());
     if matches!(outcome, WriteOutcome::Accepted(())) {
         sqlx::query("DELETE FROM snapshot_versions WHERE key = $1")
             .bind(key.as_str())
             .execute(&mut *tx)
+            .bounded(pool)
             .await?;
     }
-    tx.commit().await?;
+    tx.commit().bounded(pool).await?;
     Ok(outcome)
 }
 
@@ -367,6 +411,7 @@ pub async fn get(
         .bind(keep_versions)
         .bind(version.map(Version::get))
         .fetch_optional(pool)
+        .bounded(pool)
         .await?;
     Ok(row.map(|r| Snapshot {
         meta: r.meta.into_meta(None),
@@ -399,6 +444,7 @@ pub async fn versions(
         .bind(before)
         .bind(limit.get() + 1)
         .fetch_all(pool)
+        .bounded(pool)
         .await?;
     if !rows.first().is_some_and(|r| r.has_snapshot) {
         return Ok(None);

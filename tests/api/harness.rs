@@ -2,8 +2,6 @@
 //! binaries, or the server at `DATABASE_URL` when set), a fresh database per test, and the
 //! service on a free loopback port. Nothing is mocked.
 
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -39,10 +37,6 @@ static NEXT_DB: AtomicU32 = AtomicU32::new(0);
 
 /// The run's cluster, started on first use. An embedded cluster is stopped and removed by a
 /// watchdog process once this test process exits, however it exits.
-#[allow(
-    clippy::zombie_processes,
-    reason = "the watchdog must outlive this process; init reaps it"
-)]
 fn cluster() -> &'static Cluster {
     CLUSTER.get_or_init(|| {
         if let Ok(url) = std::env::var("DATABASE_URL") {
@@ -62,21 +56,10 @@ fn cluster() -> &'static Cluster {
                 ("max_connections".into(), "400".into()),
                 ("shared_buffers".into(), "'64MB'".into()),
             ],
+            ..Settings::default()
         };
         let pg = EmbeddedPostgres::start(&dir, &settings).expect("starting the test cluster");
-        let watchdog = format!(
-            "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; \
-             kill -QUIT \"$(head -n 1 '{dir}/pg/postmaster.pid')\" 2>/dev/null; sleep 1; rm -rf '{dir}'",
-            pid = std::process::id(),
-            dir = dir.display()
-        );
-        Command::new("sh")
-            .args(["-c", &watchdog])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
+        pg.remove_when_process_exits(std::process::id())
             .expect("starting the cluster watchdog");
         Cluster::Embedded(pg)
     })

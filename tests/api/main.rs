@@ -14,4 +14,5 @@ mod openapi;
 mod recovery;
 mod serve;
 mod snapshots;
+mod timeline;
 mod tls;

@@ -1,0 +1,288 @@
+//! The real parts a scenario runs: PostgreSQL clusters (a primary, a streaming standby) started
+//! from the local binaries in throwaway directories, and `snapfence serve` processes.
+
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use reqwest::StatusCode;
+use snapfence::embedded::{EmbeddedPostgres, Settings};
+
+/// The database the services keep their tables in.
+pub const DATABASE: &str = "snapfence";
+
+/// How long a service waits for the database before it answers 503: short, so that outages
+/// show as answers rather than as client timeouts.
+pub const DB_TIMEOUT: &str = "1s";
+
+/// Every snapshot version is kept, so that the checker can tell a superseded write from a lost
+/// one; no scenario writes this many times to one key.
+pub const KEEP_VERSIONS: i64 = 10_000;
+
+/// A free loopback port, for a server that binds it itself a moment later.
+pub fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+/// A scenario's scratch directory (short: it holds Unix sockets), removed when dropped.
+pub fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("sf-faults-")
+        .tempdir_in("/tmp")
+        .expect("a scratch directory")
+}
+
+/// Runs blocking work (a PostgreSQL tool) without stalling the workload's tasks.
+pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// How a cluster is set up.
+pub struct ClusterSpec {
+    /// Listen on a loopback TCP port too (needed behind a proxy).
+    pub tcp: bool,
+    /// Extra `postgresql.conf` lines.
+    pub extra: Vec<(&'static str, String)>,
+}
+
+impl ClusterSpec {
+    fn settings(&self) -> Settings {
+        let mut extra = vec![
+            // A crash here is `pg_ctl stop -m immediate`: processes die, the kernel keeps what
+            // they wrote, so fsync adds nothing the scenarios test (power loss is not one).
+            ("fsync".to_owned(), "off".to_owned()),
+            ("max_connections".to_owned(), "100".to_owned()),
+            ("shared_buffers".to_owned(), "'32MB'".to_owned()),
+        ];
+        extra.extend(self.extra.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
+        Settings {
+            extra,
+            tcp_port: self.tcp.then(free_port),
+        }
+    }
+}
+
+/// A PostgreSQL cluster in its own directory. Dropping it stops the server at once; a watchdog
+/// does the same if the test process dies first.
+pub struct Cluster {
+    /// The server.
+    pub pg: EmbeddedPostgres,
+    settings: Settings,
+}
+
+impl Cluster {
+    /// A new primary with the service's database created.
+    pub async fn primary(dir: &Path, spec: &ClusterSpec) -> Self {
+        let settings = spec.settings();
+        let pg = blocking(|| EmbeddedPostgres::start(dir, &settings)).expect("starting a cluster");
+        pg.remove_when_process_exits(std::process::id())
+            .expect("a watchdog for the cluster");
+        pg.ensure_database(DATABASE)
+            .await
+            .expect("creating the database");
+        Self { pg, settings }
+    }
+
+    /// A streaming standby of whatever server `upstream` (a libpq connection string) reaches.
+    pub fn standby(dir: &Path, upstream: &str, spec: &ClusterSpec) -> Self {
+        let settings = spec.settings();
+        let pg = blocking(|| EmbeddedPostgres::start_standby(dir, upstream, &settings))
+            .expect("starting a standby");
+        pg.remove_when_process_exits(std::process::id())
+            .expect("a watchdog for the standby");
+        Self { pg, settings }
+    }
+
+    /// The TCP address (the cluster must have been made with `tcp`).
+    pub fn tcp_addr(&self) -> SocketAddr {
+        let port = self.settings.tcp_port.expect("a cluster with a TCP port");
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+
+    /// The service's database over the Unix socket.
+    pub fn url(&self) -> String {
+        self.pg.url(DATABASE)
+    }
+
+    /// `pg_ctl stop -m immediate`: a crash.
+    pub fn crash(&self) {
+        blocking(|| self.pg.stop_immediately()).expect("stopping the cluster");
+    }
+
+    /// Starts the server again after a crash; it recovers from its WAL.
+    pub fn restart(&mut self) {
+        let dir = self.pg.dir().to_path_buf();
+        self.pg = blocking(|| EmbeddedPostgres::start(&dir, &self.settings))
+            .expect("restarting the cluster");
+    }
+
+    /// Promotes a standby; returns once it accepts writes.
+    pub fn promote(&self) {
+        blocking(|| self.pg.promote()).expect("promoting the standby");
+    }
+
+    async fn connect(&self) -> sqlx::PgConnection {
+        use sqlx::Connection;
+        sqlx::PgConnection::connect_with(&self.pg.connect_options(DATABASE))
+            .await
+            .expect("connecting to the cluster")
+    }
+
+    /// One value of a query on the service's database, straight from the server.
+    pub async fn scalar(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(sql)
+            .fetch_one(&mut self.connect().await)
+            .await
+            .expect("the query")
+    }
+
+    /// Runs one statement on the service's database, straight on the server.
+    pub async fn execute(&self, sql: &str) {
+        use sqlx::Executor;
+        self.connect()
+            .await
+            .execute(sql)
+            .await
+            .expect("the statement");
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.pg.stop_immediately().ok();
+    }
+}
+
+/// A PostgreSQL URL of the service's database at a TCP address (a proxy, usually).
+pub fn tcp_url(addr: SocketAddr) -> String {
+    format!("postgres://postgres@{addr}/{DATABASE}")
+}
+
+/// A `snapfence serve` process on a fixed loopback port, so that it can be killed and started
+/// again where its clients expect it.
+pub struct Service {
+    child: Option<Child>,
+    port: u16,
+    url: String,
+    log: PathBuf,
+    broken_fencing: bool,
+}
+
+impl Service {
+    /// Starts the binary on `url` and waits until it is ready. `broken_fencing` turns on the
+    /// negative control (debug builds only; see `store::snapshots::fencing_broken`).
+    pub async fn start(url: &str, dir: &Path, broken_fencing: bool) -> Self {
+        let port = free_port();
+        let mut service = Self {
+            child: None,
+            port,
+            url: url.to_owned(),
+            log: dir.join(format!("serve-{port}.log")),
+            broken_fencing,
+        };
+        service.spawn().await;
+        service
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    async fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("the service's log file");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_snapfence"));
+        cmd.args(["serve", "--listen", &format!("127.0.0.1:{}", self.port)])
+            .args(["--database-url", &self.url])
+            .args(["--db-timeout", DB_TIMEOUT, "--db-pool-size", "8"])
+            .args(["--min-ttl", "10ms"])
+            .args(["--keep-versions", &KEEP_VERSIONS.to_string()])
+            .env("RUST_LOG", "warn")
+            .env_remove("SNAPFENCE_BREAK_FENCING")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        if self.broken_fencing {
+            cmd.env("SNAPFENCE_BREAK_FENCING", "written-token");
+        }
+        self.child = Some(cmd.spawn().expect("starting snapfence serve"));
+        self.wait_ready().await;
+    }
+
+    async fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let http = reqwest::Client::new();
+        loop {
+            let ready = http
+                .get(format!("{}/readyz", self.base()))
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await;
+            if ready.is_ok_and(|r| r.status() == StatusCode::OK) {
+                return;
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "snapfence serve exited ({status}): {}",
+                    std::fs::read_to_string(&self.log).unwrap_or_default()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "snapfence serve did not get ready"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn signal(&self, signal: Signal) {
+        if let Some(child) = &self.child {
+            kill(Pid::from_raw(child.id() as i32), signal).expect("signalling the service");
+        }
+    }
+
+    /// SIGSTOP: the process freezes with whatever requests it has in flight.
+    pub fn pause(&self) {
+        self.signal(Signal::SIGSTOP);
+    }
+
+    /// SIGCONT: the frozen requests go on.
+    pub fn resume(&self) {
+        self.signal(Signal::SIGCONT);
+    }
+
+    /// SIGKILL, and reap it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().ok();
+            child.wait().ok();
+        }
+    }
+
+    /// Starts the binary again on the same port.
+    pub async fn restart(&mut self) {
+        self.kill();
+        self.spawn().await;
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.resume();
+        self.kill();
+    }
+}

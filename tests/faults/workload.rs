@@ -1,0 +1,427 @@
+//! The workload: many clients over a few keys, each looping acquire (short TTL) → a few rounds
+//! of fenced put, get and renew → release (or let the lease expire), through the HTTP API of one
+//! or more service processes, as any user would. Every call is recorded with its invoke and
+//! complete times and its outcome, for the [`checker`](crate::checker).
+//!
+//! A client that is refused stops working on the key, as the contract asks of a holder; one
+//! whose call is indeterminate moves to the next service, as a client of a replicated service
+//! would. Some holders stall past their TTL before writing, the pause that fencing exists for.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rand::Rng;
+use reqwest::{Response, StatusCode};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::checker::{
+    Answer, AuditRow, Call, FinalState, Micros, Op, Outcome, UNAVAILABLE, Version,
+};
+
+/// How much load, for how long.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Concurrent clients.
+    pub clients: usize,
+    /// Keys they share.
+    pub keys: usize,
+    /// The TTL of every lease.
+    pub ttl_ms: i64,
+    /// How long clients keep starting new operations.
+    pub duration: Duration,
+    /// The chance that a holder stalls past its TTL before a write.
+    pub stall_chance: f64,
+}
+
+impl Plan {
+    /// The keys of the plan.
+    pub fn keys(&self) -> Vec<String> {
+        (0..self.keys).map(|k| format!("key-{k}")).collect()
+    }
+}
+
+/// The wall clock in microseconds: the clock the database decides expiry by.
+pub fn now() -> Micros {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("a clock after 1970")
+        .as_micros() as Micros
+}
+
+/// Every operation of a run, appended as each completes.
+#[derive(Default)]
+pub struct Recorder {
+    ops: Mutex<Vec<Op>>,
+    next_id: AtomicU64,
+}
+
+impl Recorder {
+    /// The history so far.
+    pub fn history(&self) -> Vec<Op> {
+        self.ops.lock().unwrap().clone()
+    }
+
+    /// The largest token granted so far.
+    pub fn highest_token(&self) -> Option<i64> {
+        self.ops
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|o| match o.outcome {
+                Outcome::Ok(Answer::Granted { token }) => Some(token),
+                _ => None,
+            })
+            .max()
+    }
+}
+
+/// Runs the plan against the services at `endpoints` (client `i` starts at endpoint
+/// `i % len`) and returns when every client has finished.
+pub async fn run(plan: Plan, endpoints: Vec<String>, recorder: Arc<Recorder>) {
+    let http = reqwest::Client::builder()
+        // Above the service's database timeout: a service that answers at all answers first.
+        .timeout(Duration::from_secs(3))
+        .build()
+        .expect("an HTTP client");
+    let deadline = Instant::now() + plan.duration;
+    let clients: Vec<_> = (0..plan.clients)
+        .map(|id| {
+            let client = Client {
+                id,
+                http: http.clone(),
+                at: id % endpoints.len(),
+                endpoints: endpoints.clone(),
+                recorder: recorder.clone(),
+                plan: plan.clone(),
+            };
+            tokio::spawn(client.run(deadline))
+        })
+        .collect();
+    for c in clients {
+        c.await.expect("a client task");
+    }
+}
+
+/// Acquires each of `keys` once, one after the other, through the service at `endpoint`, as
+/// one more client of `plan`, recording each call.
+pub async fn acquire_each(plan: &Plan, endpoint: String, recorder: Arc<Recorder>, keys: &[String]) {
+    let mut client = Client {
+        id: plan.clients,
+        http: reqwest::Client::new(),
+        endpoints: vec![endpoint],
+        at: 0,
+        recorder,
+        plan: plan.clone(),
+    };
+    for key in keys {
+        client.acquire(key).await;
+    }
+}
+
+struct Client {
+    id: usize,
+    http: reqwest::Client,
+    endpoints: Vec<String>,
+    at: usize,
+    recorder: Arc<Recorder>,
+    plan: Plan,
+}
+
+/// Milliseconds, at random in `range`.
+fn pause(range: std::ops::Range<u64>) -> Duration {
+    Duration::from_millis(rand::rng().random_range(range))
+}
+
+/// The ETag the server gives a body: its quoted SHA-256.
+fn etag_of(body: &str) -> String {
+    format!("\"{}\"", hex::encode(Sha256::digest(body.as_bytes())))
+}
+
+impl Client {
+    async fn run(mut self, deadline: Instant) {
+        let keys = self.plan.keys();
+        let ttl = self.plan.ttl_ms as u64;
+        while Instant::now() < deadline {
+            let key = keys[rand::rng().random_range(0..keys.len())].clone();
+            let token = match self.acquire(&key).await {
+                Outcome::Ok(Answer::Granted { token }) => token,
+                Outcome::Indeterminate(_) => {
+                    tokio::time::sleep(pause(20..100)).await;
+                    continue;
+                }
+                _ => {
+                    tokio::time::sleep(pause(5..ttl / 2)).await;
+                    continue;
+                }
+            };
+            self.hold(&key, token, ttl).await;
+        }
+    }
+
+    /// What a holder does with its lease: a few writes, reads and renewals, then release or
+    /// walk away. Stops at the first refusal or indeterminate answer.
+    async fn hold(&mut self, key: &str, token: i64, ttl: u64) {
+        let rounds = rand::rng().random_range(1..=4);
+        for _ in 0..rounds {
+            let stall = rand::rng().random_bool(self.plan.stall_chance);
+            let wait = if stall {
+                pause(ttl * 2..ttl * 3)
+            } else {
+                pause(0..ttl / 4)
+            };
+            tokio::time::sleep(wait).await;
+            if !matches!(self.put(key, token).await, Outcome::Ok(_)) {
+                return;
+            }
+            if rand::rng().random_bool(0.5) {
+                self.get(key).await;
+            }
+            if rand::rng().random_bool(0.3) {
+                let renewed = self
+                    .call(
+                        key,
+                        Call::Renew {
+                            token,
+                            ttl_ms: self.plan.ttl_ms,
+                        },
+                    )
+                    .await;
+                if !matches!(renewed, Outcome::Ok(_)) {
+                    return;
+                }
+            }
+        }
+        if rand::rng().random_bool(0.7) {
+            self.call(key, Call::Release { token }).await;
+        }
+    }
+
+    async fn acquire(&mut self, key: &str) -> Outcome {
+        self.call(
+            key,
+            Call::Acquire {
+                ttl_ms: self.plan.ttl_ms,
+            },
+        )
+        .await
+    }
+
+    async fn put(&mut self, key: &str, token: i64) -> Outcome {
+        // The body names the operation, so every body of the run, and its ETag, is unique.
+        let id = self.recorder.next_id.fetch_add(1, Ordering::Relaxed);
+        let body = format!("client {} op {id}", self.id);
+        let call = Call::Put {
+            token,
+            etag: etag_of(&body),
+        };
+        self.record(id, key, call, Some(body)).await
+    }
+
+    async fn get(&mut self, key: &str) -> Outcome {
+        self.call(key, Call::Get).await
+    }
+
+    async fn call(&mut self, key: &str, call: Call) -> Outcome {
+        let id = self.recorder.next_id.fetch_add(1, Ordering::Relaxed);
+        self.record(id, key, call, None).await
+    }
+
+    /// Sends one request, waits for its answer, and records the operation.
+    async fn record(&mut self, id: u64, key: &str, call: Call, body: Option<String>) -> Outcome {
+        let base = &self.endpoints[self.at];
+        let leases = format!("{base}/v1/leases/{key}");
+        let snapshot = format!("{base}/v1/snapshots/{key}");
+        let request = match &call {
+            Call::Acquire { ttl_ms } => self
+                .http
+                .post(&leases)
+                .json(&json!({"owner": format!("client-{}", self.id), "ttl_ms": ttl_ms})),
+            Call::Renew { token, ttl_ms } => self
+                .http
+                .post(format!("{leases}/renew"))
+                .json(&json!({"token": token, "ttl_ms": ttl_ms})),
+            Call::Release { token } => self
+                .http
+                .delete(&leases)
+                .header("Fencing-Token", token.to_string()),
+            Call::Put { token, .. } => self
+                .http
+                .put(&snapshot)
+                .header("Fencing-Token", token.to_string())
+                .body(body.unwrap_or_default()),
+            Call::Get => self.http.get(&snapshot),
+        };
+        let invoked = now();
+        let answer = request
+            .header("x-request-id", format!("op-{id}"))
+            .send()
+            .await;
+        let outcome = outcome(&call, answer).await;
+        let completed = now();
+        if matches!(outcome, Outcome::Indeterminate(_)) {
+            self.at = (self.at + 1) % self.endpoints.len();
+        }
+        self.recorder.ops.lock().unwrap().push(Op {
+            id,
+            client: self.id,
+            key: key.to_owned(),
+            call,
+            invoked,
+            completed,
+            outcome: outcome.clone(),
+        });
+        outcome
+    }
+}
+
+/// What an answer (or its absence) says about the call.
+async fn outcome(call: &Call, answer: reqwest::Result<Response>) -> Outcome {
+    let r = match answer {
+        Ok(r) => r,
+        Err(e) => return Outcome::Indeterminate(transport_error(&e)),
+    };
+    let status = r.status();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        return Outcome::Indeterminate(UNAVAILABLE.into());
+    }
+    if matches!(call, Call::Get) && status == StatusCode::OK {
+        let header = |name: &str| {
+            r.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let seen = (|| {
+            Some(Version {
+                version: header("snapshot-version")?.parse().ok()?,
+                token: header("fencing-token")?.parse().ok()?,
+                etag: header("etag")?,
+            })
+        })();
+        return match seen {
+            Some(v) => Outcome::Ok(Answer::Read(Some(v))),
+            None => Outcome::Unexpected("a snapshot without its headers".into()),
+        };
+    }
+    let body: Value = match r.bytes().await {
+        Ok(bytes) if bytes.is_empty() => Value::Null,
+        Ok(bytes) => match serde_json::from_slice(&bytes) {
+            Ok(v) => v,
+            Err(_) => return Outcome::Unexpected(format!("{status} with a body that is not JSON")),
+        },
+        Err(e) => return Outcome::Indeterminate(transport_error(&e)),
+    };
+    let number = |field: &str| body[field].as_i64();
+    match (call, status.as_u16()) {
+        (Call::Acquire { .. }, 201) => number("token").map_or_else(
+            || Outcome::Unexpected(format!("a grant without a token: {body}")),
+            |token| Outcome::Ok(Answer::Granted { token }),
+        ),
+        (Call::Renew { .. }, 200) | (Call::Release { .. }, 204) => Outcome::Ok(Answer::Done),
+        (Call::Put { .. }, 200 | 201) => number("version").map_or_else(
+            || Outcome::Unexpected(format!("a write without a version: {body}")),
+            |version| Outcome::Ok(Answer::Written { version }),
+        ),
+        (Call::Get, 404) => Outcome::Ok(Answer::Read(None)),
+        (_, 409 | 412) => match body["code"].as_str() {
+            Some(code) => Outcome::Refused {
+                code: code.to_owned(),
+                audit_id: number("audit_id"),
+            },
+            None => Outcome::Unexpected(format!("{status} without a code: {body}")),
+        },
+        _ => Outcome::Unexpected(format!("{status}: {body}")),
+    }
+}
+
+fn transport_error(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        "timed out".into()
+    } else if e.is_connect() {
+        "connection refused".into()
+    } else {
+        "connection lost".into()
+    }
+}
+
+/// What the service holds at the end: every version of every key and the whole rejections
+/// log, read through the API of the service at `base`. Retried for a while, since the service
+/// may still be reconnecting after the last fault.
+pub async fn final_state(base: &str, keys: &[String]) -> FinalState {
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match read_final_state(&http, base, keys).await {
+            Ok(state) => return state,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("reading the final state: {e}; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("could not read the final state: {e}"),
+        }
+    }
+}
+
+async fn read_final_state(
+    http: &reqwest::Client,
+    base: &str,
+    keys: &[String],
+) -> Result<FinalState, String> {
+    let mut end = FinalState::default();
+    for key in keys {
+        let mut versions: Vec<Version> =
+            pages(http, &format!("{base}/v1/snapshots/{key}/versions"))
+                .await?
+                .into_iter()
+                .map(|v| Version {
+                    version: v["version"].as_i64().unwrap_or_default(),
+                    token: v["token"].as_i64().unwrap_or_default(),
+                    etag: v["etag"].as_str().unwrap_or_default().to_owned(),
+                })
+                .collect();
+        versions.reverse();
+        if !versions.is_empty() {
+            end.versions.insert(key.clone(), versions);
+        }
+    }
+    end.rejections = pages(http, &format!("{base}/v1/audit/rejections"))
+        .await?
+        .into_iter()
+        .map(|r| AuditRow {
+            id: r["id"].as_i64().unwrap_or_default(),
+            request_id: r["request_id"].as_str().map(str::to_owned),
+            key: r["key"].as_str().unwrap_or_default().to_owned(),
+            reason: r["reason"].as_str().unwrap_or_default().to_owned(),
+            presented_token: r["presented_token"].as_i64().unwrap_or_default(),
+        })
+        .collect();
+    Ok(end)
+}
+
+/// Every item of a paged list; a list of a key with no snapshot is empty.
+async fn pages(http: &reqwest::Client, url: &str) -> Result<Vec<Value>, String> {
+    let mut items = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut request = http.get(url).query(&[("limit", "1000")]);
+        if let Some(c) = &cursor {
+            request = request.query(&[("cursor", c)]);
+        }
+        let r = request.send().await.map_err(|e| e.to_string())?;
+        if r.status() == StatusCode::NOT_FOUND {
+            return Ok(items);
+        }
+        if r.status() != StatusCode::OK {
+            return Err(format!("{url} answered {}", r.status()));
+        }
+        let page: Value = r.json().await.map_err(|e| e.to_string())?;
+        items.extend(page["items"].as_array().cloned().unwrap_or_default());
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_owned()),
+            None => return Ok(items),
+        }
+    }
+}
