@@ -4,7 +4,7 @@
 //! atomicity, the rows it locks and why it is race-free under READ COMMITTED with any number of
 //! service instances on one database.
 //!
-//! Every statement is also bounded on the service's side ([`Bounded`]): the server's timeouts
+//! Every statement is also bounded on the service's side (`Bounded`): the server's timeouts
 //! end a slow statement, but not a wait on a connection that stalled on the way.
 //!
 //! Refused operations are outcomes, not errors: a stale write is recorded in the audit log,
