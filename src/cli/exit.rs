@@ -39,7 +39,8 @@ pub enum Exit {
 pub const EXIT_CODES: &str = "\
 Exit codes:
   0    success
-  1    failure (not found, invalid input, precondition failed, unexpected answer)
+  1    failure (not found, invalid input, precondition failed, unauthorized,
+       forbidden, an unexpected answer)
   2    usage: the command line is wrong
   10   held: lease_held or recovery_required
   11   lost: lease_lost, or `run` stopped its command because the lease was lost

@@ -12,6 +12,8 @@ mod run;
 mod serve;
 mod snapshot;
 
+use std::ffi::OsString;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -52,6 +54,13 @@ pub struct Global {
     /// How long one HTTP request may take.
     #[arg(long, global = true, value_parser = humantime::parse_duration, default_value = "10s")]
     pub timeout: Duration,
+    /// The API key (`sf_<id>_<secret>`), needed once the server has any.
+    #[arg(long, global = true, env = "SNAPFENCE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Also trust the certificates in this PEM file for an https --url (a private CA, or the
+    /// server's self-signed certificate).
+    #[arg(long, global = true, env = "SNAPFENCE_CA_CERT")]
+    pub ca_cert: Option<PathBuf>,
 }
 
 /// The subcommands.
@@ -86,7 +95,13 @@ pub enum ClientCommand {
 pub(crate) struct Ctx {
     client: Client,
     output: Output,
+    /// How to reach the same server, for the environment of the command `run` starts, so that
+    /// its own `snapfence` calls work as `run`'s do.
+    reach: Reach,
 }
+
+/// Environment variables that tell a command how to reach the server as `run` does.
+type Reach = Vec<(&'static str, OsString)>;
 
 impl Ctx {
     /// Prints what went wrong and what to do next; returns the exit code for it.
@@ -103,25 +118,17 @@ pub fn main() -> ExitCode {
         Command::Keys(args) => return keys::main(args, cli.global.output),
         Command::Client(command) => command,
     };
-    let client = match Client::builder(cli.global.url.clone())
-        .timeout(cli.global.timeout)
-        .on_retry(|e, pause| {
-            eprintln!(
-                "snapfence: {e} (retrying in {})",
-                humantime::format_duration(Duration::from_millis(pause.as_millis() as u64))
-            );
-        })
-        .build()
-    {
-        Ok(client) => client,
-        Err(e) => {
-            eprintln!("snapfence: --url: {e}");
+    let (client, reach) = match client_of(&cli.global) {
+        Ok(made) => made,
+        Err(message) => {
+            eprintln!("snapfence: {message}");
             return Exit::Usage.into();
         }
     };
     let ctx = Ctx {
         client,
         output: cli.global.output,
+        reach,
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -142,6 +149,31 @@ pub fn main() -> ExitCode {
         }
     });
     exit.into()
+}
+
+/// The client the global options describe, and those options as environment variables.
+fn client_of(global: &Global) -> Result<(Client, Reach), String> {
+    let mut reach = Vec::new();
+    let mut builder = Client::builder(global.url.clone())
+        .timeout(global.timeout)
+        .on_retry(|e, pause| {
+            eprintln!(
+                "snapfence: {e} (retrying in {})",
+                humantime::format_duration(Duration::from_millis(pause.as_millis() as u64))
+            );
+        });
+    if let Some(key) = &global.api_key {
+        builder = builder.api_key(key.clone());
+        reach.push(("SNAPFENCE_API_KEY", key.into()));
+    }
+    if let Some(path) = &global.ca_cert {
+        let pem = std::fs::read(path)
+            .map_err(|e| format!("--ca-cert: cannot read {}: {e}", path.display()))?;
+        builder = builder.root_certificates_pem(pem);
+        reach.push(("SNAPFENCE_CA_CERT", path.into()));
+    }
+    let client = builder.build().map_err(|e| format!("{e}"))?;
+    Ok((client, reach))
 }
 
 /// `USER@HOST`, the owner of a lease when none is given, so that `lease_held` says who.

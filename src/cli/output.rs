@@ -164,6 +164,7 @@ pub fn message(url: &str, e: &Error, check: Option<&str>) -> String {
                     ". With this CLI: `snapfence lease acquire KEY --reconciled` (or `snapfence run --reconciled`)"
                 }
                 Error::TokenRequired { .. } => ". With this CLI: --token, or SNAPFENCE_TOKEN",
+                Error::Unauthorized { .. } => ". With this CLI: --api-key, or SNAPFENCE_API_KEY",
                 _ => "",
             };
             format!("{}: {coded}{cli_way}", coded.code().unwrap_or("error"))

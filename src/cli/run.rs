@@ -2,7 +2,8 @@
 //! lapse.
 //!
 //! CMD runs in a process group of its own, with its lease in `SNAPFENCE_URL`, `SNAPFENCE_KEY`,
-//! `SNAPFENCE_TOKEN` and `SNAPFENCE_OWNER`. A [`LeaseKeeper`] renews the lease. The keeper
+//! `SNAPFENCE_TOKEN` and `SNAPFENCE_OWNER` (and `SNAPFENCE_API_KEY`, `SNAPFENCE_CA_CERT` when
+//! `run` was given them, so that CMD's own `snapfence` calls reach the server as `run` does). A [`LeaseKeeper`] renews the lease. The keeper
 //! declares the lease lost `grace` + [`STOP_ALLOWANCE`] before the latest moment the server can
 //! expire it; the whole group then gets SIGTERM, and SIGKILL once `grace` has passed, so every
 //! process of the group is gone while the server still holds the lease and no other holder can
@@ -269,6 +270,7 @@ fn round_to_seconds(d: Duration) -> Duration {
 fn spawn(ctx: &Ctx, command: &[OsString], lease: &Lease) -> std::io::Result<Child> {
     std::process::Command::new(&command[0])
         .args(&command[1..])
+        .envs(ctx.reach.iter().map(|(name, value)| (name, value)))
         .env("SNAPFENCE_URL", ctx.client.base_url())
         .env("SNAPFENCE_KEY", lease.key.as_str())
         .env("SNAPFENCE_TOKEN", lease.token.to_string())

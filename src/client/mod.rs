@@ -157,6 +157,16 @@ impl fmt::Debug for OnRetry {
     }
 }
 
+/// An API key's bearer token, kept out of `Debug` output so that it never reaches a log.
+#[derive(Clone)]
+struct ApiKey(String);
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ApiKey(..)")
+    }
+}
+
 /// Builds a [`Client`].
 #[derive(Debug, Clone)]
 pub struct ClientBuilder {
@@ -165,6 +175,8 @@ pub struct ClientBuilder {
     connect_timeout: Duration,
     retry: RetryPolicy,
     on_retry: Option<OnRetry>,
+    api_key: Option<ApiKey>,
+    roots: Vec<Vec<u8>>,
 }
 
 impl ClientBuilder {
@@ -193,8 +205,22 @@ impl ClientBuilder {
         self
     }
 
+    /// Sends `token` (`sf_<id>_<secret>`, as `snapfence keys create` shows it) as
+    /// `Authorization: Bearer` with every request. Needed once the server has any API key.
+    pub fn api_key(mut self, token: impl Into<String>) -> Self {
+        self.api_key = Some(ApiKey(token.into()));
+        self
+    }
+
+    /// Also trusts the CA (or self-signed) certificates in `pem` for `https` URLs, besides the
+    /// usual public roots.
+    pub fn root_certificates_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.roots.push(pem.into());
+        self
+    }
+
     /// The client. Fails with [`Error::InvalidRequest`] when the base URL is not an `http` or
-    /// `https` URL.
+    /// `https` URL, the API key is not a valid header value, or a root certificate is not PEM.
     pub fn build(self) -> Result<Client> {
         let url = reqwest::Url::parse(&self.base).map_err(|e| {
             Error::invalid(format!(
@@ -208,10 +234,32 @@ impl ClientBuilder {
                 self.base
             )));
         }
-        let http = reqwest::Client::builder()
+        let mut headers = HeaderMap::new();
+        if let Some(ApiKey(token)) = &self.api_key {
+            let mut value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+                Error::invalid("the API key holds characters a header cannot carry; pass it exactly as `snapfence keys create` showed it")
+            })?;
+            // Sensitive values are left out of hyper's and reqwest's debug output.
+            value.set_sensitive(true);
+            headers.insert(header::AUTHORIZATION, value);
+        }
+        let mut http = reqwest::Client::builder()
             .timeout(self.timeout)
             .connect_timeout(self.connect_timeout)
-            .user_agent(concat!("snapfence/", env!("CARGO_PKG_VERSION")))
+            .default_headers(headers)
+            .user_agent(concat!("snapfence/", env!("CARGO_PKG_VERSION")));
+        for pem in &self.roots {
+            let certs = reqwest::Certificate::from_pem_bundle(pem)
+                .ok()
+                .filter(|certs| !certs.is_empty())
+                .ok_or_else(|| {
+                    Error::invalid("a root certificate file holds no PEM certificate")
+                })?;
+            for cert in certs {
+                http = http.add_root_certificate(cert);
+            }
+        }
+        let http = http
             .build()
             .map_err(|e| Error::invalid(format!("cannot set up the HTTP client: {e}")))?;
         Ok(Client {
@@ -268,6 +316,8 @@ impl Client {
             connect_timeout: Duration::from_secs(3),
             retry: RetryPolicy::default(),
             on_retry: None,
+            api_key: None,
+            roots: Vec::new(),
         }
     }
 

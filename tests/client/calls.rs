@@ -6,15 +6,16 @@ use bytes::Bytes;
 use chrono::Utc;
 use serde_json::json;
 use snapfence::client::{
-    AcquireRequest, AuditFilter, AuditOperation, LeaseFilter, PageRequest, PutOptions,
+    AcquireRequest, AuditFilter, AuditOperation, Client, LeaseFilter, PageRequest, PutOptions,
 };
 use snapfence::domain::{
-    ETag, EntityTagCondition, KeyPrefix, LeaseState, Metadata, PageLimit, RecoveryReason, Version,
+    ETag, EntityTagCondition, KeyPrefix, LeaseState, Metadata, PageLimit, RecoveryReason, Scope,
+    Version,
 };
 use snapfence::store::snapshots::RefusalReason;
 
-use crate::harness::TestApp;
-use crate::support::{client, grant, key, owner};
+use crate::harness::{Instance, TestApp, fresh_database, rules};
+use crate::support::{api_key, client, grant, key, owner};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -553,4 +554,60 @@ async fn a_key_with_slashes_spaces_and_unicode_is_one_key_on_the_server() {
     assert_eq!(listed.items[0].key, k);
     assert_eq!(c.get_snapshot(&k).await.unwrap().head.key, k);
     app.stop().await;
+}
+
+#[tokio::test]
+async fn an_api_key_is_sent_with_every_call_and_names_the_principal() {
+    let app = TestApp::spawn().await;
+    let token = api_key(&app, "worker-key", Scope::Write, "jobs/").await;
+    let c = Client::builder(app.instance.base.clone())
+        .api_key(token)
+        .build()
+        .unwrap();
+    let k = key("jobs/1");
+    let old = grant(&c, &k, "w", TTL).await.lease.token;
+    c.release(&k, old).await.unwrap();
+    grant(&c, &k, "w", TTL).await;
+    let refused = c.put_snapshot(&k, old, "x", &PutOptions::default()).await;
+    assert!(refused.is_err());
+    let admin = api_key(&app, "ops", Scope::Admin, "").await;
+    let audit = Client::builder(app.instance.base.clone())
+        .api_key(admin)
+        .build()
+        .unwrap()
+        .rejections(&AuditFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(audit.items[0].principal.as_deref(), Some("worker-key"));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_client_speaks_https_to_a_server_whose_certificate_it_was_given() {
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert_path, cert.cert.pem()).unwrap();
+    std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();
+    let tls = snapfence::tls_config(&cert_path, &key_path).await.unwrap();
+    let instance = Instance::start_with_tls(fresh_database().await, rules(), Some(tls)).await;
+
+    let trusting = Client::builder(instance.base.clone())
+        .root_certificates_pem(cert.cert.pem())
+        .build()
+        .unwrap();
+    assert_eq!(trusting.readyz().await.unwrap().status, "ready");
+    let untrusting = client(&instance.base).with_retry(snapfence::client::RetryPolicy::none());
+    let e = untrusting.healthz().await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            snapfence::client::Error::Transport {
+                may_have_reached: false,
+                ..
+            }
+        ),
+        "a certificate it does not trust is refused before anything is sent: {e:?}"
+    );
+    instance.stop().await;
 }

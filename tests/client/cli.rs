@@ -7,11 +7,12 @@ use std::time::Duration;
 use serde_json::Value;
 use snapfence::Rules;
 use snapfence::client::{AcquireRequest, PutOptions};
+use snapfence::domain::Scope;
 
 use crate::harness::TestApp;
 use crate::proxy::{Mode, Proxy};
 use crate::support::{
-    Normaliser, Outage, cli, cli_with_stdin, client, closed_port, golden, grant, key,
+    Normaliser, Outage, api_key, cli, cli_with_stdin, client, closed_port, golden, grant, key,
     normalise_text, owner,
 };
 
@@ -388,19 +389,45 @@ async fn payload_too_large_says_the_limit() {
 }
 
 #[tokio::test]
-async fn unauthorized_and_forbidden_pass_the_gateways_detail_on() {
+async fn unauthorized_says_to_pass_an_api_key() {
     let app = TestApp::spawn().await;
-    let gateway = Proxy::start(&app.instance.base).await;
-    gateway.next_connections(vec![
-        Mode::problem("401 Unauthorized", "unauthorized", "send a bearer token"),
-        Mode::problem(
-            "403 Forbidden",
-            "forbidden",
-            "this principal may not read k",
+    api_key(&app, "ops", Scope::Admin, "").await;
+    error_golden(
+        &app.instance.base,
+        &["lease", "show", "k"],
+        1,
+        "unauthorized",
+    )
+    .await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn forbidden_says_what_the_key_may_not_do() {
+    let app = TestApp::spawn().await;
+    let reader = api_key(&app, "reader", Scope::Read, "").await;
+    let ran = cli(
+        &app.instance.base,
+        &[
+            "--api-key",
+            &reader,
+            "lease",
+            "acquire",
+            "k",
+            "--owner",
+            "w",
+        ],
+    )
+    .await;
+    assert_eq!(ran.code, 1, "{}", ran.stderr);
+    golden(
+        "errors/forbidden.txt",
+        &format!(
+            "$ snapfence --api-key KEY lease acquire k --owner w\nexit {}\n{}",
+            ran.code,
+            normalise_text(&ran.stderr, &app.instance.base)
         ),
-    ]);
-    error_golden(&gateway.base, &["lease", "show", "k"], 1, "unauthorized").await;
-    error_golden(&gateway.base, &["lease", "show", "k"], 1, "forbidden").await;
+    );
     app.stop().await;
 }
 

@@ -7,11 +7,11 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use snapfence::Rules;
 use snapfence::client::{AcquireRequest, Client, Error, PutOptions, RetryPolicy};
-use snapfence::domain::{Key, RecoveryReason};
+use snapfence::domain::{Key, RecoveryReason, Scope};
 
 use crate::harness::TestApp;
 use crate::proxy::{Mode, Proxy};
-use crate::support::{Outage, client, closed_port, grant, key, owner};
+use crate::support::{Outage, api_key, client, closed_port, grant, key, owner};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -215,24 +215,38 @@ async fn a_body_over_the_limit_is_payload_too_large() {
 }
 
 #[tokio::test]
-async fn a_gateway_refusing_credentials_is_unauthorized() {
+async fn a_call_without_a_key_once_keys_exist_is_unauthorized() {
     let app = TestApp::spawn().await;
-    let gateway = Proxy::start(&app.instance.base).await;
-    gateway.next_connections(vec![Mode::problem(
-        "401 Unauthorized",
-        "unauthorized",
-        "send a bearer token",
-    )]);
-    let e = client(&gateway.base).healthz().await.unwrap_err();
+    api_key(&app, "ops", Scope::Admin, "").await;
+    let e = client(&app.instance.base)
+        .lease_status(&key("k"))
+        .await
+        .unwrap_err();
     let Error::Unauthorized { detail } = &e else {
         panic!("{e:?}")
     };
-    assert_eq!(detail, "send a bearer token");
+    assert!(detail.contains("snapfence keys create"), "{detail}");
     app.stop().await;
 }
 
 #[tokio::test]
-async fn a_gateway_denying_access_is_forbidden_even_without_a_problem_body() {
+async fn a_key_without_the_scope_is_forbidden() {
+    let app = TestApp::spawn().await;
+    let reader = api_key(&app, "reader", Scope::Read, "").await;
+    let c = Client::builder(app.instance.base.clone())
+        .api_key(reader)
+        .build()
+        .unwrap();
+    let e = c
+        .acquire(&key("k"), &AcquireRequest::new(owner("w"), TTL))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Forbidden { .. }), "{e:?}");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_gateways_403_without_a_problem_body_is_forbidden_too() {
     let app = TestApp::spawn().await;
     let gateway = Proxy::start(&app.instance.base).await;
     gateway.next_connections(vec![Mode::Answer {

@@ -9,13 +9,13 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use snapfence::client::{Client, Error};
-use snapfence::domain::{LeaseState, RecoveryReason};
+use snapfence::domain::{LeaseState, RecoveryReason, Scope};
 use tokio::process::Child;
 use tokio::time::{Instant, sleep};
 
 use crate::harness::TestApp;
 use crate::proxy::{Mode, Proxy};
-use crate::support::{Ran, client, grant, key, snapfence};
+use crate::support::{Ran, api_key, client, grant, key, snapfence};
 
 /// A directory for the files a command leaves for the test to read.
 fn scratch() -> tempfile::TempDir {
@@ -458,5 +458,26 @@ async fn a_ttl_too_short_for_the_grace_is_refused_before_acquiring() {
         matches!(e, Error::NotFound { .. }),
         "nothing acquired: {e:?}"
     );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_api_key_given_to_run_reaches_the_commands_own_calls() {
+    let app = TestApp::spawn().await;
+    let writer = api_key(&app, "runner", Scope::Write, "").await;
+    let dir = scratch();
+    let script = r#"printf 'keyed' | "$SF_BIN" snapshot put "$SNAPFENCE_KEY" >/dev/null"#;
+    let ran = run(
+        &app.instance.base,
+        dir.path(),
+        &["--api-key", &writer, "k", "--", "sh", "-c", script],
+    )
+    .await;
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    let reader = snapfence::client::Client::builder(app.instance.base.clone())
+        .api_key(writer)
+        .build()
+        .unwrap();
+    assert_eq!(reader.get_snapshot(&key("k")).await.unwrap().body, "keyed");
     app.stop().await;
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use snapfence::client::{AcquireRequest, Client, Grant, RetryPolicy};
-use snapfence::domain::{Key, Owner};
+use snapfence::domain::{Key, KeyName, KeyPrefix, Owner, Scope};
 use snapfence::store::{self, DbSettings};
 use snapfence::{AppState, Rules};
 use sqlx::postgres::PgConnectOptions;
@@ -16,6 +16,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+
+use crate::harness::TestApp;
 
 /// A client of `base` with short timeouts, so that a test of a failure fails fast.
 pub fn client(base: &str) -> Client {
@@ -47,6 +49,21 @@ pub async fn grant(client: &Client, key: &Key, who: &str, ttl: Duration) -> Gran
         .acquire(key, &AcquireRequest::new(owner(who), ttl))
         .await
         .unwrap()
+}
+
+/// Makes an API key straight in the database, as `snapfence keys create` does; returns its
+/// bearer token. Once one exists, every `/v1` call needs one.
+pub async fn api_key(app: &TestApp, name: &str, scope: Scope, prefix: &str) -> String {
+    let (_, token) = store::keys::create(
+        app.db(),
+        &KeyName::parse(name).unwrap(),
+        scope,
+        &KeyPrefix::parse(prefix).unwrap(),
+    )
+    .await
+    .unwrap()
+    .expect("a fresh name");
+    token
 }
 
 /// A port nobody listens on (it was free a moment ago).
@@ -126,6 +143,8 @@ pub fn snapfence(base: &str) -> tokio::process::Command {
         .env_remove("SNAPFENCE_TOKEN")
         .env_remove("SNAPFENCE_KEY")
         .env_remove("SNAPFENCE_OWNER")
+        .env_remove("SNAPFENCE_API_KEY")
+        .env_remove("SNAPFENCE_CA_CERT")
         .kill_on_drop(true);
     cmd
 }
