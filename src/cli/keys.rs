@@ -10,7 +10,7 @@ use std::str::FromStr;
 use clap::{Args, Subcommand};
 use sqlx::postgres::PgConnectOptions;
 
-use super::{Exit, Output};
+use super::{Exit, Output, current_thread_runtime};
 use crate::domain::{KeyName, KeyPrefix, Scope};
 use crate::embedded::{EmbeddedPostgres, Settings};
 use crate::store::{self, DbSettings, keys};
@@ -61,15 +61,9 @@ pub enum KeysCommand {
 
 /// Runs a keys subcommand.
 pub fn main(args: KeysArgs, output: Output) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match current_thread_runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("snapfence: cannot start the async runtime: {e}");
-            return Exit::Failure.into();
-        }
+        Err(exit) => return exit.into(),
     };
     match runtime.block_on(run(args, output)) {
         Ok(exit) => exit.into(),

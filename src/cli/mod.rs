@@ -130,15 +130,9 @@ pub fn main() -> ExitCode {
         output: cli.global.output,
         reach,
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match current_thread_runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("snapfence: cannot start the async runtime: {e}");
-            return Exit::Failure.into();
-        }
+        Err(exit) => return exit.into(),
     };
     let exit = runtime.block_on(async {
         match command {
@@ -255,4 +249,15 @@ mod parse {
             .and_then(|age| Utc::now().checked_sub_signed(age))
             .ok_or_else(|| InvalidInput::new("that age reaches before the calendar's start"))
     }
+}
+
+/// The runtime of a one-shot command; failing to make one is reported and is a plain failure.
+pub(crate) fn current_thread_runtime() -> Result<tokio::runtime::Runtime, Exit> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("snapfence: cannot start the async runtime: {e}");
+            Exit::Failure
+        })
 }
