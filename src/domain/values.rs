@@ -478,7 +478,9 @@ impl Cursor {
             .decode(raw)
             .ok()
             .filter(|bytes| !bytes.is_empty())
-            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+            // PostgreSQL text cannot hold NUL. No key holds a control character, so NUL and
+            // U+0001 sort every key the same way: the position does not move.
+            .map(|bytes| String::from_utf8_lossy(&bytes).replace('\0', "\u{1}"))
             .ok_or_else(|| {
                 InvalidInput::new("cursor is not base64url text; pass back a next_cursor unchanged")
             })
@@ -643,8 +645,14 @@ mod tests {
         for bad in ["%%%", "", "0", "abcde"] {
             assert!(Cursor::decode(bad).is_err(), "{bad:?}");
         }
-        // Any text of a valid length over the alphabet is a position.
+        // Any text of a valid length over the alphabet is a position, and never one that
+        // PostgreSQL text cannot hold.
         assert!(Cursor::decode("AB").is_ok());
+        assert!(
+            !Cursor::decode(&URL_SAFE_NO_PAD.encode(b"a\0b"))
+                .unwrap()
+                .contains('\0')
+        );
         for bad in ["", "x", "-1", "1234567890123456789"] {
             assert!(Cursor::decode_number(bad).is_err(), "{bad:?}");
         }

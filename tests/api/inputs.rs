@@ -209,3 +209,15 @@ async fn integers_written_as_floats_without_a_fraction_are_accepted() {
     assert_eq!(r.status(), StatusCode::OK);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_cursor_that_decodes_to_a_nul_byte_is_a_position_not_a_server_error() {
+    let app = TestApp::spawn().await;
+    app.acquire("b", "w", 30000).await;
+    // "YQBi" is base64url of "a\0b".
+    let r = app.get("/v1/leases?cursor=YQBi").await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let page: Value = r.json().await.unwrap();
+    assert_eq!(page["items"][0]["key"], "b");
+    app.stop().await;
+}
