@@ -221,3 +221,15 @@ async fn a_cursor_that_decodes_to_a_nul_byte_is_a_position_not_a_server_error() 
     assert_eq!(page["items"][0]["key"], "b");
     app.stop().await;
 }
+
+#[tokio::test]
+async fn metadata_holding_a_nul_character_is_refused() {
+    let app = TestApp::spawn().await;
+    refused_acquire(
+        &app,
+        "k",
+        r#"{"owner":"w","ttl_ms":1000,"metadata":{"x":"a\u0000b"}}"#,
+    )
+    .await;
+    app.stop().await;
+}
