@@ -4,6 +4,7 @@
 //! exit code tells the outcome apart ([`exit`]).
 
 mod audit;
+pub mod bench;
 pub mod exit;
 pub mod keys;
 mod lease;
@@ -70,6 +71,8 @@ pub enum Command {
     Serve(ServeConfig),
     /// Manage API keys in the service's database.
     Keys(keys::KeysArgs),
+    /// Load a server with many concurrent requests and report throughput and latency.
+    Bench(bench::BenchArgs),
     /// The commands that talk to a server.
     #[command(flatten)]
     Client(ClientCommand),
@@ -116,6 +119,7 @@ pub fn main() -> ExitCode {
     let command = match cli.command {
         Command::Serve(config) => return serve::main(config),
         Command::Keys(args) => return keys::main(args, cli.global.output),
+        Command::Bench(args) => return bench::main(args, &cli.global),
         Command::Client(command) => command,
     };
     let (client, reach) = match client_of(&cli.global) {

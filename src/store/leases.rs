@@ -224,7 +224,7 @@ impl StatusRow {
 /// drawn only once the row is locked (or inserted), so per key they increase in grant order.
 /// They are drawn with `next_fencing_token()`, which secures the sequence on the server's
 /// timeline first (see [`super::timeline`]), so a promoted standby never repeats a token.
-const ACQUIRE: &str = concat!(
+pub(crate) const ACQUIRE: &str = concat!(
     "WITH cur AS (SELECT ", lease_columns!("l", ""), ", ", derived_columns!("l"), "
         FROM leases l WHERE l.key = $1 FOR NO KEY UPDATE),
     decision AS (
@@ -236,7 +236,7 @@ const ACQUIRE: &str = concat!(
         END AS verdict
         FROM (VALUES (1)) AS one LEFT JOIN cur ON true),
     granted AS (
-        UPDATE leases SET token = next_fencing_token(), owner = $2, ttl_ms = $3,
+        UPDATE leases SET token = next_fencing_token(), owner = $2, ttl_ms = $3::bigint,
             metadata = $4, crash_recovery = $5, recovery_required = false, acquired_at = now(),
             expires_at = now() + $3 * interval '1 millisecond', end_reason = NULL, ended_at = NULL
         FROM decision WHERE leases.key = $1 AND decision.verdict = 'grant'
@@ -389,6 +389,15 @@ pub async fn acquire(
     }
 }
 
+/// The renew statement ([`renew`]).
+pub(crate) const RENEW: &str = concat!(
+    "UPDATE leases l SET ttl_ms = coalesce($3, l.ttl_ms),
+        expires_at = now() + coalesce($3, l.ttl_ms) * interval '1 millisecond'
+    WHERE l.key = $1 AND l.token = $2 AND l.end_reason IS NULL AND l.expires_at > now()
+    RETURNING ",
+    lease_columns!("l", "")
+);
+
 /// Renews a live lease: one `UPDATE` whose `WHERE` requires the token to be the key's live
 /// lease. The row lock it takes re-checks that condition on the newest version of the row, so a
 /// renew racing a takeover either lands before it (and the takeover sees a live lease) or sees
@@ -400,13 +409,6 @@ pub async fn renew(
     token: FencingToken,
     ttl: Option<TtlMs>,
 ) -> Result<LeaseChange> {
-    const RENEW: &str = concat!(
-        "UPDATE leases l SET ttl_ms = coalesce($3, l.ttl_ms),
-            expires_at = now() + coalesce($3, l.ttl_ms) * interval '1 millisecond'
-        WHERE l.key = $1 AND l.token = $2 AND l.end_reason IS NULL AND l.expires_at > now()
-        RETURNING ",
-        lease_columns!("l", "")
-    );
     let row: Option<LeaseRow> = sqlx::query_as(RENEW)
         .bind(key.as_str())
         .bind(token.get())

@@ -147,6 +147,16 @@ pub fn pool(options: PgConnectOptions, settings: &DbSettings) -> PgPool {
         .connect_lazy_with(options)
 }
 
+/// The statements of the hot paths by name, exactly as the service runs them. `bench/sql/`
+/// holds a copy of each for pgbench (`bench/compare.sh` measures the service against them),
+/// and a test keeps the copies identical.
+pub const HOT_STATEMENTS: [(&str, &str); 4] = [
+    ("acquire", leases::ACQUIRE),
+    ("renew", leases::RENEW),
+    ("put", snapshots::PUT),
+    ("get", snapshots::GET),
+];
+
 /// The migrations in `migrations/`, embedded at build time.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -193,4 +203,26 @@ pub struct RequestContext {
     pub remote_addr: Option<String>,
     /// The authenticated principal (none until authentication exists).
     pub principal: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HOT_STATEMENTS;
+
+    /// `SNAPFENCE_BLESS=1` rewrites the copies instead of comparing them.
+    #[test]
+    fn bench_sql_holds_the_statements_the_service_runs() {
+        for (name, sql) in HOT_STATEMENTS {
+            let path = format!("{}/bench/sql/{name}.sql", env!("CARGO_MANIFEST_DIR"));
+            let copy = format!("{sql};\n");
+            if std::env::var_os("SNAPFENCE_BLESS").is_some() {
+                std::fs::write(&path, &copy).unwrap();
+            }
+            let stored = std::fs::read_to_string(&path).unwrap_or_default();
+            assert!(
+                stored == copy,
+                "{path} is not the statement src/store runs; rerun this test with SNAPFENCE_BLESS=1 to copy it"
+            );
+        }
+    }
 }

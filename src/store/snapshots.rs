@@ -164,7 +164,7 @@ macro_rules! put_statement {
 /// writers race), `stored` inserts the body, and `pruned` drops the version that falls out of
 /// the retention window. Extra parameters: `$8` ETag, `$9` size, `$10` content type, `$11`
 /// body, `$12` versions to keep.
-const PUT: &str = put_statement!("cur.token");
+pub(crate) const PUT: &str = put_statement!("cur.token");
 
 /// The negative control of the fault tests, compiled into debug builds only: [`PUT`] with the
 /// classic fencing bug of checking a token against the highest token *written* to the key
@@ -391,6 +391,13 @@ impl ListedVersion {
     }
 }
 
+/// The snapshot read statement ([`get`]).
+pub(crate) const GET: &str =
+    "SELECT v.version, v.token, v.etag, v.size, v.content_type, v.updated_at, v.body
+    FROM leases l JOIN snapshot_versions v ON v.key = l.key
+    WHERE l.key = $1 AND l.snapshot_etag IS NOT NULL AND v.version > l.snapshot_version - $2
+      AND v.version = coalesce($3, l.snapshot_version)";
+
 /// Reads the current snapshot (`version` = `None`) or one retained version: only versions of a
 /// key that has a current snapshot, within the retention window, so a version that a later write
 /// pruned, or that a delete removed, is gone even if its row lingers. One statement, so the head
@@ -401,11 +408,6 @@ pub async fn get(
     version: Option<Version>,
     keep_versions: i64,
 ) -> Result<Option<Snapshot>> {
-    const GET: &str =
-        "SELECT v.version, v.token, v.etag, v.size, v.content_type, v.updated_at, v.body
-        FROM leases l JOIN snapshot_versions v ON v.key = l.key
-        WHERE l.key = $1 AND l.snapshot_etag IS NOT NULL AND v.version > l.snapshot_version - $2
-          AND v.version = coalesce($3, l.snapshot_version)";
     let row: Option<BodyRow> = sqlx::query_as(GET)
         .bind(key.as_str())
         .bind(keep_versions)

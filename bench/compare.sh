@@ -1,0 +1,251 @@
+#!/usr/bin/env bash
+# The service against its SQL floor (pgbench running the service's own statements) and against
+# a peer (etcd's JSON gateway), side by side in one run, on a throwaway PostgreSQL this script
+# starts itself. Prints one table; see bench/README.md.
+#
+#   bench/compare.sh [--duration 10s] [--clients "1 8 32"] [--keys 10000] [--ops "acquire renew put get"]
+#                    [--with-etcd] [--install] [--memory] [--growth] [--profile]
+#
+#   --install     apt-get install wrk and etcd-server (for --with-etcd) when they are missing
+#   --with-etcd   also load etcd (lease grant; fenced txn; range read) for a peer column
+#   --memory      peak server RSS through the 1 KiB put runs, then with 32 concurrent 8 MiB puts
+#   --growth      the 32-client acquire and put again with 1,000,000 keys and 10,000,000 audit rows
+#   --profile     perf record the server through a 32-client put run; summary in the work dir
+#
+# Runs as root (PostgreSQL then runs as the `postgres` user) or as any user.
+set -euo pipefail
+
+duration=10s clients="1 8 32" keys=10000 ops="acquire renew put get"
+with_etcd=0 install=0 memory=0 growth=0 profile=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --duration) duration=$2; shift ;;
+    --clients) clients=$2; shift ;;
+    --keys) keys=$2; shift ;;
+    --ops) ops=$2; shift ;;
+    --with-etcd) with_etcd=1 ;;
+    --install) install=1 ;;
+    --memory) memory=1 ;;
+    --growth) growth=1 ;;
+    --profile) profile=1 ;;
+    -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "compare.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+secs=${duration%s}
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(dirname "$here")
+say() { printf '\n== %s\n' "$*" >&2; }
+
+if [ "$install" = 1 ]; then
+    missing=()
+    command -v wrk >/dev/null || missing+=(wrk)
+    [ "$with_etcd" = 1 ] && ! command -v etcd >/dev/null && missing+=(etcd-server)
+    [ "$profile" = 1 ] && ! command -v perf >/dev/null && missing+=(linux-perf)
+    if [ ${#missing[@]} -gt 0 ]; then
+        say "installing ${missing[*]}"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+fi
+if [ "$with_etcd" = 1 ] && ! command -v etcd >/dev/null; then
+    echo "compare.sh: --with-etcd needs etcd (apt-get install etcd-server, or pass --install)" >&2
+    exit 2
+fi
+
+say "building snapfence (release)"
+(cd "$root" && cargo build --release --locked --quiet)
+sf=$root/target/release/snapfence
+
+pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
+[ -x "$pgbin/postgres" ] || { echo "compare.sh: no PostgreSQL binaries under /usr/lib/postgresql" >&2; exit 2; }
+work=$(mktemp -d /tmp/snapfence-bench.XXXXXX)
+as_pg=()
+if [ "$(id -u)" = 0 ]; then
+    chown postgres "$work"
+    as_pg=(runuser -u postgres --)
+fi
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+pg_port=$(free_port) sf_port=$(free_port)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    "${as_pg[@]}" "$pgbin/pg_ctl" -D "$work/pg" -m immediate stop >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+say "starting PostgreSQL in $work (fsync and synchronous_commit on, as in production)"
+"${as_pg[@]}" "$pgbin/initdb" -D "$work/pg" -U postgres -A trust -E UTF8 --locale=C >/dev/null
+"${as_pg[@]}" "$pgbin/pg_ctl" -D "$work/pg" -l "$work/pg.log" -w \
+    -o "-p $pg_port -k $work -c listen_addresses=127.0.0.1 -c max_connections=200" start >/dev/null
+psql() { "${as_pg[@]}" "$pgbin/psql" -h 127.0.0.1 -p "$pg_port" -U postgres -d snapfence -v ON_ERROR_STOP=1 -qAt "$@"; }
+"${as_pg[@]}" "$pgbin/createdb" -h 127.0.0.1 -p "$pg_port" -U postgres snapfence
+
+say "starting snapfence on 127.0.0.1:$sf_port"
+DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/snapfence" \
+    "$sf" serve --listen "127.0.0.1:$sf_port" >"$work/serve.log" 2>&1 &
+sf_pid=$!
+pids+=("$sf_pid")
+url=http://127.0.0.1:$sf_port
+for _ in $(seq 100); do curl -fs "$url/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
+curl -fs "$url/readyz" >/dev/null || { cat "$work/serve.log" >&2; exit 1; }
+
+# pgbench runs bench/sql/*.sql, the service's statements (a test keeps them identical), with
+# `$N` turned into pgbench's `:pN`. Each client takes the keys of its own slice in turn, as the
+# workers of `snapfence bench` do. pgbench cannot bind NULL, so an absent value is bound as what
+# the service's NULL stands for there: `'{}'` for If-Match's tags (not sent, so never read), an
+# empty metadata object, and the current version (1) for the read.
+script() { # op -> a pgbench script on stdout
+    local op=$1 sql
+    sql=$(sed 's/;$//' "$here/sql/$op.sql")
+    for n in 12 11 10 9 8 7 6 5 4 3 2 1; do sql=${sql//\$$n/:p$n}; done
+    printf '\\set i :n %% :per + :client_id * :per\n\\set n :n + 1\n\\set p1 :base_key + :i\n'
+    [ "$op" != acquire ] && printf '\\set p2 :base_token + :i\n'
+    printf '%s;\n' "$sql"
+}
+body_hex=$(head -c 1024 /dev/zero | tr '\0' 'a' | od -v -An -tx1 | tr -d ' \n')
+pg_vars() { # op -> the fixed parameters of its statement
+    case $1 in
+    acquire) echo "-D p2=pgbench -D p3=$3 -D p4={} -D p5=false -D p6=false -D p7=pgbench -D p8=127.0.0.1 -D p9=pgbench" ;;
+    renew) echo "-D p3=600000" ;;
+    put) echo "-D p3=false -D p4={} -D p5=pgbench -D p6=127.0.0.1 -D p7=pgbench -D p8=pgbench-etag -D p9=1024 -D p10=application/octet-stream -D p11=\\x$body_hex -D p12=10" ;;
+    get) echo "-D p2=10 -D p3=1" ;;
+    esac
+}
+base_key() { case $1 in acquire) echo 10000000 ;; renew) echo 20000000 ;; put) echo 30000000 ;; get) echo 40000000 ;; esac; }
+pgbench_run() { # op clients seconds [transactions] -> tps
+    local op=$1 c=$2 t=$3 per=$((keys / $2)) j=$(($2 < 2 ? 1 : 2))
+    script "$op" >"$work/$op.pgbench"
+    local run=(-T "$t")
+    [ -n "${4:-}" ] && run=(-t "$4")
+    # shellcheck disable=SC2046
+    "${as_pg[@]}" "$pgbin/pgbench" -h 127.0.0.1 -p "$pg_port" -U postgres -n -M prepared \
+        -c "$c" -j "$j" "${run[@]}" -f "$work/$op.pgbench" -D n=0 -D per="$per" \
+        -D base_key="${key_base:-$(base_key "$op")}" -D base_token="${base_token:-0}" \
+        $(pg_vars "$op" "$c" 100) snapfence 2>&1 | tee -a "$work/pgbench.log" |
+        sed -n 's/^tps = \([0-9]*\).*/\1/p'
+}
+# Leases for the pgbench keys of renew, put and get, taken in key order by one client so that
+# key i has token base_token + i; a read's key also gets its first version.
+pgbench_prepare() {
+    local op=$1
+    if [ "$op" = acquire ]; then
+        pgbench_run acquire 1 0 "$keys" >/dev/null
+        return
+    fi
+    script acquire >"$work/prep.pgbench"
+    # shellcheck disable=SC2046
+    "${as_pg[@]}" "$pgbin/pgbench" -h 127.0.0.1 -p "$pg_port" -U postgres -n -M prepared -c 1 -t "$keys" \
+        -f "$work/prep.pgbench" -D n=0 -D per="$keys" -D base_key="$(base_key "$op")" \
+        $(pg_vars acquire 1 600000) snapfence >>"$work/pgbench.log" 2>&1
+    base_token=$(psql -c "SELECT min(token) FROM leases WHERE key ~ '^[0-9]+$' AND key::bigint >= $(base_key "$op") AND key::bigint < $(base_key "$op") + $keys")
+    local contiguous
+    contiguous=$(psql -c "SELECT count(*) FROM leases WHERE key ~ '^[0-9]+$' AND key::bigint - $(base_key "$op") BETWEEN 0 AND $keys - 1 AND token = $base_token + key::bigint - $(base_key "$op")")
+    [ "$contiguous" = "$keys" ] || { echo "compare.sh: the $op leases' tokens are not contiguous ($contiguous of $keys); is something else using the database?" >&2; exit 1; }
+    if [ "$op" = get ]; then
+        key_base=$(base_key get) pgbench_run put 1 0 "$keys" >/dev/null
+    fi
+}
+
+bench() { # op clients [extra args] -> the JSON report
+    local op=$1 c=$2
+    shift 2
+    "$sf" bench --url "${target_url:-$url}" --op "$op" --concurrency "$c" --duration "$duration" --keys "$keys" --output json "$@" 2>>"$work/bench.log"
+}
+field() { python3 -c 'import json,sys; r=json.load(sys.stdin); v=r; [v:=v[k] for k in sys.argv[1].split(".")]; print(v if not isinstance(v,float) else (f"{v:.0f}" if v >= 100 else f"{v:.2f}"))' "$1"; }
+errors() { python3 -c 'import json,sys; r=json.load(sys.stdin); e=r["errors"]; v=r["verified"]; print((",".join(f"{k}:{n}" for k,n in e.items()) or "-") + ("" if "ok" in v else " CHECK-FAILED"))'; }
+ratio() { python3 -c 'import sys; a,b=map(float,sys.argv[1:]); print(f"{a/b:.2f}" if b else "-")' "$1" "$2"; }
+
+wrk_get() { # clients prefix keys -> requests/s of wrk reading the snapshots `snapfence bench` prepared
+    local c=$1 prefix=$2 used=$3 t=$(($1 < 2 ? 1 : 2))
+    cat >"$work/get.lua" <<EOF
+local n = 0
+request = function()
+    n = n + 1
+    return wrk.format("GET", "/v1/snapshots/$prefix" .. ((n * 7919) % $used))
+end
+EOF
+    wrk -t "$t" -c "$c" -d "$duration" -s "$work/get.lua" "$url" 2>&1 | tee -a "$work/wrk.log" |
+        awk '/Requests\/sec/ {print $2} /Non-2xx/ {print "non-2xx " $4 > "/dev/stderr"}'
+}
+
+etcd_url=
+if [ "$with_etcd" = 1 ]; then
+    etcd_port=$(free_port) etcd_peer=$(free_port)
+    say "starting etcd on 127.0.0.1:$etcd_port ($(etcd --version | head -1))"
+    etcd --data-dir "$work/etcd" --listen-client-urls "http://127.0.0.1:$etcd_port" \
+        --advertise-client-urls "http://127.0.0.1:$etcd_port" --listen-peer-urls "http://127.0.0.1:$etcd_peer" \
+        --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer" \
+        --initial-cluster "default=http://127.0.0.1:$etcd_peer" >"$work/etcd.log" 2>&1 &
+    pids+=("$!")
+    etcd_url=http://127.0.0.1:$etcd_port
+    for _ in $(seq 100); do curl -fs "$etcd_url/health" >/dev/null 2>&1 && break; sleep 0.2; done
+fi
+
+rss_peak() { awk '/VmHWM/ {printf "%.1f", $2 / 1024}' "/proc/$sf_pid/status"; }
+rows=()
+declare -A at32
+for op in $ops; do
+    say "$op: pgbench (the service's statement) at $clients clients"
+    pgbench_prepare "$op"
+    for c in $clients; do
+        pg=$(pgbench_run "$op" "$c" "$secs")
+        if [ "$op" = acquire ]; then sleep 0.2; fi
+        say "$op x$c: snapfence bench"
+        report=$(bench "$op" "$c")
+        ops_s=$(field ops_per_sec <<<"$report")
+        p50=$(field latency_ms.p50 <<<"$report") p99=$(field latency_ms.p99 <<<"$report")
+        errs=$(errors <<<"$report")
+        wrk_s=-
+        if [ "$op" = get ] && command -v wrk >/dev/null; then
+            wrk_s=$(wrk_get "$c" "$(field prefix <<<"$report" | sed 's#/#%2F#g')" "$(field keys <<<"$report")")
+        fi
+        etcd_s=- vs_etcd=-
+        if [ -n "$etcd_url" ] && [ "$op" != renew ]; then
+            say "$op x$c: etcd"
+            etcd_s=$(target_url=$etcd_url bench "$op" "$c" --target etcd | field ops_per_sec)
+            vs_etcd=$(ratio "$ops_s" "$etcd_s")
+        fi
+        if [ "$c" = 32 ]; then at32[$op]=$ops_s; fi
+        rows+=("$(printf '%-8s %7s %10s %10s %7s %8s %8s %10s %10s %7s  %s' "$op" "$c" "$pg" "$ops_s" \
+            "$(ratio "$ops_s" "$pg")" "$p50" "$p99" "$wrk_s" "$etcd_s" "$vs_etcd" "$errs")")
+    done
+    if [ "$op" = put ]; then put_rss=$(rss_peak); fi
+done
+
+extra=()
+if [ "$memory" = 1 ]; then
+    say "memory: 32 concurrent 8 MiB puts"
+    big=$(bench put 32 --keys 32 --body-bytes 8388608 --duration 5s)
+    extra+=("peak RSS through the 1 KiB put runs: ${put_rss:-?} MiB (target < 64)")
+    extra+=("peak RSS with 32 concurrent 8 MiB puts: $(rss_peak) MiB (target < 384), $(field ops_per_sec <<<"$big") puts/s, errors $(errors <<<"$big")")
+fi
+if [ "$growth" = 1 ]; then
+    say "growth: adding 1,000,000 keys and 10,000,000 audit rows"
+    psql -c "INSERT INTO leases (key, token, owner, ttl_ms, crash_recovery, acquired_at, expires_at)
+             SELECT 'growth/' || i, next_fencing_token(), 'growth', 1000, false, now(), now() FROM generate_series(1, 1000000) i"
+    psql -c "INSERT INTO rejections (key, reason, presented_token, highest_token, holder, operation)
+             SELECT 'growth/' || (i % 1000000), 'stale_token', 1, 2, 'growth', 'put' FROM generate_series(1, 10000000) i"
+    psql -c "VACUUM ANALYZE"
+    for op in acquire put; do
+        g=$(bench "$op" 32 | field ops_per_sec)
+        extra+=("$op x32 with 1M keys and 10M audit rows: $g/s against ${at32[$op]:-?}/s before ($(ratio "$g" "${at32[$op]:-0}") x; target >= 0.80)")
+    done
+fi
+if [ "$profile" = 1 ]; then
+    say "profile: perf record of the server through a 32-client put run"
+    perf record -F 999 -g -p "$sf_pid" -o "$work/perf.data" -- sleep "$secs" >/dev/null 2>&1 &
+    bench put 32 >/dev/null
+    wait
+    perf report -i "$work/perf.data" --no-children --sort dso,symbol --stdio 2>/dev/null | head -60 >"$work/perf.txt"
+    extra+=("profile: $work/perf.txt")
+fi
+
+echo
+echo "snapfence $("$sf" --version | cut -d' ' -f2) vs pgbench (PostgreSQL $("${as_pg[@]}" "$pgbin/postgres" --version | awk '{print $3}')) on $(nproc) cores, loopback, $duration per cell, $keys keys, 1 KiB bodies"
+printf '%-8s %7s %10s %10s %7s %8s %8s %10s %10s %7s  %s\n' op clients pgbench/s service/s ratio p50ms p99ms wrk/s etcd/s x-etcd errors
+for r in "${rows[@]}"; do echo "$r"; done
+for e in "${extra[@]}"; do echo "$e"; done
+echo "(work dir: $work; logs of every tool are there)"
+trap - EXIT
+cleanup

@@ -1,0 +1,259 @@
+//! `snapfence bench`: an HTTP load generator for the service (and, for comparison, for etcd's
+//! JSON gateway doing the same work).
+//!
+//! Each of `--concurrency` workers owns a slice of the `--keys` keys, so no two workers contend
+//! for one key and every answer can be checked against what that worker alone did: a fenced
+//! write must come back with the worker's token and the next version of the key, and after the
+//! run every key's newest token and version are read back and compared with the writes that were
+//! counted as accepted. An error is counted by its contract code, never as a success. The
+//! numbers are the server's: requests are sent over keep-alive connections and a request
+//! is timed from before it is sent until its answer has been read and checked.
+
+mod report;
+mod target;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use tokio::time::Instant;
+
+use super::{Exit, Global, Output, client_of};
+use crate::client::RetryPolicy;
+use report::Recorder;
+pub use report::Report;
+use target::{Target, Worker};
+
+/// `snapfence bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// What each request does: `acquire` a lease (each key's lease expires before its worker
+    /// comes back to it), `renew` a held lease, `put` a fenced write, `get` a snapshot, or
+    /// `mixed` (70% get, 20% put, 10% renew).
+    #[arg(long, value_enum)]
+    pub op: Op,
+    /// Requests in flight at once, one worker each.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// How long to send requests for, after the keys are prepared.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "20s")]
+    pub duration: Duration,
+    /// How many keys the workers share out (at least one per worker).
+    #[arg(long, default_value_t = 10_000)]
+    pub keys: usize,
+    /// The size of each written body.
+    #[arg(long, default_value_t = 1024)]
+    pub body_bytes: usize,
+    /// Whose API to load: snapfence at --url, or etcd's v3 JSON gateway at --url (`acquire` is
+    /// a lease grant, `put` a transaction that compares a fence key and then puts the fence and
+    /// the body, `get` a range read).
+    #[arg(long, value_enum, default_value = "snapfence")]
+    pub target: TargetKind,
+    /// Key names begin with this [default: `bench/` and a random run id, so that runs on one
+    /// database never meet each other's leases].
+    #[arg(long)]
+    pub prefix: Option<String>,
+}
+
+/// What each request of a run does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Op {
+    /// Acquire a lease.
+    Acquire,
+    /// Renew a held lease.
+    Renew,
+    /// A fenced write.
+    Put,
+    /// Read a snapshot.
+    Get,
+    /// 70% get, 20% put, 10% renew.
+    Mixed,
+}
+
+/// The service a run loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TargetKind {
+    /// snapfence.
+    Snapfence,
+    /// etcd's v3 JSON gateway, for comparison.
+    Etcd,
+}
+
+/// Runs `snapfence bench`.
+pub fn main(args: BenchArgs, global: &Global) -> ExitCode {
+    let fail = |message: String| -> ExitCode {
+        eprintln!("snapfence bench: {message}");
+        Exit::Usage.into()
+    };
+    if args.concurrency == 0 || args.keys < args.concurrency {
+        return fail(format!(
+            "--keys ({}) must be at least --concurrency ({}), which must be at least 1: each worker needs keys of its own",
+            args.keys, args.concurrency
+        ));
+    }
+    let target = match args.target {
+        TargetKind::Snapfence => match client_of(global) {
+            Ok((client, _)) => Target::Snapfence(client.with_retry(RetryPolicy::none())),
+            Err(message) => return fail(message),
+        },
+        TargetKind::Etcd => match Target::etcd(&global.url, global.timeout, args.op) {
+            Ok(target) => target,
+            Err(message) => return fail(message),
+        },
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(format!("cannot start the async runtime: {e}")),
+    };
+    match runtime.block_on(run(&args, Arc::new(target))) {
+        Ok(report) => {
+            match global.output {
+                Output::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).expect("a report serializes")
+                ),
+                Output::Table => print!("{report}"),
+            }
+            if report.verified.is_ok() {
+                ExitCode::SUCCESS
+            } else {
+                Exit::Failure.into()
+            }
+        }
+        Err(message) => {
+            eprintln!("snapfence bench: {message}");
+            Exit::Failure.into()
+        }
+    }
+}
+
+/// Prepares the keys, runs the load, and checks what it wrote.
+async fn run(args: &BenchArgs, target: Arc<Target>) -> Result<Report, String> {
+    let prefix = args
+        .prefix
+        .clone()
+        .unwrap_or_else(|| format!("bench/{}/", &uuid::Uuid::new_v4().simple().to_string()[..8]));
+    let body = bytes::Bytes::from(
+        (0..args.body_bytes)
+            .map(|i| b"0123456789abcdef"[i % 16])
+            .collect::<Vec<u8>>(),
+    );
+    let per = args.keys / args.concurrency;
+    let mut workers = (0..args.concurrency)
+        .map(|w| Worker::new(w, &prefix, w * per..(w + 1) * per, body.clone()))
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let bar = progress(per * args.concurrency, "preparing keys");
+    let prepared = each_worker(&mut workers, |mut worker| {
+        let (target, bar) = (target.clone(), bar.clone());
+        let op = args.op;
+        async move {
+            let done = worker.prepare(&target, op, &bar).await;
+            (worker, done)
+        }
+    })
+    .await?;
+    bar.finish_and_clear();
+    workers = prepared;
+    if args.op == Op::Acquire {
+        // The prepared leases are short; the run acquires each key again once they expired.
+        tokio::time::sleep(target::ACQUIRE_TTL + Duration::from_millis(50)).await;
+    }
+
+    let recorder = Recorder::default();
+    let sent = Arc::new(AtomicU64::new(0));
+    let ticker = ticker(args.duration, sent.clone());
+    let started = Instant::now();
+    let deadline = started + args.duration;
+    workers = each_worker(&mut workers, |mut worker| {
+        let (target, recorder, sent) = (target.clone(), recorder.clone(), sent.clone());
+        let op = args.op;
+        async move {
+            let mut seen = report::Histogram::new();
+            let mut errors = report::Errors::new();
+            while Instant::now() < deadline {
+                let begun = Instant::now();
+                match worker.op(&target, op).await {
+                    Ok(()) => seen.record(begun.elapsed()),
+                    Err(code) => *errors.entry(code).or_default() += 1,
+                }
+                sent.fetch_add(1, Ordering::Relaxed);
+            }
+            recorder.add(&seen, &errors);
+            (worker, Ok::<(), String>(()))
+        }
+    })
+    .await?;
+    let elapsed = started.elapsed();
+    ticker.finish_and_clear();
+
+    let bar = progress(per * args.concurrency, "checking what was written");
+    let checked = each_worker(&mut workers, |worker| {
+        let (target, bar) = (target.clone(), bar.clone());
+        async move {
+            let verdict = worker.verify(&target, &bar).await;
+            (worker, verdict)
+        }
+    })
+    .await;
+    bar.finish_and_clear();
+    Ok(recorder.report(args, &prefix, elapsed, checked.map(|_| ())))
+}
+
+/// Runs `f` on every worker at once; gives the workers back, or the first failure.
+async fn each_worker<F, Fut>(workers: &mut Vec<Worker>, f: F) -> Result<Vec<Worker>, String>
+where
+    F: Fn(Worker) -> Fut,
+    Fut: Future<Output = (Worker, Result<(), String>)> + Send + 'static,
+{
+    let tasks: Vec<_> = workers.drain(..).map(|w| tokio::spawn(f(w))).collect();
+    let mut back = Vec::with_capacity(tasks.len());
+    let mut failure = None;
+    for task in tasks {
+        let (worker, done) = task.await.map_err(|e| format!("a worker crashed: {e}"))?;
+        if let Err(e) = done {
+            failure.get_or_insert(e);
+        }
+        back.push(worker);
+    }
+    failure.map_or(Ok(back), Err)
+}
+
+/// A bar on stderr (hidden when stderr is not a terminal) for a phase of `len` steps.
+fn progress(len: usize, what: &'static str) -> ProgressBar {
+    let bar = ProgressBar::new(len as u64).with_message(what);
+    bar.set_style(
+        ProgressStyle::with_template("{msg:<26} [{bar:40}] {pos}/{len} ({per_sec}, {eta} left)")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    bar
+}
+
+/// A bar that shows the run's elapsed time against its duration, and the requests so far.
+fn ticker(duration: Duration, sent: Arc<AtomicU64>) -> ProgressBar {
+    let bar = ProgressBar::new(duration.as_secs().max(1));
+    bar.set_style(
+        ProgressStyle::with_template("running {elapsed:>4} of {len}s [{bar:40}] {msg}")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    let shown = bar.clone();
+    let started = std::time::Instant::now();
+    tokio::spawn(async move {
+        while !shown.is_finished() {
+            shown.set_position(started.elapsed().as_secs());
+            shown.set_message(format!("{} requests", sent.load(Ordering::Relaxed)));
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    });
+    bar
+}

@@ -1,0 +1,332 @@
+//! What one request of each kind is against each target, and how a worker prepares and checks
+//! its keys.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use bytes::Bytes;
+use indicatif::ProgressBar;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+
+use super::Op;
+use crate::client::{AcquireRequest, Client, Error, PutOptions};
+use crate::domain::{FencingToken, Key, LeaseState, Owner, Version};
+
+/// The TTL of the leases an `acquire` run takes: the shortest the default bounds allow, so each
+/// has expired by the time its worker comes back to its key.
+pub(super) const ACQUIRE_TTL: Duration = Duration::from_millis(100);
+/// The TTL of the leases that `renew`, `put`, `get` and `mixed` hold through the run.
+const HELD_TTL: Duration = Duration::from_secs(600);
+/// The TTL of an etcd lease grant, in seconds.
+const ETCD_LEASE_TTL: u64 = 60;
+
+/// A code for an answer that is a success but not the right one (a wrong version or token, a
+/// body of the wrong size): the benchmark counts it as an error and the run fails its check.
+pub(super) const WRONG_ANSWER: &str = "wrong_answer";
+
+/// The service a run loads.
+pub(super) enum Target {
+    /// snapfence, through the crate's own client (without retries: every failure is counted).
+    Snapfence(Client),
+    /// etcd's v3 JSON gateway.
+    Etcd {
+        /// Keep-alive connections to it.
+        http: reqwest::Client,
+        /// `http://host:port`.
+        base: String,
+    },
+}
+
+impl Target {
+    /// The etcd target, for the operations it has an equivalent of.
+    pub(super) fn etcd(url: &str, timeout: Duration, op: Op) -> Result<Self, String> {
+        if matches!(op, Op::Renew | Op::Mixed) {
+            return Err(format!(
+                "--target etcd has no equivalent of --op {op:?}; use acquire, put or get"
+            ));
+        }
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .build()
+            .map_err(|e| format!("cannot set up the HTTP client: {e}"))?;
+        Ok(Self::Etcd {
+            http,
+            base: url.trim_end_matches('/').to_owned(),
+        })
+    }
+}
+
+/// What a worker knows of one of its keys.
+struct KeyState {
+    key: Key,
+    /// The token of the worker's lease on it.
+    token: Option<FencingToken>,
+    /// The version of its newest accepted write (0 before any).
+    version: i64,
+}
+
+/// One of the concurrent workers, with the keys it alone uses.
+pub(super) struct Worker {
+    keys: Vec<KeyState>,
+    next: usize,
+    owner: Owner,
+    body: Bytes,
+    rng: SmallRng,
+}
+
+impl Worker {
+    /// Worker `id`, with the keys `{prefix}{i}` for `i` in `keys`.
+    pub(super) fn new(
+        id: usize,
+        prefix: &str,
+        keys: Range<usize>,
+        body: Bytes,
+    ) -> Result<Self, String> {
+        let keys = keys
+            .map(|i| {
+                Key::parse(format!("{prefix}{i}"))
+                    .map(|key| KeyState {
+                        key,
+                        token: None,
+                        version: 0,
+                    })
+                    .map_err(|e| format!("--prefix {prefix:?} does not make valid keys: {e}"))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            keys,
+            next: 0,
+            owner: Owner::parse(format!("bench-{id}")).expect("a valid owner"),
+            body,
+            rng: SmallRng::seed_from_u64(id as u64),
+        })
+    }
+
+    /// Makes the worker's keys ready for `op`: leases for everything but an etcd run, and a
+    /// first snapshot for reads.
+    pub(super) async fn prepare(
+        &mut self,
+        target: &Target,
+        op: Op,
+        bar: &ProgressBar,
+    ) -> Result<(), String> {
+        for i in 0..self.keys.len() {
+            let ready = match (target, op) {
+                (Target::Snapfence(client), Op::Acquire) => {
+                    self.acquire(client, i, ACQUIRE_TTL).await
+                }
+                (Target::Snapfence(client), _) => {
+                    self.acquire(client, i, HELD_TTL).await?;
+                    if matches!(op, Op::Get | Op::Mixed) {
+                        self.put(client, i).await?;
+                    }
+                    Ok(())
+                }
+                (Target::Etcd { .. }, Op::Put) => {
+                    let fence = self.etcd_fence(i);
+                    etcd_call(target, "kv/put", json!({"key": fence.0, "value": fence.1}))
+                        .await
+                        .map(drop)
+                }
+                (Target::Etcd { .. }, Op::Get) => {
+                    let body =
+                        json!({"key": self.etcd_body_key(i), "value": STANDARD.encode(&self.body)});
+                    etcd_call(target, "kv/put", body).await.map(drop)
+                }
+                (Target::Etcd { .. }, _) => Ok(()),
+            };
+            ready.map_err(|code| {
+                format!(
+                    "preparing key {} failed ({code}); is the server at --url up, and is --prefix free?",
+                    self.keys[i].key
+                )
+            })?;
+            bar.inc(1);
+        }
+        Ok(())
+    }
+
+    /// One request of the run; `Err` holds the code it is counted under.
+    pub(super) async fn op(&mut self, target: &Target, op: Op) -> Result<(), String> {
+        let i = self.next;
+        self.next = (self.next + 1) % self.keys.len();
+        let op = match op {
+            Op::Mixed => match self.rng.random_range(0..10) {
+                0..7 => Op::Get,
+                7..9 => Op::Put,
+                _ => Op::Renew,
+            },
+            op => op,
+        };
+        match (target, op) {
+            (Target::Snapfence(client), Op::Acquire) => self.acquire(client, i, ACQUIRE_TTL).await,
+            (Target::Snapfence(client), Op::Renew) => {
+                let state = &self.keys[i];
+                let token = state.token.expect("prepared");
+                let lease = client
+                    .renew(&state.key, token, Some(HELD_TTL))
+                    .await
+                    .map_err(|e| code(&e))?;
+                check(lease.token == token)
+            }
+            (Target::Snapfence(client), Op::Put) => self.put(client, i).await,
+            (Target::Snapfence(client), _) => {
+                let state = &self.keys[i];
+                let read = client
+                    .get_snapshot(&state.key)
+                    .await
+                    .map_err(|e| code(&e))?;
+                check(
+                    read.body.len() == self.body.len() && read.head.version.get() == state.version,
+                )
+            }
+            (Target::Etcd { .. }, Op::Acquire) => {
+                let granted =
+                    etcd_call(target, "lease/grant", json!({"TTL": ETCD_LEASE_TTL})).await?;
+                check(granted.get("ID").is_some())
+            }
+            (Target::Etcd { .. }, Op::Put) => self.etcd_put(target, i).await,
+            (Target::Etcd { .. }, _) => {
+                let read =
+                    etcd_call(target, "kv/range", json!({"key": self.etcd_body_key(i)})).await?;
+                let size = read["kvs"][0]["value"].as_str().map_or(0, str::len);
+                check(size == self.body.len().div_ceil(3) * 4)
+            }
+        }
+    }
+
+    /// After the run: every key's newest token is still this worker's, and its snapshot is the
+    /// version the accepted writes counted up to, written with that token. Nothing can have been
+    /// counted as accepted that the server did not keep.
+    pub(super) async fn verify(&self, target: &Target, bar: &ProgressBar) -> Result<(), String> {
+        let Target::Snapfence(client) = target else {
+            bar.inc(self.keys.len() as u64);
+            return Ok(());
+        };
+        for state in &self.keys {
+            let Some(token) = state.token else {
+                bar.inc(1);
+                continue;
+            };
+            let failed = |what: String| format!("check of key {}: {what}", state.key);
+            let status = client
+                .lease_status(&state.key)
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+            if status.newest_token != token {
+                return Err(failed(format!(
+                    "the newest token is {}, not this run's {token}",
+                    status.newest_token
+                )));
+            }
+            if status.state != LeaseState::Held && state.version > 0 {
+                return Err(failed(format!("the lease is {:?}, not held", status.state)));
+            }
+            if state.version > 0 {
+                let head = client
+                    .head_snapshot(&state.key)
+                    .await
+                    .map_err(|e| failed(e.to_string()))?;
+                if head.version.get() != state.version || head.token != token {
+                    return Err(failed(format!(
+                        "the snapshot is version {} by token {}; the run counted {} accepted writes ending with token {token}",
+                        head.version, head.token, state.version
+                    )));
+                }
+            }
+            bar.inc(1);
+        }
+        Ok(())
+    }
+
+    async fn acquire(&mut self, client: &Client, i: usize, ttl: Duration) -> Result<(), String> {
+        let state = &mut self.keys[i];
+        let grant = client
+            .acquire(&state.key, &AcquireRequest::new(self.owner.clone(), ttl))
+            .await
+            .map_err(|e| code(&e))?;
+        let fresh = state.token.is_none_or(|old| grant.lease.token > old);
+        state.token = Some(grant.lease.token);
+        check(fresh)
+    }
+
+    /// A fenced write, which must come back as the key's next version under this worker's token.
+    async fn put(&mut self, client: &Client, i: usize) -> Result<(), String> {
+        let state = &mut self.keys[i];
+        let token = state.token.expect("prepared");
+        let written = client
+            .put_snapshot(&state.key, token, self.body.clone(), &PutOptions::default())
+            .await
+            .map_err(|e| code(&e))?;
+        let expected = state.version + 1;
+        state.version = written.meta.version.get();
+        check(written.meta.token == token && written.meta.version == Version::from_stored(expected))
+    }
+
+    /// The fence key of key `i` and the token it holds, base64 as etcd's gateway takes them.
+    fn etcd_fence(&self, i: usize) -> (String, String) {
+        (
+            STANDARD.encode(format!("{}/fence", self.keys[i].key)),
+            STANDARD.encode("1"),
+        )
+    }
+
+    fn etcd_body_key(&self, i: usize) -> String {
+        STANDARD.encode(format!("{}/body", self.keys[i].key))
+    }
+
+    /// etcd's fenced write: if the fence key still holds the token, put the fence and the body.
+    async fn etcd_put(&self, target: &Target, i: usize) -> Result<(), String> {
+        let (fence, token) = self.etcd_fence(i);
+        let body = STANDARD.encode(&self.body);
+        let txn = json!({
+            "compare": [{"key": fence, "target": "VALUE", "result": "EQUAL", "value": token}],
+            "success": [
+                {"request_put": {"key": fence, "value": token}},
+                {"request_put": {"key": self.etcd_body_key(i), "value": body}},
+            ],
+        });
+        let answer = etcd_call(target, "kv/txn", txn).await?;
+        check(answer["succeeded"].as_bool() == Some(true))
+    }
+}
+
+/// `Ok` when an answer checked out, else the [`WRONG_ANSWER`] code.
+fn check(right: bool) -> Result<(), String> {
+    if right {
+        Ok(())
+    } else {
+        Err(WRONG_ANSWER.to_owned())
+    }
+}
+
+/// The code a failed call is counted under: the contract's code, or what failed instead.
+fn code(e: &Error) -> String {
+    match (e.code(), e) {
+        (Some(code), _) => code.to_owned(),
+        (None, Error::Transport { .. }) => "transport".to_owned(),
+        (None, Error::Unexpected { status, .. }) => format!("http_{}", status.as_u16()),
+        (None, _) => "protocol".to_owned(),
+    }
+}
+
+/// A call of etcd's gateway: `POST /v3/{path}` with a JSON body.
+async fn etcd_call(target: &Target, path: &str, body: Value) -> Result<Value, String> {
+    let Target::Etcd { http, base } = target else {
+        unreachable!("an etcd call on the etcd target only")
+    };
+    let answer = http
+        .post(format!("{base}/v3/{path}"))
+        .json(&body)
+        .send()
+        .await
+        .map_err(|_| "transport".to_owned())?;
+    if !answer.status().is_success() {
+        return Err(format!("http_{}", answer.status().as_u16()));
+    }
+    answer.json().await.map_err(|_| "protocol".to_owned())
+}
