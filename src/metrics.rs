@@ -58,9 +58,12 @@ pub struct Metrics {
     pub rejections: Family<Label, Counter>,
     /// Keys whose recovery record is open, read at scrape time.
     pub recovery_records_open: Gauge,
-    /// Pool connections, by state (`in_use`, `idle`), read at scrape time.
+    /// Connections of the pool the requests use, by state (`in_use`, `idle`), read at scrape
+    /// time.
     pub pool_connections: Family<Label, Gauge>,
-    /// The pool's size limit.
+    /// Requests waiting for a connection of that pool, read at scrape time.
+    pub pool_waiting: Gauge,
+    /// That pool's size limit.
     pub pool_max: Gauge,
 }
 
@@ -83,6 +86,7 @@ impl Metrics {
             rejections: Family::default(),
             recovery_records_open: Gauge::default(),
             pool_connections: Family::default(),
+            pool_waiting: Gauge::default(),
             pool_max: Gauge::default(),
             registry: Registry::default(),
         };
@@ -126,6 +130,11 @@ impl Metrics {
             "db_pool_connections",
             "Database pool connections of this instance, by state (in_use, idle)",
             m.pool_connections.clone(),
+        );
+        registry.register(
+            "db_pool_waiting",
+            "Requests waiting for a database pool connection",
+            m.pool_waiting.clone(),
         );
         registry.register(
             "db_pool_max_connections",

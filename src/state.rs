@@ -7,6 +7,8 @@ use sqlx::PgPool;
 
 use crate::domain::TtlBounds;
 use crate::metrics::Metrics;
+use crate::store::Db;
+use crate::store::keys::KeyCache;
 
 /// The rules an instance enforces, from its configuration.
 #[derive(Debug, Clone)]
@@ -49,18 +51,22 @@ impl Default for Rules {
 #[derive(Debug, Clone)]
 pub struct AppState {
     /// The database.
-    pub db: PgPool,
+    pub db: Db,
     /// The rules.
     pub rules: Arc<Rules>,
     /// This instance's metrics.
     pub metrics: Arc<Metrics>,
+    /// This instance's copy of the live API keys.
+    pub keys: KeyCache,
 }
 
 impl AppState {
-    /// State over a pool with the given rules.
+    /// State over a pool with the given rules; starts following the API keys, so it must be
+    /// called within a Tokio runtime.
     pub fn new(db: PgPool, rules: Rules) -> Self {
         Self {
-            db,
+            keys: KeyCache::follow(db.clone()),
+            db: Db::new(db),
             rules: Arc::new(rules),
             metrics: Metrics::new(),
         }

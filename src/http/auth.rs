@@ -53,7 +53,7 @@ pub async fn authorize(
     next: Next,
 ) -> Result<Response, ApiError> {
     let presented = presented(&req)?;
-    let lookup = store::keys::authenticate(&state.db, presented.as_ref()).await?;
+    let lookup = store::keys::authenticate(&state.db, &state.keys, presented.as_ref()).await?;
     let principal = match (presented, lookup.principal) {
         (Some(_), Some(principal)) => principal,
         (Some(_), None) => return Err(ApiError::Unauthorized(BAD_KEY)),

@@ -38,16 +38,15 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
 /// leaves those gauges at their last value rather than failing the scrape.
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let m = &state.metrics;
-    let size = i64::from(state.db.size());
-    let idle = state.db.num_idle() as i64;
+    let hot = state.db.hot_status();
     m.pool_connections
         .get_or_create(&[("state", "in_use")])
-        .set(size - idle);
+        .set((hot.open - hot.idle) as i64);
     m.pool_connections
         .get_or_create(&[("state", "idle")])
-        .set(idle);
-    m.pool_max
-        .set(i64::from(state.db.options().get_max_connections()));
+        .set(hot.idle as i64);
+    m.pool_waiting.set(hot.waiting as i64);
+    m.pool_max.set(hot.max as i64);
     match store::leases::count_recovery_pending(&state.db).await {
         Ok(n) => {
             m.recovery_records_open.set(n);

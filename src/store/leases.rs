@@ -10,7 +10,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::{FromRow, PgPool};
 
-use super::{Bounded, RequestContext, Result};
+use super::{Bounded, Db, RequestContext, Result};
 use crate::domain::{
     Cursor, FencingToken, Key, KeyPrefix, KeyStatus, Lease, LeaseState, Metadata, Owner, PageLimit,
     RecoveryReason, RecoveryRecord, TtlMs,
@@ -339,25 +339,26 @@ impl StatusRowOpt {
 
 /// Acquires a key: one statement (`ACQUIRE`), run a second time only when it lost the race
 /// to create a new key's row (rows are never deleted, so a second run always finds one).
-#[tracing::instrument(skip_all, fields(key = %req.key))]
+#[tracing::instrument(level = "debug", skip_all, fields(key = %req.key))]
 pub async fn acquire(
-    pool: &PgPool,
+    db: &Db,
     req: &AcquireRequest,
     ctx: &RequestContext,
 ) -> Result<AcquireOutcome> {
     loop {
-        let row: AcquireRow = sqlx::query_as(ACQUIRE)
-            .bind(req.key.as_str())
-            .bind(req.owner.as_str())
-            .bind(req.ttl.get())
-            .bind(req.metadata.as_ref().map(Metadata::as_json))
-            .bind(req.crash_recovery)
-            .bind(req.reconciled)
-            .bind(ctx.request_id.as_deref())
-            .bind(ctx.remote_addr.as_deref())
-            .bind(ctx.principal.as_deref())
-            .fetch_one(pool)
-            .bounded(pool)
+        let row: AcquireRow = db
+            .fetch_one(
+                sqlx::query_as(ACQUIRE)
+                    .bind(req.key.as_str())
+                    .bind(req.owner.as_str())
+                    .bind(req.ttl.get())
+                    .bind(req.metadata.as_ref().map(Metadata::as_json))
+                    .bind(req.crash_recovery)
+                    .bind(req.reconciled)
+                    .bind(ctx.request_id.as_deref())
+                    .bind(ctx.remote_addr.as_deref())
+                    .bind(ctx.principal.as_deref()),
+            )
             .await?;
         let granted = row.granted.into_row();
         let current = row.current.into_row();
@@ -402,19 +403,20 @@ pub(crate) const RENEW: &str = concat!(
 /// lease. The row lock it takes re-checks that condition on the newest version of the row, so a
 /// renew racing a takeover either lands before it (and the takeover sees a live lease) or sees
 /// the new token and changes nothing.
-#[tracing::instrument(skip_all, fields(key = %key))]
+#[tracing::instrument(level = "debug", skip_all, fields(key = %key))]
 pub async fn renew(
-    pool: &PgPool,
+    db: &Db,
     key: &Key,
     token: FencingToken,
     ttl: Option<TtlMs>,
 ) -> Result<LeaseChange> {
-    let row: Option<LeaseRow> = sqlx::query_as(RENEW)
-        .bind(key.as_str())
-        .bind(token.get())
-        .bind(ttl.map(TtlMs::get))
-        .fetch_optional(pool)
-        .bounded(pool)
+    let row: Option<LeaseRow> = db
+        .fetch_optional(
+            sqlx::query_as(RENEW)
+                .bind(key.as_str())
+                .bind(token.get())
+                .bind(ttl.map(TtlMs::get)),
+        )
         .await?;
     Ok(row.map_or(LeaseChange::Lost, |r| LeaseChange::Done(r.into_lease())))
 }
@@ -432,13 +434,8 @@ pub enum Ending {
 
 /// Releases, abandons or marks a live lease: one `UPDATE` with the same live-lease condition as
 /// [`renew`], and race-free for the same reason.
-#[tracing::instrument(skip_all, fields(key = %key, ending = ?ending))]
-pub async fn end(
-    pool: &PgPool,
-    key: &Key,
-    token: FencingToken,
-    ending: Ending,
-) -> Result<LeaseChange> {
+#[tracing::instrument(level = "debug", skip_all, fields(key = %key, ending = ?ending))]
+pub async fn end(db: &Db, key: &Key, token: FencingToken, ending: Ending) -> Result<LeaseChange> {
     const WHERE_LIVE: &str = " WHERE l.key = $1 AND l.token = $2 AND l.end_reason IS NULL AND l.expires_at > now() RETURNING ";
     const COLUMNS: &str = lease_columns!("l", "");
     let set = match ending {
@@ -447,18 +444,15 @@ pub async fn end(
         Ending::RequireRecovery => "UPDATE leases l SET recovery_required = true",
     };
     let sql = [set, WHERE_LIVE, COLUMNS].concat();
-    let row: Option<LeaseRow> = sqlx::query_as(&sql)
-        .bind(key.as_str())
-        .bind(token.get())
-        .fetch_optional(pool)
-        .bounded(pool)
+    let row: Option<LeaseRow> = db
+        .fetch_optional(sqlx::query_as(&sql).bind(key.as_str()).bind(token.get()))
         .await?;
     Ok(row.map_or(LeaseChange::Lost, |r| LeaseChange::Done(r.into_lease())))
 }
 
 /// A key's newest lease, state and recovery record. A plain read: it sees the latest committed
 /// state and changes nothing.
-pub async fn status(pool: &PgPool, key: &Key) -> Result<Option<KeyStatus>> {
+pub async fn status(db: &Db, key: &Key) -> Result<Option<KeyStatus>> {
     const STATUS: &str = concat!(
         "SELECT ",
         lease_columns!("l", ""),
@@ -466,10 +460,8 @@ pub async fn status(pool: &PgPool, key: &Key) -> Result<Option<KeyStatus>> {
         derived_columns!("l"),
         " FROM leases l WHERE l.key = $1"
     );
-    let row: Option<StatusRow> = sqlx::query_as(STATUS)
-        .bind(key.as_str())
-        .fetch_optional(pool)
-        .bounded(pool)
+    let row: Option<StatusRow> = db
+        .fetch_optional(sqlx::query_as(STATUS).bind(key.as_str()))
         .await?;
     Ok(row.map(StatusRow::into_status))
 }

@@ -12,6 +12,7 @@
 //! the database failing, and then nothing was changed.
 
 pub mod audit;
+mod db;
 pub mod keys;
 pub mod leases;
 pub mod snapshots;
@@ -21,6 +22,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+
+pub use db::{Db, HotPoolStatus};
 
 /// The database failed. Refusals are not errors; see the module docs.
 #[derive(Debug, thiserror::Error)]
@@ -83,17 +86,26 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 /// connection it used is tested before it goes back to the pool and closed if it is broken.
 pub(crate) trait Bounded<T>: Future<Output = sqlx::Result<T>> + Sized {
     async fn bounded(self, pool: &PgPool) -> Result<T> {
-        let limit = pool.options().get_acquire_timeout() + SERVER_CANCEL_MARGIN;
+        let limit = service_bound(pool);
         match tokio::time::timeout(limit, self).await {
             Ok(answer) => Ok(answer?),
-            Err(_) => Err(StoreError::Unavailable(sqlx::Error::Io(
-                std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("no answer from the database within {limit:?}"),
-                ),
-            ))),
+            Err(_) => Err(timed_out(limit)),
         }
     }
+}
+
+/// How long the service waits for a database call: the pool's timeout plus
+/// [`SERVER_CANCEL_MARGIN`].
+fn service_bound(pool: &PgPool) -> Duration {
+    pool.options().get_acquire_timeout() + SERVER_CANCEL_MARGIN
+}
+
+/// The error of a call that had no answer within `limit`.
+fn timed_out(limit: Duration) -> StoreError {
+    StoreError::Unavailable(sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("no answer from the database within {limit:?}"),
+    )))
 }
 
 impl<T, F: Future<Output = sqlx::Result<T>>> Bounded<T> for F {}
@@ -103,6 +115,9 @@ impl<T, F: Future<Output = sqlx::Result<T>>> Bounded<T> for F {}
 /// says so, and the 503 that follows is certain to have changed nothing; giving up first on a
 /// healthy link would leave the statement running, and perhaps committing, after the 503.
 const SERVER_CANCEL_MARGIN: Duration = Duration::from_secs(1);
+
+/// How long a pooled connection may sit unused before it is checked before its next use.
+pub(crate) const CHECK_IDLE_AFTER: Duration = Duration::from_secs(1);
 
 /// How the service talks to its database.
 #[derive(Debug, Clone)]
@@ -141,9 +156,19 @@ pub fn pool(options: PgConnectOptions, settings: &DbSettings) -> PgPool {
         .max_connections(settings.pool_size)
         .min_connections(0)
         .acquire_timeout(settings.timeout)
-        // Connections to a database that restarted fail on first use; checking before each use
-        // turns a restart into one reconnect instead of one failed request per stale connection.
-        .test_before_acquire(true)
+        // A connection that sat idle may be to a database that restarted since: it is checked
+        // (one round trip) before it is used. A busy connection is not, since a check per
+        // request would cost as much as a read; if the database restarts under load, each
+        // broken connection fails one request with 503 (nothing changed) and is replaced.
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= CHECK_IDLE_AFTER {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
         .connect_lazy_with(options)
 }
 

@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{FromRow, PgPool};
 
 use super::leases::Page;
-use super::{Bounded, RequestContext, Result};
+use super::{Bounded, Db, RequestContext, Result};
 use crate::domain::{
     Cursor, ETag, EntityTagCondition, FencingToken, Key, PageLimit, SnapshotMeta, Version,
 };
@@ -244,30 +244,31 @@ fn if_match_params(c: Option<&EntityTagCondition>) -> (bool, Option<Vec<String>>
 
 /// A fenced write: one statement (`PUT`). It checks, writes or refuses, and audits, all
 /// under the key's row lock, and commits before the caller answers.
-#[tracing::instrument(skip_all, fields(key = %req.key, token = %req.token, size = req.body.len()))]
+#[tracing::instrument(level = "debug", skip_all, fields(key = %req.key, token = %req.token, size = req.body.len()))]
 pub async fn put(
-    pool: &PgPool,
+    db: &Db,
     req: &PutRequest,
     keep_versions: i64,
     ctx: &RequestContext,
 ) -> Result<WriteOutcome<Written>> {
     let etag = ETag::of(&req.body);
     let (has_if_match, tags) = if_match_params(req.if_match.as_ref());
-    let row: FencedRow = sqlx::query_as(put_statement())
-        .bind(req.key.as_str())
-        .bind(req.token.get())
-        .bind(has_if_match)
-        .bind(tags)
-        .bind(ctx.request_id.as_deref())
-        .bind(ctx.remote_addr.as_deref())
-        .bind(ctx.principal.as_deref())
-        .bind(etag.as_str())
-        .bind(req.body.len() as i64)
-        .bind(req.content_type.as_str())
-        .bind(req.body.as_ref())
-        .bind(keep_versions)
-        .fetch_one(pool)
-        .bounded(pool)
+    let row: FencedRow = db
+        .fetch_one(
+            sqlx::query_as(put_statement())
+                .bind(req.key.as_str())
+                .bind(req.token.get())
+                .bind(has_if_match)
+                .bind(tags)
+                .bind(ctx.request_id.as_deref())
+                .bind(ctx.remote_addr.as_deref())
+                .bind(ctx.principal.as_deref())
+                .bind(etag.as_str())
+                .bind(req.body.len() as i64)
+                .bind(req.content_type.as_str())
+                .bind(req.body.as_ref())
+                .bind(keep_versions),
+        )
         .await?;
     Ok(row.outcome(req.token, |r| Written {
         created: r.created.unwrap_or(true),
@@ -287,7 +288,7 @@ pub async fn put(
 /// clears the head or refuses and audits, under the key's row lock. The second removes the
 /// key's versions; it runs with a snapshot taken after the lock was granted, so it sees every
 /// version committed before, and no writer can add one until this commits.
-#[tracing::instrument(skip_all, fields(key = %key, token = %token))]
+#[tracing::instrument(level = "debug", skip_all, fields(key = %key, token = %token))]
 pub async fn delete(
     pool: &PgPool,
     key: &Key,
@@ -403,17 +404,18 @@ pub(crate) const GET: &str =
 /// pruned, or that a delete removed, is gone even if its row lingers. One statement, so the head
 /// and the body it points at are from one committed state.
 pub async fn get(
-    pool: &PgPool,
+    db: &Db,
     key: &Key,
     version: Option<Version>,
     keep_versions: i64,
 ) -> Result<Option<Snapshot>> {
-    let row: Option<BodyRow> = sqlx::query_as(GET)
-        .bind(key.as_str())
-        .bind(keep_versions)
-        .bind(version.map(Version::get))
-        .fetch_optional(pool)
-        .bounded(pool)
+    let row: Option<BodyRow> = db
+        .fetch_optional(
+            sqlx::query_as(GET)
+                .bind(key.as_str())
+                .bind(keep_versions)
+                .bind(version.map(Version::get)),
+        )
         .await?;
     Ok(row.map(|r| Snapshot {
         meta: r.meta.into_meta(None),
