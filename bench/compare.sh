@@ -81,14 +81,18 @@ say "starting PostgreSQL in $work (fsync and synchronous_commit on, as in produc
 psql() { "${as_pg[@]}" "$pgbin/psql" -h 127.0.0.1 -p "$pg_port" -U postgres -d snapfence -v ON_ERROR_STOP=1 -qAt "$@"; }
 "${as_pg[@]}" "$pgbin/createdb" -h 127.0.0.1 -p "$pg_port" -U postgres snapfence
 
-say "starting snapfence on 127.0.0.1:$sf_port"
+# As many connections as pgbench opens at its highest concurrency.
+pool_size=$(printf '%s\n' $clients | sort -n | tail -1)
+say "starting snapfence on 127.0.0.1:$sf_port (--db-pool-size $pool_size)"
 DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/snapfence" \
-    "$sf" serve --listen "127.0.0.1:$sf_port" >"$work/serve.log" 2>&1 &
+    "$sf" serve --listen "127.0.0.1:$sf_port" --db-pool-size "$pool_size" >"$work/serve.log" 2>&1 &
 sf_pid=$!
 pids+=("$sf_pid")
 url=http://127.0.0.1:$sf_port
 for _ in $(seq 100); do curl -fs "$url/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
 curl -fs "$url/readyz" >/dev/null || { cat "$work/serve.log" >&2; exit 1; }
+# Measured as it runs in production: every request carries an API key.
+api_key=$(DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/snapfence" "$sf" keys create --name bench --scope write 2>/dev/null)
 
 # pgbench runs bench/sql/*.sql, the service's statements (a test keeps them identical), with
 # `$N` turned into pgbench's `:pN`. Each client takes the keys of its own slice in turn, as the
@@ -150,7 +154,7 @@ pgbench_prepare() {
 bench() { # op clients [extra args] -> the JSON report
     local op=$1 c=$2
     shift 2
-    "$sf" bench --url "${target_url:-$url}" --op "$op" --concurrency "$c" --duration "$duration" --keys "$keys" --output json "$@" 2>>"$work/bench.log"
+    "$sf" bench --api-key "$api_key" --url "${target_url:-$url}" --op "$op" --concurrency "$c" --duration "$duration" --keys "$keys" --output json "$@" 2>>"$work/bench.log"
 }
 field() { python3 -c 'import json,sys; r=json.load(sys.stdin); v=r; [v:=v[k] for k in sys.argv[1].split(".")]; print(v if not isinstance(v,float) else (f"{v:.0f}" if v >= 100 else f"{v:.2f}"))' "$1"; }
 errors() { python3 -c 'import json,sys; r=json.load(sys.stdin); e=r["errors"]; v=r["verified"]; print((",".join(f"{k}:{n}" for k,n in e.items()) or "-") + ("" if "ok" in v else " CHECK-FAILED"))'; }
@@ -165,7 +169,7 @@ request = function()
     return wrk.format("GET", "/v1/snapshots/$prefix" .. ((n * 7919) % $used))
 end
 EOF
-    wrk -t "$t" -c "$c" -d "$duration" -s "$work/get.lua" "$url" 2>&1 | tee -a "$work/wrk.log" |
+    wrk -t "$t" -c "$c" -d "$duration" -H "Authorization: Bearer $api_key" -s "$work/get.lua" "$url" 2>&1 | tee -a "$work/wrk.log" |
         awk '/Requests\/sec/ {print $2} /Non-2xx/ {print "non-2xx " $4 > "/dev/stderr"}'
 }
 

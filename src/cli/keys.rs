@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::str::FromStr;
+use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use sqlx::postgres::PgConnectOptions;
@@ -105,7 +106,8 @@ async fn run(args: KeysArgs, output: Output) -> Result<Exit, String> {
     let pool = store::pool(
         options,
         &DbSettings {
-            pool_size: 1,
+            // One for the statements, one listening for the instances' confirmations.
+            pool_size: 2,
             ..DbSettings::default()
         },
     );
@@ -135,7 +137,9 @@ async fn act(pool: &sqlx::PgPool, command: KeysCommand, output: Output) -> Resul
             prefix,
         } => {
             let prefix = KeyPrefix::parse(prefix).map_err(|e| e.to_string())?;
-            let Some((key, token)) = keys::create(pool, &name(raw)?, scope, &prefix)
+            let name = name(raw)?;
+            let confirmations = listen(pool).await?;
+            let Some((key, token, change)) = keys::create(pool, &name, scope, &prefix)
                 .await
                 .map_err(|e| e.to_string())?
             else {
@@ -144,6 +148,7 @@ async fn act(pool: &sqlx::PgPool, command: KeysCommand, output: Output) -> Resul
                 );
                 return Ok(Exit::Failure);
             };
+            confirm(confirmations, change, "made").await;
             match output {
                 Output::Json => println!("{}", serde_json::json!({"key": key, "token": token})),
                 Output::Table => {
@@ -180,14 +185,47 @@ async fn act(pool: &sqlx::PgPool, command: KeysCommand, output: Output) -> Resul
         }
         KeysCommand::Revoke { name: raw } => {
             let name = name(raw)?;
-            if !keys::revoke(pool, &name).await.map_err(|e| e.to_string())? {
+            let confirmations = listen(pool).await?;
+            let Some(change) = keys::revoke(pool, &name).await.map_err(|e| e.to_string())? else {
                 eprintln!(
                     "snapfence: no live key is named {name:?}; `snapfence keys list` shows them"
                 );
                 return Ok(Exit::Failure);
-            }
-            eprintln!("revoked {name:?}: every instance refuses it from its next request");
+            };
+            confirm(confirmations, change, &format!("revoked {name:?}")).await;
         }
     }
     Ok(Exit::Success)
+}
+
+/// How long `create` and `revoke` wait for the running instances to confirm the change.
+const CONFIRM_WITHIN: Duration = Duration::from_secs(5);
+
+async fn listen(pool: &sqlx::PgPool) -> Result<keys::Confirmations, String> {
+    keys::Confirmations::listen(pool)
+        .await
+        .map_err(|e| format!("cannot listen for the instances' confirmations: {e}"))
+}
+
+/// Waits until the running instances have applied `change`, and says on stderr whether every
+/// one did; the change itself has committed whatever this says.
+async fn confirm(confirmations: keys::Confirmations, change: keys::Change, done: &str) {
+    match confirmations.wait(change, CONFIRM_WITHIN).await {
+        Ok(c) if c.silent.is_empty() => eprintln!(
+            "{done}: in force on every running instance ({} confirmed)",
+            c.following
+        ),
+        Ok(c) => eprintln!(
+            "{done}, but {} of {} running instances did not confirm within {CONFIRM_WITHIN:?} \
+             (their database backends: {:?}); such an instance checks every request against the \
+             table once it notices its lost connection: check its database link, or restart it",
+            c.silent.len(),
+            c.following,
+            c.silent
+        ),
+        Err(e) => eprintln!(
+            "{done}, but could not wait for the running instances to confirm ({e}); \
+             `snapfence keys list` shows the table, which every instance follows"
+        ),
+    }
 }

@@ -181,6 +181,28 @@ mod tests {
         assert!(!presented.matches(&other.sha256));
     }
 
+    /// Timing safety rests on two things a test can hold: what is compared is the SHA-256 of
+    /// the presented secret, so a caller cannot steer the compared bytes one at a time (and
+    /// presenting the stored hash itself gets nowhere), and every byte of it counts, the last
+    /// as much as the first, with a stored value of another length refused outright. (That
+    /// `ct_eq` takes the same time whatever matched is `subtle`'s promise; a wall-clock test of
+    /// a few nanoseconds would only measure noise.)
+    #[test]
+    fn secrets_are_compared_by_their_hash_and_every_byte_of_it() {
+        let new = NewSecret::generate();
+        let presented = Presented::parse(&new.token(1)).unwrap();
+        for at in [0, 15, 31] {
+            let mut near = new.sha256.clone();
+            near[at] ^= 1;
+            assert!(!presented.matches(&near), "a hash differing at byte {at}");
+        }
+        assert!(!presented.matches(&new.sha256[..31]));
+        assert!(!presented.matches(&[new.sha256.as_slice(), &[0]].concat()));
+        let hash_as_secret = format!("sf_1_{}", URL_SAFE_NO_PAD.encode(&new.sha256));
+        let stored_hash_presented = Presented::parse(&hash_as_secret).unwrap();
+        assert!(!stored_hash_presented.matches(&new.sha256));
+    }
+
     #[test]
     fn malformed_bearer_tokens_do_not_parse() {
         let good = NewSecret::generate().token(7);

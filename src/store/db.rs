@@ -4,9 +4,9 @@
 //! own, managed by `deadpool`, because sqlx's pool tests every connection with a round trip
 //! when it is given back: for a one-statement request that doubles the work of the database.
 //! Here a connection goes back to the pool untested when its statement finished (with an
-//! answer or a database error, either way with the protocol in step); one whose statement
-//! failed on the way, timed out or was abandoned mid-flight is closed instead, and one that
-//! sat idle is checked before its next use. Everything else (migrations, transactions, the
+//! answer or an error of the statement, either way with the session in step); one whose
+//! statement failed otherwise (the link, a shutdown, a timeout) or was abandoned mid-flight is
+//! closed instead, and one that sat idle is checked before its next use. Everything else (migrations, transactions, the
 //! audit log, keys, readiness) uses sqlx's own pool, which [`Db`] dereferences to.
 
 use std::ops::Deref;
@@ -36,6 +36,31 @@ impl managed::Manager for Connector {
         }
         Ok(())
     }
+}
+
+/// Runs the statement `$q()` with `$fetch` on a hot connection, bounded like every call. A
+/// statement that could not be written because the server had already closed the connection
+/// (a restart since the connection was last used) never reached it, so it is sent once more on
+/// a fresh connection: a restart costs no request an answer.
+macro_rules! hot {
+    ($db:ident, $q:ident, $fetch:ident) => {{
+        let mut fresh = false;
+        loop {
+            let mut conn = $db.checkout().await?;
+            let answer =
+                tokio::time::timeout(service_bound(&$db.pool), $q().$fetch(conn.get())).await;
+            match conn.finish(answer, &$db.pool) {
+                Err(e) if !fresh && never_sent(&e) => fresh = true,
+                answer => break answer,
+            }
+        }
+    }};
+}
+
+/// Whether a call failed writing to a connection its server had closed (`EPIPE`): nothing of
+/// it was delivered.
+fn never_sent(e: &StoreError) -> bool {
+    matches!(e, StoreError::Unavailable(sqlx::Error::Io(io)) if io.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
 /// The database of an instance: sqlx's pool for everything (it dereferences to it), and a pool
@@ -96,31 +121,26 @@ impl Db {
         }
     }
 
-    /// Runs a statement that answers one row on a hot connection.
+    /// Runs a statement that answers one row on a hot connection; see [`hot!`].
     pub(crate) async fn fetch_one<'q, O>(
         &self,
-        q: QueryAs<'q, Postgres, O, PgArguments>,
+        q: impl Fn() -> QueryAs<'q, Postgres, O, PgArguments>,
     ) -> Result<O>
     where
         O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
-        let mut conn = self.checkout().await?;
-        let answer = tokio::time::timeout(service_bound(&self.pool), q.fetch_one(conn.get())).await;
-        conn.finish(answer, &self.pool)
+        hot!(self, q, fetch_one)
     }
 
-    /// Runs a statement that answers at most one row on a hot connection.
+    /// Runs a statement that answers at most one row on a hot connection; see [`hot!`].
     pub(crate) async fn fetch_optional<'q, O>(
         &self,
-        q: QueryAs<'q, Postgres, O, PgArguments>,
+        q: impl Fn() -> QueryAs<'q, Postgres, O, PgArguments>,
     ) -> Result<Option<O>>
     where
         O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
-        let mut conn = self.checkout().await?;
-        let answer =
-            tokio::time::timeout(service_bound(&self.pool), q.fetch_optional(conn.get())).await;
-        conn.finish(answer, &self.pool)
+        hot!(self, q, fetch_optional)
     }
 
     async fn checkout(&self) -> Result<Checkout> {
@@ -143,7 +163,7 @@ impl Checkout {
     }
 
     /// Gives the connection back if its statement ended in step with the server (an answer,
-    /// or an error the server sent), else closes it; returns the answer.
+    /// or an error of the statement that the server sent), else closes it; returns the answer.
     fn finish<T>(
         mut self,
         answer: std::result::Result<sqlx::Result<T>, tokio::time::error::Elapsed>,
@@ -152,11 +172,16 @@ impl Checkout {
         let conn = self.0.take().expect("finished once");
         match answer {
             Ok(Ok(t)) => Ok(t),
-            Ok(Err(e @ sqlx::Error::Database(_))) => Err(StoreError::from(e)),
-            Ok(Err(e)) => {
-                drop(Object::take(conn));
-                Err(StoreError::from(e))
-            }
+            Ok(Err(e)) => match StoreError::from(e) {
+                // An error of the statement itself: the session goes on.
+                e @ StoreError::Internal(sqlx::Error::Database(_)) => Err(e),
+                // The rest may have ended the session (a shutdown, a lost link) or left it out
+                // of step, and a timeout or overload is better met with a fresh connection.
+                e => {
+                    drop(Object::take(conn));
+                    Err(e)
+                }
+            },
             Err(_) => {
                 drop(Object::take(conn));
                 Err(super::timed_out(service_bound(pool)))

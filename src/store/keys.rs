@@ -1,24 +1,27 @@
 //! The `api_keys` table: creating, listing and revoking keys, and the per-request lookup.
 //!
-//! Each instance keeps the live keys in memory ([`KeyCache`]), so a request costs no extra
-//! round trip to authenticate. The cache follows the table through `LISTEN`: a trigger notifies
-//! every change, and the cache reloads on each notification, so a creation or revocation
-//! reaches every instance within the delivery of one notification (well under a second on a
-//! healthy database). While the cache is not known to be current (before its first load,
-//! after its listening connection broke and until it is back), every request is checked
-//! against the table instead. A key the cache does not know is always looked up, so a key
-//! works on every instance as soon as `snapfence keys create` has printed it.
+//! Each instance keeps the live keys in memory ([`KeyCache`]), so a request with a key costs no
+//! extra round trip to authenticate. The cache follows the table through `LISTEN`: a trigger
+//! notifies every change at commit with the changing transaction's id; an instance stops
+//! trusting its copy the moment a notification arrives, reloads it, and then confirms the
+//! change on a second channel. `snapfence keys create` and `keys revoke` wait for the
+//! confirmation of every instance that follows the table ([`Confirmations`]), so when they
+//! return the change is in force on every instance. While the copy is not known to be current
+//! (before its first load, between a notification and the reload, after its listening
+//! connection broke and until it is back), every request is checked against the table
+//! instead. A key the copy does not know is always looked up, so a key also works on an
+//! instance that has not yet confirmed it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::postgres::PgListener;
-use sqlx::{FromRow, PgPool};
+use sqlx::postgres::{PgListener, PgPoolOptions};
+use sqlx::{FromRow, PgPool, Row};
 
-use super::Result;
+use super::{Bounded, Result};
 use crate::domain::{KeyName, KeyPrefix, NewSecret, Presented, Principal, Scope, rfc3339_millis};
 
 /// A key as listed: everything but its secret, which is never stored.
@@ -47,19 +50,25 @@ fn optional_time<S: serde::Serializer>(t: &Option<DateTime<Utc>>, s: S) -> Resul
     }
 }
 
-/// Makes a key and returns it with its bearer token, which is shown this once and never again.
-/// A live key of the same name is a unique violation, reported as `Ok(None)`.
+/// A committed change to the keys: the id of the transaction that made it, as the table's
+/// trigger notifies it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Change(i64);
+
+/// Makes a key and returns it with its bearer token, which is shown this once and never again,
+/// and the change to confirm. A live key of the same name is a unique violation, reported as
+/// `Ok(None)`.
 pub async fn create(
     pool: &PgPool,
     name: &KeyName,
     scope: Scope,
     prefix: &KeyPrefix,
-) -> Result<Option<(ApiKey, String)>> {
+) -> Result<Option<(ApiKey, String, Change)>> {
     let secret = NewSecret::generate();
-    let row: Option<ApiKey> = sqlx::query_as(
+    let row = sqlx::query(
         "INSERT INTO api_keys (name, scope, prefix, secret_sha256) VALUES ($1, $2, $3, $4)
          ON CONFLICT (name) WHERE revoked_at IS NULL DO NOTHING
-         RETURNING id, name, scope, prefix, created_at, revoked_at",
+         RETURNING id, name, scope, prefix, created_at, revoked_at, txid_current() AS change",
     )
     .bind(name.as_str())
     .bind(scope.as_str())
@@ -67,10 +76,10 @@ pub async fn create(
     .bind(&secret.sha256)
     .fetch_optional(pool)
     .await?;
-    Ok(row.map(|key| {
-        let token = secret.token(key.id);
-        (key, token)
-    }))
+    let Some(row) = row else { return Ok(None) };
+    let key = ApiKey::from_row(&row)?;
+    let token = secret.token(key.id);
+    Ok(Some((key, token, Change(row.try_get("change")?))))
 }
 
 /// Every key, live and revoked, oldest first.
@@ -82,15 +91,84 @@ pub async fn list(pool: &PgPool) -> Result<Vec<ApiKey>> {
     .await?)
 }
 
-/// Revokes the live key of this name; `false` when there is none.
-pub async fn revoke(pool: &PgPool, name: &KeyName) -> Result<bool> {
-    let done = sqlx::query(
-        "UPDATE api_keys SET revoked_at = now() WHERE name = $1 AND revoked_at IS NULL",
+/// Revokes the live key of this name and returns the change to confirm; `None` when there is
+/// no live key of that name.
+pub async fn revoke(pool: &PgPool, name: &KeyName) -> Result<Option<Change>> {
+    Ok(sqlx::query_scalar(
+        "UPDATE api_keys SET revoked_at = now() WHERE name = $1 AND revoked_at IS NULL
+         RETURNING txid_current()",
     )
     .bind(name.as_str())
-    .execute(pool)
-    .await?;
-    Ok(done.rows_affected() > 0)
+    .fetch_optional(pool)
+    .await?
+    .map(Change))
+}
+
+/// The `application_name` each instance gives its listening connection once it listens, by
+/// which [`Confirmations`] finds the instances that follow the table.
+const FOLLOWER: &str = "snapfence-key-follower";
+/// The channel on which an instance confirms that it applied a change.
+const APPLIED: &str = "snapfence_api_keys_applied";
+
+/// Listens for the instances' confirmations of a change to the keys. Made before the change,
+/// so that every instance it expects was listening before the change committed, and no
+/// confirmation can come before it listens.
+pub struct Confirmations {
+    listener: PgListener,
+    followers: Vec<i32>,
+}
+
+/// How many of the instances that follow the table confirmed a change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Confirmed {
+    /// The instances following the table before the change committed.
+    pub following: usize,
+    /// The backend pids of the listening connections that did not confirm in time.
+    pub silent: Vec<i32>,
+}
+
+impl Confirmations {
+    /// Starts listening for confirmations, and finds the instances that follow the table (an
+    /// instance that starts to follow it later reads the table after the change).
+    pub async fn listen(pool: &PgPool) -> Result<Self> {
+        let mut listener = PgListener::connect_with(pool).await?;
+        listener.listen(APPLIED).await?;
+        let followers = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity
+             WHERE datname = current_database() AND application_name = $1",
+        )
+        .bind(FOLLOWER)
+        .fetch_all(pool)
+        .bounded(pool)
+        .await?;
+        Ok(Self {
+            listener,
+            followers,
+        })
+    }
+
+    /// Waits up to `within` until every instance that followed the table has applied `change`.
+    /// An instance whose listening connection breaks meanwhile does not confirm; it checks every
+    /// request against the table once it notices.
+    pub async fn wait(mut self, change: Change, within: Duration) -> Result<Confirmed> {
+        let following = self.followers.len();
+        let mut silent: HashSet<i32> = self.followers.into_iter().collect();
+        let payload = change.0.to_string();
+        let deadline = tokio::time::Instant::now() + within;
+        while !silent.is_empty() {
+            match tokio::time::timeout_at(deadline, self.listener.try_recv()).await {
+                Err(_) | Ok(Ok(None)) => break,
+                Ok(Err(e)) => return Err(e.into()),
+                Ok(Ok(Some(n))) if n.payload() == payload => {
+                    silent.remove(&(n.process_id() as i32));
+                }
+                Ok(Ok(Some(_))) => {}
+            }
+        }
+        let mut silent: Vec<i32> = silent.into_iter().collect();
+        silent.sort_unstable();
+        Ok(Confirmed { following, silent })
+    }
 }
 
 /// What the database says about a request's credentials.
@@ -112,29 +190,28 @@ struct LookupRow {
 }
 
 /// Authenticates a request from the cache when it is current and knows the key, else with one
-/// statement ([`lookup`]). The secret is compared in Rust, in constant time, never in SQL.
+/// statement (`lookup`). The secret is compared in Rust, in constant time, never in SQL.
 pub async fn authenticate(
     pool: &PgPool,
     cache: &KeyCache,
     presented: Option<&Presented>,
 ) -> Result<Lookup> {
     if let Some(live) = cache.current() {
-        let known = presented.map(|p| live.get(&p.id).map(|k| (p, k)));
-        match known {
+        match presented.map(|p| (p, live.get(&p.id))) {
             None => {
                 return Ok(Lookup {
                     any_live: !live.is_empty(),
                     principal: None,
                 });
             }
-            Some(Some((p, key))) => {
+            Some((p, Some(key))) => {
                 return Ok(Lookup {
                     any_live: true,
                     principal: p.matches(&key.secret_sha256).then(|| key.principal.clone()),
                 });
             }
-            // Perhaps created since the last notification arrived: ask the table.
-            Some(None) => {}
+            // Perhaps made since the copy was loaded: ask the table.
+            Some((_, None)) => {}
         }
     }
     lookup(pool, presented).await
@@ -150,6 +227,7 @@ async fn lookup(pool: &PgPool, presented: Option<&Presented>) -> Result<Lookup> 
     )
     .bind(presented.map(|p| p.id))
     .fetch_one(pool)
+    .bounded(pool)
     .await?;
     let principal = match (
         presented,
@@ -227,22 +305,38 @@ impl KeyCache {
     }
 }
 
-/// Listens, loads, and reloads on every notification; on any failure forgets the copy (so
-/// requests go to the table) and starts again. `LISTEN` comes before the load, so no change
-/// committed after the load can go unnoticed.
+/// Listens, loads, and on every notification forgets the copy, reloads it and confirms the
+/// change; on any failure forgets the copy (so requests go to the table) and starts again.
+/// `LISTEN` comes before the load, so no change committed after the load can go unnoticed.
 async fn listen(pool: PgPool, live: Arc<RwLock<Option<Arc<LiveKeys>>>>) {
     let set = |keys: Option<LiveKeys>| *live.write().expect("never poisoned") = keys.map(Arc::new);
+    // A pool of its own for the listening connection, so that it holds none of the
+    // connections that serve requests, and its name never comes back to them.
+    let own = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(pool.options().get_acquire_timeout())
+        .connect_lazy_with((*pool.connect_options()).clone());
     loop {
         let failure = async {
-            let mut listener = PgListener::connect_with(&pool).await?;
+            let mut listener = PgListener::connect_with(&own).await?;
             listener.listen(CHANNEL).await?;
-            loop {
+            // Named only once it listens: every instance `Confirmations` counts will confirm.
+            sqlx::query("SELECT set_config('application_name', $1, false)")
+                .bind(FOLLOWER)
+                .execute(&mut listener)
+                .await?;
+            set(Some(load(&pool).await?));
+            // `None`: the connection was lost, and notifications with it.
+            while let Some(change) = listener.try_recv().await? {
+                set(None);
                 set(Some(load(&pool).await?));
-                // `None`: the connection was lost, and notifications with it.
-                if listener.try_recv().await?.is_none() {
-                    return Ok::<(), sqlx::Error>(());
-                }
+                sqlx::query("SELECT pg_notify($1, $2)")
+                    .bind(APPLIED)
+                    .bind(change.payload())
+                    .execute(&mut listener)
+                    .await?;
             }
+            Ok::<(), sqlx::Error>(())
         }
         .await;
         set(None);

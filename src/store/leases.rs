@@ -347,7 +347,7 @@ pub async fn acquire(
 ) -> Result<AcquireOutcome> {
     loop {
         let row: AcquireRow = db
-            .fetch_one(
+            .fetch_one(|| {
                 sqlx::query_as(ACQUIRE)
                     .bind(req.key.as_str())
                     .bind(req.owner.as_str())
@@ -357,8 +357,8 @@ pub async fn acquire(
                     .bind(req.reconciled)
                     .bind(ctx.request_id.as_deref())
                     .bind(ctx.remote_addr.as_deref())
-                    .bind(ctx.principal.as_deref()),
-            )
+                    .bind(ctx.principal.as_deref())
+            })
             .await?;
         let granted = row.granted.into_row();
         let current = row.current.into_row();
@@ -411,12 +411,12 @@ pub async fn renew(
     ttl: Option<TtlMs>,
 ) -> Result<LeaseChange> {
     let row: Option<LeaseRow> = db
-        .fetch_optional(
+        .fetch_optional(|| {
             sqlx::query_as(RENEW)
                 .bind(key.as_str())
                 .bind(token.get())
-                .bind(ttl.map(TtlMs::get)),
-        )
+                .bind(ttl.map(TtlMs::get))
+        })
         .await?;
     Ok(row.map_or(LeaseChange::Lost, |r| LeaseChange::Done(r.into_lease())))
 }
@@ -445,7 +445,7 @@ pub async fn end(db: &Db, key: &Key, token: FencingToken, ending: Ending) -> Res
     };
     let sql = [set, WHERE_LIVE, COLUMNS].concat();
     let row: Option<LeaseRow> = db
-        .fetch_optional(sqlx::query_as(&sql).bind(key.as_str()).bind(token.get()))
+        .fetch_optional(|| sqlx::query_as(&sql).bind(key.as_str()).bind(token.get()))
         .await?;
     Ok(row.map_or(LeaseChange::Lost, |r| LeaseChange::Done(r.into_lease())))
 }
@@ -461,7 +461,7 @@ pub async fn status(db: &Db, key: &Key) -> Result<Option<KeyStatus>> {
         " FROM leases l WHERE l.key = $1"
     );
     let row: Option<StatusRow> = db
-        .fetch_optional(sqlx::query_as(STATUS).bind(key.as_str()))
+        .fetch_optional(|| sqlx::query_as(STATUS).bind(key.as_str()))
         .await?;
     Ok(row.map(StatusRow::into_status))
 }

@@ -254,12 +254,12 @@ pub async fn put(
     let etag = ETag::of(&req.body);
     let (has_if_match, tags) = if_match_params(req.if_match.as_ref());
     let row: FencedRow = db
-        .fetch_one(
+        .fetch_one(|| {
             sqlx::query_as(put_statement())
                 .bind(req.key.as_str())
                 .bind(req.token.get())
                 .bind(has_if_match)
-                .bind(tags)
+                .bind(tags.clone())
                 .bind(ctx.request_id.as_deref())
                 .bind(ctx.remote_addr.as_deref())
                 .bind(ctx.principal.as_deref())
@@ -267,8 +267,8 @@ pub async fn put(
                 .bind(req.body.len() as i64)
                 .bind(req.content_type.as_str())
                 .bind(req.body.as_ref())
-                .bind(keep_versions),
-        )
+                .bind(keep_versions)
+        })
         .await?;
     Ok(row.outcome(req.token, |r| Written {
         created: r.created.unwrap_or(true),
@@ -410,12 +410,12 @@ pub async fn get(
     keep_versions: i64,
 ) -> Result<Option<Snapshot>> {
     let row: Option<BodyRow> = db
-        .fetch_optional(
+        .fetch_optional(|| {
             sqlx::query_as(GET)
                 .bind(key.as_str())
                 .bind(keep_versions)
-                .bind(version.map(Version::get)),
-        )
+                .bind(version.map(Version::get))
+        })
         .await?;
     Ok(row.map(|r| Snapshot {
         meta: r.meta.into_meta(None),

@@ -1,25 +1,14 @@
 //! API keys: scopes, prefixes, revocation, bad bearer values, and the audit principal.
 
+use std::time::Duration;
+
 use reqwest::{Method, RequestBuilder, StatusCode};
 use serde_json::{Value, json};
 use snapfence::domain::{KeyName, KeyPrefix, Scope};
 use snapfence::store::keys;
+use tokio::time::Instant;
 
-use crate::harness::{TestApp, problem, token};
-
-/// Makes a key straight in the database, as `snapfence keys create` does; returns its token.
-async fn key(app: &TestApp, name: &str, scope: Scope, prefix: &str) -> String {
-    let (_, token) = keys::create(
-        app.db(),
-        &KeyName::parse(name).unwrap(),
-        scope,
-        &KeyPrefix::parse(prefix).unwrap(),
-    )
-    .await
-    .unwrap()
-    .expect("a fresh name");
-    token
-}
+use crate::harness::{Instance, TestApp, problem, token};
 
 fn bearer(r: RequestBuilder, token: &str) -> RequestBuilder {
     r.header("Authorization", format!("Bearer {token}"))
@@ -44,7 +33,7 @@ async fn once_a_key_exists_a_request_without_one_is_refused_with_401() {
         StatusCode::OK,
         "open while no key exists"
     );
-    key(&app, "ops", Scope::Admin, "").await;
+    app.make_key("ops", Scope::Admin, "").await;
     let r = app.get("/v1/leases").await;
     assert_eq!(r.headers()["www-authenticate"], "Bearer");
     let body = problem(r, StatusCode::UNAUTHORIZED, "unauthorized").await;
@@ -60,7 +49,7 @@ async fn once_a_key_exists_a_request_without_one_is_refused_with_401() {
 #[tokio::test]
 async fn health_readiness_and_metrics_stay_open_when_keys_exist() {
     let app = TestApp::spawn().await;
-    key(&app, "ops", Scope::Admin, "").await;
+    app.make_key("ops", Scope::Admin, "").await;
     for path in ["/healthz", "/readyz", "/metrics"] {
         assert_eq!(app.get(path).await.status(), StatusCode::OK, "{path}");
     }
@@ -70,8 +59,8 @@ async fn health_readiness_and_metrics_stay_open_when_keys_exist() {
 #[tokio::test]
 async fn a_read_key_may_read_but_not_lease_or_write() {
     let app = TestApp::spawn().await;
-    let writer = key(&app, "writer", Scope::Write, "").await;
-    let reader = key(&app, "reader", Scope::Read, "").await;
+    let writer = app.make_key("writer", Scope::Write, "").await;
+    let reader = app.make_key("reader", Scope::Read, "").await;
     let g: Value = acquire_as(&app, &writer, "k").await.json().await.unwrap();
     let r = bearer(app.request(Method::GET, "/v1/leases/k"), &reader)
         .send()
@@ -99,8 +88,8 @@ async fn a_read_key_may_read_but_not_lease_or_write() {
 #[tokio::test]
 async fn a_write_key_may_lease_and_write_but_only_an_admin_key_reads_the_audit_log() {
     let app = TestApp::spawn().await;
-    let writer = key(&app, "writer", Scope::Write, "").await;
-    let admin = key(&app, "admin", Scope::Admin, "").await;
+    let writer = app.make_key("writer", Scope::Write, "").await;
+    let admin = app.make_key("admin", Scope::Admin, "").await;
     let g: Value = acquire_as(&app, &writer, "k").await.json().await.unwrap();
     let put = bearer(app.request(Method::PUT, "/v1/snapshots/k"), &writer)
         .header("Fencing-Token", token(&g).to_string())
@@ -120,8 +109,8 @@ async fn a_write_key_may_lease_and_write_but_only_an_admin_key_reads_the_audit_l
 #[tokio::test]
 async fn a_prefixed_key_is_refused_alike_for_existing_and_missing_keys_outside_its_prefix() {
     let app = TestApp::spawn().await;
-    let admin = key(&app, "admin", Scope::Admin, "").await;
-    let jobs = key(&app, "jobs", Scope::Write, "jobs/").await;
+    let admin = app.make_key("admin", Scope::Admin, "").await;
+    let jobs = app.make_key("jobs", Scope::Write, "jobs/").await;
     acquire_as(&app, &admin, "secret%2Fexists").await;
     assert_eq!(
         acquire_as(&app, &jobs, "jobs%2F1").await.status(),
@@ -146,7 +135,7 @@ async fn a_prefixed_key_is_refused_alike_for_existing_and_missing_keys_outside_i
 #[tokio::test]
 async fn a_prefixed_key_lists_and_audits_only_within_its_prefix() {
     let app = TestApp::spawn().await;
-    let jobs = key(&app, "jobs", Scope::Admin, "jobs/").await;
+    let jobs = app.make_key("jobs", Scope::Admin, "jobs/").await;
     let get = |path: &str| bearer(app.request(Method::GET, path), &jobs).send();
     problem(
         get("/v1/leases").await.unwrap(),
@@ -171,28 +160,46 @@ async fn a_prefixed_key_lists_and_audits_only_within_its_prefix() {
     app.stop().await;
 }
 
+/// `GET /v1/leases` on `instance` with `token`.
+async fn list_with(app: &TestApp, instance: &Instance, token: &str) -> reqwest::Response {
+    bearer(app.request_to(instance, Method::GET, "/v1/leases"), token)
+        .send()
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
-async fn a_revoked_key_is_refused_at_once_on_every_instance() {
+async fn a_new_key_works_on_every_instance_before_they_confirm_it() {
     let app = TestApp::spawn().await;
     let second = app.another_instance().await;
-    let t = key(&app, "ci", Scope::Write, "").await;
+    let (_, t, _) = keys::create(
+        app.db(),
+        &KeyName::parse("ci").unwrap(),
+        Scope::Write,
+        &KeyPrefix::parse("").unwrap(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
     for instance in [&app.instance, &second] {
-        let r = bearer(app.request_to(instance, Method::GET, "/v1/leases"), &t)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), StatusCode::OK);
+        let r = list_with(&app, instance, &t).await;
+        assert_eq!(r.status(), StatusCode::OK, "at once, on {}", instance.base);
     }
-    assert!(
-        keys::revoke(app.db(), &KeyName::parse("ci").unwrap())
-            .await
-            .unwrap()
-    );
+    second.stop().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_revoked_key_is_refused_on_every_instance_once_revoke_returns() {
+    let app = TestApp::spawn().await;
+    let second = app.another_instance().await;
+    let t = app.make_key("ci", Scope::Write, "").await;
     for instance in [&app.instance, &second] {
-        let r = bearer(app.request_to(instance, Method::GET, "/v1/leases"), &t)
-            .send()
-            .await
-            .unwrap();
+        assert_eq!(list_with(&app, instance, &t).await.status(), StatusCode::OK);
+    }
+    app.revoke_key("ci").await;
+    for instance in [&app.instance, &second] {
+        let r = list_with(&app, instance, &t).await;
         problem(r, StatusCode::UNAUTHORIZED, "unauthorized").await;
     }
     second.stop().await;
@@ -200,9 +207,65 @@ async fn a_revoked_key_is_refused_at_once_on_every_instance() {
 }
 
 #[tokio::test]
+async fn the_first_key_closes_an_open_server_on_every_instance_once_create_returns() {
+    let app = TestApp::spawn().await;
+    let second = app.another_instance().await;
+    for instance in [&app.instance, &second] {
+        let open = app.request_to(instance, Method::GET, "/v1/leases").send();
+        assert_eq!(open.await.unwrap().status(), StatusCode::OK);
+    }
+    app.make_key("ops", Scope::Admin, "").await;
+    for instance in [&app.instance, &second] {
+        let r = app.request_to(instance, Method::GET, "/v1/leases").send();
+        problem(r.await.unwrap(), StatusCode::UNAUTHORIZED, "unauthorized").await;
+    }
+    second.stop().await;
+    app.stop().await;
+}
+
+/// How long an instance that lost its listening connection may take to notice and check
+/// requests against the table: the connection's end reaching it.
+const A_LOST_LISTENER_IS_NOTICED: Duration = Duration::from_secs(5);
+
+#[tokio::test]
+async fn an_instance_whose_key_listener_was_cut_still_learns_of_a_revocation() {
+    let app = TestApp::spawn().await;
+    let t = app.make_key("ci", Scope::Write, "").await;
+    assert_eq!(
+        list_with(&app, &app.instance, &t).await.status(),
+        StatusCode::OK
+    );
+    let cut: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND application_name = 'snapfence-key-follower'",
+    )
+    .fetch_all(app.db())
+    .await
+    .unwrap();
+    assert_eq!(cut, [true], "the instance's listener was cut");
+    // Revoked while the instance may not have heard of the cut yet: no confirmation to wait for.
+    keys::revoke(app.db(), &KeyName::parse("ci").unwrap())
+        .await
+        .unwrap()
+        .expect("a live key");
+    let started = Instant::now();
+    while list_with(&app, &app.instance, &t).await.status() == StatusCode::OK {
+        assert!(
+            started.elapsed() < A_LOST_LISTENER_IS_NOTICED,
+            "the revoked key still works after {:?}",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let r = list_with(&app, &app.instance, &t).await;
+    problem(r, StatusCode::UNAUTHORIZED, "unauthorized").await;
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn wrong_and_malformed_bearer_values_are_refused_alike() {
     let app = TestApp::spawn().await;
-    let good = key(&app, "ci", Scope::Write, "").await;
+    let good = app.make_key("ci", Scope::Write, "").await;
     let (id, secret) = good.strip_prefix("sf_").unwrap().split_once('_').unwrap();
     let wrong_secret = format!("sf_{id}_{}", secret.chars().rev().collect::<String>());
     let unknown_id = format!("sf_999_{secret}");
@@ -245,8 +308,8 @@ async fn a_bad_bearer_value_is_refused_even_while_no_key_exists() {
 #[tokio::test]
 async fn the_audit_principal_is_the_name_of_the_key() {
     let app = TestApp::spawn().await;
-    let admin = key(&app, "auditor", Scope::Admin, "").await;
-    let worker = key(&app, "worker-7", Scope::Write, "").await;
+    let admin = app.make_key("auditor", Scope::Admin, "").await;
+    let worker = app.make_key("worker-7", Scope::Write, "").await;
     let r = bearer(app.request(Method::PUT, "/v1/snapshots/never"), &worker)
         .header("Fencing-Token", "5")
         .body("x");
@@ -270,27 +333,15 @@ async fn the_audit_principal_is_the_name_of_the_key() {
 #[tokio::test]
 async fn a_live_name_cannot_be_given_twice_but_a_revoked_one_can() {
     let app = TestApp::spawn().await;
-    let name = KeyName::parse("dup").unwrap();
-    let all = KeyPrefix::parse("").unwrap();
-    assert!(
-        keys::create(app.db(), &name, Scope::Read, &all)
-            .await
-            .unwrap()
-            .is_some()
+    app.make_key("dup", Scope::Read, "").await;
+    let (name, all) = (
+        KeyName::parse("dup").unwrap(),
+        KeyPrefix::parse("").unwrap(),
     );
-    assert!(
-        keys::create(app.db(), &name, Scope::Read, &all)
-            .await
-            .unwrap()
-            .is_none()
-    );
-    keys::revoke(app.db(), &name).await.unwrap();
-    assert!(
-        keys::create(app.db(), &name, Scope::Read, &all)
-            .await
-            .unwrap()
-            .is_some()
-    );
+    let again = keys::create(app.db(), &name, Scope::Read, &all).await;
+    assert!(again.unwrap().is_none());
+    app.revoke_key("dup").await;
+    app.make_key("dup", Scope::Read, "").await;
     let listed = keys::list(app.db()).await.unwrap();
     assert_eq!(listed.len(), 2);
     assert!(listed[0].revoked_at.is_some() && listed[1].revoked_at.is_none());

@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use axum_server::tls_rustls::RustlsConfig;
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde_json::{Value, json};
+use snapfence::domain::{KeyName, KeyPrefix, Scope};
 use snapfence::embedded::{EmbeddedPostgres, Settings};
-use snapfence::store::{self, DbSettings};
+use snapfence::store::{self, DbSettings, keys};
 use snapfence::{AppState, Rules};
 use sqlx::postgres::{PgConnectOptions, PgPool};
 use sqlx::{ConnectOptions, Connection, PgConnection};
@@ -260,10 +261,47 @@ impl TestApp {
             .expect("release")
     }
 
+    /// Makes an API key as `snapfence keys create` does, and waits until every running
+    /// instance has confirmed it; returns its bearer token.
+    pub async fn make_key(&self, name: &str, scope: Scope, prefix: &str) -> String {
+        let confirmations = keys::Confirmations::listen(self.db()).await.unwrap();
+        let (_, token, change) = keys::create(
+            self.db(),
+            &KeyName::parse(name).unwrap(),
+            scope,
+            &KeyPrefix::parse(prefix).unwrap(),
+        )
+        .await
+        .unwrap()
+        .expect("a fresh name");
+        confirmed(confirmations, change).await;
+        token
+    }
+
+    /// Revokes a live API key as `snapfence keys revoke` does, and waits until every running
+    /// instance has confirmed it.
+    pub async fn revoke_key(&self, name: &str) {
+        let confirmations = keys::Confirmations::listen(self.db()).await.unwrap();
+        let change = keys::revoke(self.db(), &KeyName::parse(name).unwrap())
+            .await
+            .unwrap()
+            .expect("a live key");
+        confirmed(confirmations, change).await;
+    }
+
     /// Stops every instance this app started itself.
     pub async fn stop(self) {
         self.instance.stop().await;
     }
+}
+
+/// Waits for the confirmations of a change to the keys; every running instance must give one.
+async fn confirmed(confirmations: keys::Confirmations, change: keys::Change) {
+    let c = confirmations
+        .wait(change, std::time::Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(c.silent.is_empty(), "every instance confirms: {c:?}");
 }
 
 /// Percent-encodes a key as one path segment.

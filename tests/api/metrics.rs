@@ -109,3 +109,45 @@ async fn the_recovery_and_pool_gauges_are_read_at_scrape_time() {
     );
     app.stop().await;
 }
+
+#[tokio::test]
+async fn requests_waiting_for_a_database_connection_are_counted() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("k", "a", 60000).await);
+    // Hold the key's row lock, so that every renew of it holds a connection and waits.
+    let mut blocker = app.db().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM leases WHERE key = 'k' FOR UPDATE")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let renews: Vec<_> = (0..11)
+        .map(|_| {
+            let r = app
+                .request(Method::POST, "/v1/leases/k/renew")
+                .json(&serde_json::json!({"token": t}));
+            tokio::spawn(async move { r.send().await.unwrap().status() })
+        })
+        .collect();
+    let waiting = r#"snapfence_db_pool_waiting"#;
+    let in_use = r#"snapfence_db_pool_connections{state="in_use"}"#;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(4);
+    let text = loop {
+        let text = scrape(&app).await;
+        if sample(&text, waiting) == 3.0 || tokio::time::Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        sample(&text, in_use),
+        8.0,
+        "all 8 connections wait on the lock"
+    );
+    assert_eq!(sample(&text, waiting), 3.0, "11 renews, 8 connections");
+    blocker.rollback().await.unwrap();
+    for renew in renews {
+        assert_eq!(renew.await.unwrap(), reqwest::StatusCode::OK);
+    }
+    assert_eq!(sample(&scrape(&app).await, waiting), 0.0);
+    app.stop().await;
+}

@@ -443,13 +443,9 @@ async fn answers_conform_to_the_spec_across_every_operation_and_error_code() {
     c.check("get", "/metrics", app.get("/metrics").await).await;
 
     // Authentication: once a key exists, no key is 401 and a too-narrow key 403.
-    let name = snapfence::domain::KeyName::parse("reader").unwrap();
-    let all = snapfence::domain::KeyPrefix::parse("").unwrap();
-    let (_, reader) =
-        snapfence::store::keys::create(app.db(), &name, snapfence::domain::Scope::Read, &all)
-            .await
-            .unwrap()
-            .unwrap();
+    let reader = app
+        .make_key("reader", snapfence::domain::Scope::Read, "")
+        .await;
     c.check("get", "/v1/leases", app.get("/v1/leases").await)
         .await;
     let narrow = send(Method::POST, "/v1/leases/k2")

@@ -213,9 +213,13 @@ async fn a_lost_database_answers_503_quickly_and_the_service_recovers_by_itself(
         assert!(Instant::now() < deadline, "the service did not recover");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let after = acquire("after").await.unwrap();
+    let status = after.status();
     assert_eq!(
-        acquire("after").await.unwrap().status(),
-        StatusCode::CREATED
+        status,
+        StatusCode::CREATED,
+        "{}",
+        after.text().await.unwrap()
     );
     let r = acquire("during").await.unwrap();
     assert_eq!(

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use snapfence::client::{AcquireRequest, Client, Grant, RetryPolicy};
-use snapfence::domain::{Key, KeyName, KeyPrefix, Owner, Scope};
+use snapfence::domain::{Key, Owner, Scope};
 use snapfence::store::{self, DbSettings};
 use snapfence::{AppState, Rules};
 use sqlx::postgres::PgConnectOptions;
@@ -51,19 +51,10 @@ pub async fn grant(client: &Client, key: &Key, who: &str, ttl: Duration) -> Gran
         .unwrap()
 }
 
-/// Makes an API key straight in the database, as `snapfence keys create` does; returns its
-/// bearer token. Once one exists, every `/v1` call needs one.
+/// Makes an API key as `snapfence keys create` does; returns its bearer token. Once one
+/// exists, every `/v1` call needs one.
 pub async fn api_key(app: &TestApp, name: &str, scope: Scope, prefix: &str) -> String {
-    let (_, token) = store::keys::create(
-        app.db(),
-        &KeyName::parse(name).unwrap(),
-        scope,
-        &KeyPrefix::parse(prefix).unwrap(),
-    )
-    .await
-    .unwrap()
-    .expect("a fresh name");
-    token
+    app.make_key(name, scope, prefix).await
 }
 
 /// A port nobody listens on (it was free a moment ago).
