@@ -98,7 +98,7 @@ api_key=$(DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/snapfence" "$sf" 
 # `$N` turned into pgbench's `:pN`. Each client takes the keys of its own slice in turn, as the
 # workers of `snapfence bench` do. pgbench cannot bind NULL, so an absent value is bound as what
 # the service's NULL stands for there: `'{}'` for If-Match's tags (not sent, so never read), an
-# empty metadata object, and the current version (1) for the read.
+# empty metadata object, and the current version (1) for the read (which reads its body).
 script() { # op -> a pgbench script on stdout
     local op=$1 sql
     sql=$(sed 's/;$//' "$here/sql/$op.sql")
@@ -113,7 +113,7 @@ pg_vars() { # op -> the fixed parameters of its statement
     acquire) echo "-D p2=pgbench -D p3=$3 -D p4={} -D p5=false -D p6=false -D p7=pgbench -D p8=127.0.0.1 -D p9=pgbench" ;;
     renew) echo "-D p3=600000" ;;
     put) echo "-D p3=false -D p4={} -D p5=pgbench -D p6=127.0.0.1 -D p7=pgbench -D p8=pgbench-etag -D p9=1024 -D p10=application/octet-stream -D p11=\\x$body_hex -D p12=10" ;;
-    get) echo "-D p2=10 -D p3=1" ;;
+    get) echo "-D p2=10 -D p3=1 -D p4=true" ;;
     esac
 }
 base_key() { case $1 in acquire) echo 10000000 ;; renew) echo 20000000 ;; put) echo 30000000 ;; get) echo 40000000 ;; esac; }
@@ -151,10 +151,12 @@ pgbench_prepare() {
     fi
 }
 
-bench() { # op clients [extra args] -> the JSON report
+bench() { # op clients [extra args] -> the JSON report (also kept in the work dir)
     local op=$1 c=$2
     shift 2
-    "$sf" bench --api-key "$api_key" --url "${target_url:-$url}" --op "$op" --concurrency "$c" --duration "$duration" --keys "$keys" --output json "$@" 2>>"$work/bench.log"
+    "$sf" bench --api-key "$api_key" --url "${target_url:-$url}" --op "$op" --concurrency "$c" \
+        --duration "${run_for:-$duration}" --keys "${run_keys:-$keys}" --output json "$@" 2>>"$work/bench.log" |
+        tee -a "$work/reports.json"
 }
 field() { python3 -c 'import json,sys; r=json.load(sys.stdin); v=r; [v:=v[k] for k in sys.argv[1].split(".")]; print(v if not isinstance(v,float) else (f"{v:.0f}" if v >= 100 else f"{v:.2f}"))' "$1"; }
 errors() { python3 -c 'import json,sys; r=json.load(sys.stdin); e=r["errors"]; v=r["verified"]; print((",".join(f"{k}:{n}" for k,n in e.items()) or "-") + ("" if "ok" in v else " CHECK-FAILED"))'; }
@@ -213,16 +215,18 @@ for op in $ops; do
         if [ "$c" = 32 ]; then at32[$op]=$ops_s; fi
         rows+=("$(printf '%-8s %7s %10s %10s %7s %8s %8s %10s %10s %7s  %s' "$op" "$c" "$pg" "$ops_s" \
             "$(ratio "$ops_s" "$pg")" "$p50" "$p99" "$wrk_s" "$etcd_s" "$vs_etcd" "$errs")")
+        say "row: ${rows[-1]}"
     done
     if [ "$op" = put ]; then put_rss=$(rss_peak); fi
 done
 
 extra=()
+note() { extra+=("$1"); say "$1"; }
 if [ "$memory" = 1 ]; then
     say "memory: 32 concurrent 8 MiB puts"
-    big=$(bench put 32 --keys 32 --body-bytes 8388608 --duration 5s)
-    extra+=("peak RSS through the 1 KiB put runs: ${put_rss:-?} MiB (target < 64)")
-    extra+=("peak RSS with 32 concurrent 8 MiB puts: $(rss_peak) MiB (target < 384), $(field ops_per_sec <<<"$big") puts/s, errors $(errors <<<"$big")")
+    big=$(run_keys=32 run_for=5s bench put 32 --body-bytes 8388608)
+    note "peak RSS through the 1 KiB put runs: ${put_rss:-?} MiB (target < 64)"
+    note "peak RSS with 32 concurrent 8 MiB puts: $(rss_peak) MiB (target < 384), $(field ops_per_sec <<<"$big") puts/s, errors $(errors <<<"$big")"
 fi
 if [ "$growth" = 1 ]; then
     say "growth: adding 1,000,000 keys and 10,000,000 audit rows"
@@ -233,16 +237,34 @@ if [ "$growth" = 1 ]; then
     psql -c "VACUUM ANALYZE"
     for op in acquire put; do
         g=$(bench "$op" 32 | field ops_per_sec)
-        extra+=("$op x32 with 1M keys and 10M audit rows: $g/s against ${at32[$op]:-?}/s before ($(ratio "$g" "${at32[$op]:-0}") x; target >= 0.80)")
+        note "$op x32 with 1M keys and 10M audit rows: $g/s against ${at32[$op]:-?}/s before ($(ratio "$g" "${at32[$op]:-0}") x; target >= 0.80)"
     done
 fi
 if [ "$profile" = 1 ]; then
-    say "profile: perf record of the server through a 32-client put run"
-    perf record -F 999 -g -p "$sf_pid" -o "$work/perf.data" -- sleep "$secs" >/dev/null 2>&1 &
+    say "profile: perf record of the whole machine through a 32-client put run"
+    ticks() { local t=0 p; for p in "$@"; do [ -r "/proc/$p/stat" ] && t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
+    busy() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
+    pg_pids() { pgrep -x postgres || true; }
+    perf record -F 999 -a -g -o "$work/perf.data" -- sleep "$secs" >/dev/null 2>&1 &
+    perf_pid=$!
+    # shellcheck disable=SC2046
+    s0=$(ticks "$sf_pid") p0=$(ticks $(pg_pids)) b0=$(busy) t0=$(date +%s%N)
     bench put 32 >/dev/null
-    wait
-    perf report -i "$work/perf.data" --no-children --sort dso,symbol --stdio 2>/dev/null | head -60 >"$work/perf.txt"
-    extra+=("profile: $work/perf.txt")
+    # shellcheck disable=SC2046
+    s1=$(ticks "$sf_pid") p1=$(ticks $(pg_pids)) b1=$(busy) t1=$(date +%s%N)
+    wait "$perf_pid"
+    hz=$(getconf CLK_TCK) wall=$(((t1 - t0) / 10000000)) # hundredths of a second
+    share() { echo "$(($1 * 10000 / hz / wall))%"; }
+    note "CPU through a 32-client put run ($(nproc) cores = $(($(nproc) * 100))%): server $(share $((s1 - s0))), PostgreSQL $(share $((p1 - p0))), everything else (the load generator, the kernel's softirqs) $(share $((b1 - b0 - (s1 - s0) - (p1 - p0))))"
+    report() { perf report -i "$work/perf.data" --no-children --stdio -g none --sort dso,symbol "$@" 2>/dev/null |
+        grep '%' | grep -v '^#' | sed 's/ \{2,\}/ /g; s/ - - *$//' | cut -c1-150 | head -30 || true; }
+    {
+        echo "# the server's CPU by library and symbol (share of all samples)"
+        report --pid "$sf_pid"
+        echo "# PostgreSQL's CPU by library and symbol"
+        report --comms postgres
+    } >"$work/perf.txt"
+    note "profile: $work/perf.txt"
 fi
 
 echo

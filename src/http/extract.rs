@@ -11,6 +11,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, header};
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
+use memmap2::MmapMut;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
@@ -216,7 +217,8 @@ pub struct BodyLimit {
 /// Reads a body to its end within `limit`: 413 as soon as it passes `max_bytes` (at once when
 /// `Content-Length` says so, otherwise when the bytes received pass it), 408 when it has not
 /// arrived within `timeout` (a slow or stalled client cannot hold a request slot for ever). At
-/// most `max_bytes` are ever held, in one buffer sized up front from `Content-Length`. The body is
+/// most `max_bytes` are ever held, in one buffer sized up front from `Content-Length` (a large
+/// one in a memory mapping of its own). The body is
 /// read whole before any statement runs, so neither refusal can leave a change behind.
 pub async fn read_limited(
     body: Body,
@@ -231,8 +233,7 @@ pub async fn read_limited(
         return Err(too_large());
     }
     let read = async {
-        let capacity = content_length.map_or(0, |n| n as usize);
-        let mut buf = BytesMut::with_capacity(capacity);
+        let mut buf = BodyBuffer::for_length(content_length);
         let mut stream = body.into_data_stream();
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|e| {
@@ -241,7 +242,7 @@ pub async fn read_limited(
             if buf.len() + chunk.len() > limit.max_bytes {
                 return Err(too_large());
             }
-            buf.extend_from_slice(&chunk);
+            buf.extend(&chunk);
         }
         Ok(buf.freeze())
     };
@@ -250,10 +251,107 @@ pub async fn read_limited(
         .map_err(|_| ApiError::RequestTimeout(limit.timeout))?
 }
 
+/// Bodies announced at this size or more are gathered in a memory mapping of their own.
+const MAPPED_FROM: u64 = 512 * 1024;
+
+/// Where a body is gathered: on the heap, or, for a large one whose `Content-Length` was sent,
+/// in an anonymous memory mapping of exactly that size, handed back to the kernel as soon as
+/// the request is done. Blocks of megabytes freed on the heap by one request and taken by the
+/// next grow it for good (glibc raises its mapping threshold after each such free, so later
+/// ones come from the heap and fragment it): that is how 32 concurrent 8 MiB uploads once held
+/// 660 MiB where 256 MiB were live.
+enum BodyBuffer {
+    Heap(BytesMut),
+    Mapped(MmapMut, usize),
+}
+
+impl BodyBuffer {
+    fn for_length(content_length: Option<u64>) -> Self {
+        let heap = |n: u64| Self::Heap(BytesMut::with_capacity(n as usize));
+        match content_length {
+            Some(n) if n >= MAPPED_FROM => MmapMut::map_anon(n as usize)
+                .map(|map| Self::Mapped(map, 0))
+                .unwrap_or_else(|_| heap(n)),
+            n => heap(n.unwrap_or(0)),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Self::Heap(b) => b.len(),
+            Self::Mapped(_, filled) => *filled,
+        }
+    }
+
+    fn extend(&mut self, chunk: &[u8]) {
+        match self {
+            Self::Heap(b) => b.extend_from_slice(chunk),
+            Self::Mapped(map, filled) if *filled + chunk.len() <= map.len() => {
+                map[*filled..*filled + chunk.len()].copy_from_slice(chunk);
+                *filled += chunk.len();
+            }
+            // More than `Content-Length` said (hyper refuses that before it gets here): go on
+            // on the heap rather than fail.
+            Self::Mapped(map, filled) => {
+                let mut heap = BytesMut::with_capacity(*filled + chunk.len());
+                heap.extend_from_slice(&map[..*filled]);
+                heap.extend_from_slice(chunk);
+                *self = Self::Heap(heap);
+            }
+        }
+    }
+
+    fn freeze(self) -> Bytes {
+        match self {
+            Self::Heap(b) => b.freeze(),
+            Self::Mapped(map, filled) => Bytes::from_owner(map).slice(..filled),
+        }
+    }
+}
+
 /// The `Content-Length` of a request, if it sent a valid one.
 pub fn content_length(headers: &HeaderMap) -> Option<u64> {
     headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_large_announced_body_is_gathered_in_a_mapping_of_its_size() {
+        let n = MAPPED_FROM as usize + 3;
+        let mut buf = BodyBuffer::for_length(Some(n as u64));
+        assert!(matches!(buf, BodyBuffer::Mapped(ref map, 0) if map.len() == n));
+        let body: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+        for piece in body.chunks(1000) {
+            buf.extend(piece);
+        }
+        assert_eq!(buf.len(), n);
+        assert_eq!(buf.freeze(), body);
+    }
+
+    #[test]
+    fn a_body_shorter_or_longer_than_announced_is_kept_whole() {
+        let n = MAPPED_FROM as usize;
+        let mut short = BodyBuffer::for_length(Some(n as u64));
+        short.extend(b"only this");
+        assert_eq!(short.freeze(), &b"only this"[..]);
+        let mut long = BodyBuffer::for_length(Some(n as u64));
+        long.extend(&vec![7; n]);
+        long.extend(b"more");
+        assert!(matches!(long, BodyBuffer::Heap(_)));
+        let all = long.freeze();
+        assert_eq!((all.len(), &all[n..]), (n + 4, &b"more"[..]));
+    }
+
+    #[test]
+    fn a_small_or_unannounced_body_is_gathered_on_the_heap() {
+        assert!(matches!(BodyBuffer::for_length(None), BodyBuffer::Heap(_)));
+        let small = BodyBuffer::for_length(Some(MAPPED_FROM - 1));
+        assert!(matches!(small, BodyBuffer::Heap(_)));
+    }
 }

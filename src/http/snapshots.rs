@@ -3,7 +3,7 @@
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::Deserialize;
@@ -99,7 +99,11 @@ async fn delete(
 
 /// A snapshot as an HTTP answer: its bytes with the contract's headers, or `304` when
 /// `If-None-Match` matches.
-fn snapshot_response(snapshot: Snapshot, if_none_match: Option<&EntityTagCondition>) -> Response {
+fn snapshot_response(
+    snapshot: Snapshot,
+    with_body: bool,
+    if_none_match: Option<&EntityTagCondition>,
+) -> Response {
     let meta = &snapshot.meta;
     let mut headers = HeaderMap::new();
     headers.insert(header::ETAG, etag_header(meta));
@@ -126,6 +130,10 @@ fn snapshot_response(snapshot: Snapshot, if_none_match: Option<&EntityTagConditi
             HeaderValue::from_static(DEFAULT_CONTENT_TYPE),
         ),
     };
+    if !with_body {
+        // What a GET would send, for a HEAD that did not read the body.
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(meta.size));
+    }
     (StatusCode::OK, headers, snapshot.body).into_response()
 }
 
@@ -137,22 +145,31 @@ fn no_snapshot(key: &Key) -> ApiError {
 
 async fn read(
     State(state): State<AppState>,
+    method: Method,
     KeyPath(key): KeyPath,
     IfNoneMatch(if_none_match): IfNoneMatch,
 ) -> Result<Response, ApiError> {
-    let snapshot = snapshots::get(&state.db, &key, None, state.rules.keep_versions)
+    let with_body = method != Method::HEAD;
+    let snapshot = snapshots::get(&state.db, &key, None, state.rules.keep_versions, with_body)
         .await?
         .ok_or_else(|| no_snapshot(&key))?;
-    Ok(snapshot_response(snapshot, if_none_match.as_ref()))
+    Ok(snapshot_response(
+        snapshot,
+        with_body,
+        if_none_match.as_ref(),
+    ))
 }
 
 async fn read_version(
     State(state): State<AppState>,
+    method: Method,
     KeyVersionPath(key, version): KeyVersionPath,
     IfNoneMatch(if_none_match): IfNoneMatch,
 ) -> Result<Response, ApiError> {
     let version = Version::parse(&version)?;
-    let snapshot = snapshots::get(&state.db, &key, Some(version), state.rules.keep_versions)
+    let with_body = method != Method::HEAD;
+    let keep = state.rules.keep_versions;
+    let snapshot = snapshots::get(&state.db, &key, Some(version), keep, with_body)
         .await?
         .ok_or_else(|| {
             ApiError::NotFound(format!(
@@ -160,7 +177,11 @@ async fn read_version(
                 version.get()
             ))
         })?;
-    Ok(snapshot_response(snapshot, if_none_match.as_ref()))
+    Ok(snapshot_response(
+        snapshot,
+        with_body,
+        if_none_match.as_ref(),
+    ))
 }
 
 /// The query of a versions list.

@@ -14,7 +14,7 @@ use std::ops::Deref;
 use deadpool::managed::{self, Metrics, Object, PoolError, RecycleError, RecycleResult, Timeouts};
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgPool, PgRow};
 use sqlx::query::QueryAs;
-use sqlx::{Connection, FromRow, PgConnection, Postgres};
+use sqlx::{Connection, Executor, FromRow, PgConnection, Postgres};
 
 use super::{CHECK_IDLE_AFTER, Result, StoreError, service_bound};
 
@@ -56,6 +56,15 @@ macro_rules! hot {
         }
     }};
 }
+
+/// Opens the upload's transaction and makes sure the connection has its upload table, in one
+/// round trip; quietly, since the table exists on every upload but a connection's first.
+const UPLOAD_BEGIN: &str = "BEGIN; SET LOCAL client_min_messages = warning; \
+    CREATE TEMP TABLE IF NOT EXISTS snapfence_upload (body bytea NOT NULL) ON COMMIT DELETE ROWS";
+/// Streams a body into the upload table.
+const UPLOAD_COPY: &str = "COPY pg_temp.snapfence_upload (body) FROM STDIN (FORMAT binary)";
+/// How much of an uploaded body is in the connection's send buffer at once.
+const UPLOAD_CHUNK: usize = 64 * 1024;
 
 /// Whether a call failed writing to a connection its server had closed (`EPIPE`): nothing of
 /// it was delivered.
@@ -143,6 +152,62 @@ impl Db {
         hot!(self, q, fetch_optional)
     }
 
+    /// Runs a statement that answers one row and reads its body from
+    /// `pg_temp.snapfence_upload`, after uploading `body` there, in one short transaction on a
+    /// hot connection: begin, make sure the connection has its upload table, `COPY` the body in
+    /// [`UPLOAD_CHUNK`]s (so neither the statement's arguments nor the connection's send buffer
+    /// ever hold a copy of it), run the statement, commit. The table is temporary and emptied at
+    /// commit: the body is durable only as the statement stores it. The connection goes back
+    /// only after a commit; after any failure it is closed, never left inside a transaction.
+    pub(crate) async fn fetch_one_uploading<'q, O>(
+        &self,
+        body: &[u8],
+        q: QueryAs<'q, Postgres, O, PgArguments>,
+    ) -> Result<O>
+    where
+        O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
+    {
+        let len = i32::try_from(body.len()).map_err(|_| {
+            StoreError::Internal(sqlx::Error::Protocol(format!(
+                "a body of {} bytes is over PostgreSQL's limit",
+                body.len()
+            )))
+        })?;
+        let mut conn = self.checkout().await?;
+        let work = async {
+            let c = conn.get();
+            c.execute(UPLOAD_BEGIN).await?;
+            let mut copy = c.copy_in_raw(UPLOAD_COPY).await?;
+            // Binary COPY: the signature, no flags, no extension; one tuple of one field.
+            let mut head = Vec::with_capacity(25);
+            head.extend_from_slice(b"PGCOPY\n\xff\r\n\0");
+            head.extend_from_slice(&[0; 8]);
+            head.extend_from_slice(&1i16.to_be_bytes());
+            head.extend_from_slice(&len.to_be_bytes());
+            copy.send(head).await?;
+            for chunk in body.chunks(UPLOAD_CHUNK) {
+                copy.send(chunk).await?;
+            }
+            copy.send(&(-1i16).to_be_bytes()[..]).await?;
+            copy.finish().await?;
+            let row = q.fetch_one(&mut *c).await?;
+            c.execute("COMMIT").await?;
+            Ok::<O, sqlx::Error>(row)
+        };
+        let answer = tokio::time::timeout(service_bound(&self.pool), work).await;
+        match answer {
+            Ok(Ok(row)) => conn.finish(Ok(Ok(row)), &self.pool),
+            Ok(Err(e)) => {
+                conn.close();
+                Err(StoreError::from(e))
+            }
+            Err(_) => {
+                conn.close();
+                Err(super::timed_out(service_bound(&self.pool)))
+            }
+        }
+    }
+
     async fn checkout(&self) -> Result<Checkout> {
         match self.hot.get().await {
             Ok(conn) => Ok(Checkout(Some(conn))),
@@ -170,11 +235,21 @@ impl Checkout {
         pool: &PgPool,
     ) -> Result<T> {
         let conn = self.0.take().expect("finished once");
+        // A large body or answer leaves the connection's buffers as large as it was: given back
+        // as they are, every connection of the pool would keep one such buffer for good. (For
+        // buffers of the default size this does nothing.)
+        let give_back = |mut conn: Object<Connector>| conn.shrink_buffers();
         match answer {
-            Ok(Ok(t)) => Ok(t),
+            Ok(Ok(t)) => {
+                give_back(conn);
+                Ok(t)
+            }
             Ok(Err(e)) => match StoreError::from(e) {
                 // An error of the statement itself: the session goes on.
-                e @ StoreError::Internal(sqlx::Error::Database(_)) => Err(e),
+                e @ StoreError::Internal(sqlx::Error::Database(_)) => {
+                    give_back(conn);
+                    Err(e)
+                }
                 // The rest may have ended the session (a shutdown, a lost link) or left it out
                 // of step, and a timeout or overload is better met with a fresh connection.
                 e => {
@@ -186,6 +261,15 @@ impl Checkout {
                 drop(Object::take(conn));
                 Err(super::timed_out(service_bound(pool)))
             }
+        }
+    }
+}
+
+impl Checkout {
+    /// Closes the connection instead of giving it back.
+    fn close(mut self) {
+        if let Some(conn) = self.0.take() {
+            drop(Object::take(conn));
         }
     }
 }

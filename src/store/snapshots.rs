@@ -136,9 +136,12 @@ macro_rules! fenced_ctes {
 }
 
 /// The fenced write statement, with the bound a lower token is stale against (see
-/// [`fenced_ctes`]).
+/// [`fenced_ctes`]) and where the body comes from (`$11`, or the upload table).
 macro_rules! put_statement {
     ($stale_below:literal) => {
+        put_statement!($stale_below, "$11")
+    };
+    ($stale_below:literal, $body:literal) => {
         concat!(
             fenced_ctes!("put", $stale_below),
             "
@@ -148,7 +151,9 @@ macro_rules! put_statement {
         RETURNING leases.snapshot_version AS version),
     stored AS (
         INSERT INTO snapshot_versions (key, version, token, etag, size, content_type, updated_at, body)
-        SELECT $1, head.version, $2, $8, $9, $10, now(), $11 FROM head
+        SELECT $1, head.version, $2, $8, $9, $10, now(), ",
+            $body,
+            " FROM head
         RETURNING version, updated_at),
     pruned AS (
         DELETE FROM snapshot_versions v USING head
@@ -174,6 +179,26 @@ pub(crate) const PUT: &str = put_statement!("cur.token");
 const PUT_CHECKED_AGAINST_WRITTEN_TOKENS: &str =
     put_statement!("coalesce((SELECT max(w.token) FROM snapshot_versions w WHERE w.key = $1), 0)");
 
+/// [`PUT`] for a body uploaded beforehand into the connection's upload table (see
+/// [`Db::fetch_one_uploading`]) rather than bound as `$11` (bound NULL, unused). Identical
+/// otherwise: the same checks, locks and audit.
+const PUT_UPLOADED: &str =
+    put_statement!("cur.token", "(SELECT body FROM pg_temp.snapfence_upload)");
+
+/// The negative control for uploaded bodies.
+#[cfg(debug_assertions)]
+const PUT_UPLOADED_CHECKED_AGAINST_WRITTEN_TOKENS: &str = put_statement!(
+    "coalesce((SELECT max(w.token) FROM snapshot_versions w WHERE w.key = $1), 0)",
+    "(SELECT body FROM pg_temp.snapfence_upload)"
+);
+
+/// Bodies of this size and more are uploaded before the fenced write instead of being bound
+/// to it. A bound body is copied twice on its way out (into the statement's arguments and into
+/// the connection's send buffer); an uploaded one streams from the request's buffer in small
+/// chunks, so the service holds each body about once, whatever its size and however many
+/// arrive at once. Below this size the extra round trips cost more than the copies.
+pub const UPLOAD_FROM: usize = 512 * 1024;
+
 /// Whether the negative control is on: a debug build run with
 /// `SNAPFENCE_BREAK_FENCING=written-token`. Release builds have no such switch.
 #[cfg(debug_assertions)]
@@ -184,13 +209,17 @@ pub fn fencing_broken() -> bool {
     })
 }
 
-/// The fenced write statement this process runs.
-fn put_statement() -> &'static str {
+/// The fenced write statement this process runs, for a bound or an uploaded body.
+fn put_statement(uploaded: bool) -> &'static str {
     #[cfg(debug_assertions)]
     if fencing_broken() {
-        return PUT_CHECKED_AGAINST_WRITTEN_TOKENS;
+        return if uploaded {
+            PUT_UPLOADED_CHECKED_AGAINST_WRITTEN_TOKENS
+        } else {
+            PUT_CHECKED_AGAINST_WRITTEN_TOKENS
+        };
     }
-    PUT
+    if uploaded { PUT_UPLOADED } else { PUT }
 }
 
 /// The fenced delete's first statement: after the shared checks, `head` marks the key as having
@@ -243,7 +272,9 @@ fn if_match_params(c: Option<&EntityTagCondition>) -> (bool, Option<Vec<String>>
 }
 
 /// A fenced write: one statement (`PUT`). It checks, writes or refuses, and audits, all
-/// under the key's row lock, and commits before the caller answers.
+/// under the key's row lock, and commits before the caller answers. A body of [`UPLOAD_FROM`]
+/// bytes or more is uploaded first, in the same short transaction (`PUT_UPLOADED`); the
+/// upload takes no lock, so the key's row is locked only by the statement, as for any write.
 #[tracing::instrument(level = "debug", skip_all, fields(key = %req.key, token = %req.token, size = req.body.len()))]
 pub async fn put(
     db: &Db,
@@ -253,23 +284,27 @@ pub async fn put(
 ) -> Result<WriteOutcome<Written>> {
     let etag = ETag::of(&req.body);
     let (has_if_match, tags) = if_match_params(req.if_match.as_ref());
-    let row: FencedRow = db
-        .fetch_one(|| {
-            sqlx::query_as(put_statement())
-                .bind(req.key.as_str())
-                .bind(req.token.get())
-                .bind(has_if_match)
-                .bind(tags.clone())
-                .bind(ctx.request_id.as_deref())
-                .bind(ctx.remote_addr.as_deref())
-                .bind(ctx.principal.as_deref())
-                .bind(etag.as_str())
-                .bind(req.body.len() as i64)
-                .bind(req.content_type.as_str())
-                .bind(req.body.as_ref())
-                .bind(keep_versions)
-        })
-        .await?;
+    let upload = req.body.len() >= UPLOAD_FROM;
+    let statement = || {
+        sqlx::query_as(put_statement(upload))
+            .bind(req.key.as_str())
+            .bind(req.token.get())
+            .bind(has_if_match)
+            .bind(tags.clone())
+            .bind(ctx.request_id.as_deref())
+            .bind(ctx.remote_addr.as_deref())
+            .bind(ctx.principal.as_deref())
+            .bind(etag.as_str())
+            .bind(req.body.len() as i64)
+            .bind(req.content_type.as_str())
+            .bind((!upload).then_some(req.body.as_ref()))
+            .bind(keep_versions)
+    };
+    let row: FencedRow = if upload {
+        db.fetch_one_uploading(&req.body, statement()).await?
+    } else {
+        db.fetch_one(statement).await?
+    };
     Ok(row.outcome(req.token, |r| Written {
         created: r.created.unwrap_or(true),
         meta: SnapshotMeta {
@@ -326,7 +361,7 @@ pub async fn delete(
 pub struct Snapshot {
     /// Its metadata.
     pub meta: SnapshotMeta,
-    /// Its bytes, exactly as written.
+    /// Its bytes, exactly as written (empty when read without them).
     pub body: Bytes,
 }
 
@@ -358,7 +393,7 @@ impl VersionRow {
 struct BodyRow {
     #[sqlx(flatten)]
     meta: VersionRow,
-    body: Vec<u8>,
+    body: Option<Vec<u8>>,
 }
 
 #[derive(Debug, FromRow)]
@@ -394,7 +429,8 @@ impl ListedVersion {
 
 /// The snapshot read statement ([`get`]).
 pub(crate) const GET: &str =
-    "SELECT v.version, v.token, v.etag, v.size, v.content_type, v.updated_at, v.body
+    "SELECT v.version, v.token, v.etag, v.size, v.content_type, v.updated_at,
+        CASE WHEN $4 THEN v.body END AS body
     FROM leases l JOIN snapshot_versions v ON v.key = l.key
     WHERE l.key = $1 AND l.snapshot_etag IS NOT NULL AND v.version > l.snapshot_version - $2
       AND v.version = coalesce($3, l.snapshot_version)";
@@ -402,12 +438,14 @@ pub(crate) const GET: &str =
 /// Reads the current snapshot (`version` = `None`) or one retained version: only versions of a
 /// key that has a current snapshot, within the retention window, so a version that a later write
 /// pruned, or that a delete removed, is gone even if its row lingers. One statement, so the head
-/// and the body it points at are from one committed state.
+/// and the body it points at are from one committed state. Without `with_body` (a `HEAD`) the
+/// body is not even read from storage, and the answer's body is empty.
 pub async fn get(
     db: &Db,
     key: &Key,
     version: Option<Version>,
     keep_versions: i64,
+    with_body: bool,
 ) -> Result<Option<Snapshot>> {
     let row: Option<BodyRow> = db
         .fetch_optional(|| {
@@ -415,11 +453,12 @@ pub async fn get(
                 .bind(key.as_str())
                 .bind(keep_versions)
                 .bind(version.map(Version::get))
+                .bind(with_body)
         })
         .await?;
     Ok(row.map(|r| Snapshot {
         meta: r.meta.into_meta(None),
-        body: Bytes::from(r.body),
+        body: r.body.map(Bytes::from).unwrap_or_default(),
     }))
 }
 

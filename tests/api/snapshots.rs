@@ -573,3 +573,102 @@ async fn an_endless_upload_without_a_length_is_cut_off_at_the_limit() {
     assert_eq!(rows, 0);
     app.stop().await;
 }
+
+/// A body large enough to be uploaded before its fenced write rather than bound to it.
+fn uploaded_body() -> Vec<u8> {
+    random_bytes(snapfence::store::snapshots::UPLOAD_FROM + 12345)
+}
+
+#[tokio::test]
+async fn a_large_body_is_stored_and_read_back_byte_for_byte_version_after_version() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("big", "a", 30000).await);
+    let (one, two) = (uploaded_body(), uploaded_body());
+    assert_eq!(
+        app.put("big", t, one.clone()).await.status(),
+        StatusCode::CREATED
+    );
+    let r = app.put("big", t, two.clone()).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let w: Value = r.json().await.unwrap();
+    assert_eq!(
+        (w["version"].as_i64(), w["size"].as_u64()),
+        (Some(2), Some(two.len() as u64))
+    );
+    let current = app.get("/v1/snapshots/big").await;
+    assert_eq!(current.headers()["snapshot-version"], "2");
+    assert_eq!(current.bytes().await.unwrap(), two);
+    let first = app.get("/v1/snapshots/big/versions/1").await;
+    assert_eq!(first.bytes().await.unwrap(), one);
+    let head = app
+        .request(Method::HEAD, "/v1/snapshots/big/versions/1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        head.headers()["content-length"],
+        one.len().to_string().as_str()
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_large_write_with_a_stale_token_is_refused_audited_and_changes_nothing() {
+    let app = TestApp::spawn().await;
+    let old = token(&app.acquire("big", "a", 100).await);
+    let kept = uploaded_body();
+    assert_eq!(
+        app.put("big", old, kept.clone()).await.status(),
+        StatusCode::CREATED
+    );
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    token(&app.acquire("big", "b", 30000).await);
+    let body = problem(
+        app.put("big", old, uploaded_body()).await,
+        StatusCode::CONFLICT,
+        "stale_token",
+    )
+    .await;
+    assert_eq!(body["presented_token"], old);
+    assert_eq!(rejection_count(&app).await, 1);
+    let stored: (i64, i64) =
+        sqlx::query_as("SELECT count(*), max(version) FROM snapshot_versions WHERE key = 'big'")
+            .fetch_one(app.db())
+            .await
+            .unwrap();
+    assert_eq!(stored, (1, 1));
+    assert_eq!(
+        app.get("/v1/snapshots/big").await.bytes().await.unwrap(),
+        kept
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_large_write_with_a_wrong_if_match_answers_412_and_the_connection_serves_on() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("big", "a", 30000).await);
+    let first = app.put("big", t, uploaded_body()).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    for _ in 0..3 {
+        let r = app
+            .request(Method::PUT, "/v1/snapshots/big")
+            .header("Fencing-Token", t.to_string())
+            .header("If-Match", "\"not-the-etag\"")
+            .body(uploaded_body())
+            .send()
+            .await
+            .unwrap();
+        problem(r, StatusCode::PRECONDITION_FAILED, "precondition_failed").await;
+    }
+    // Small and large writes after the refusals, on the same pool of connections.
+    assert_eq!(app.put("big", t, "small").await.status(), StatusCode::OK);
+    let last = uploaded_body();
+    let r = app.put("big", t, last.clone()).await;
+    assert_eq!(r.json::<Value>().await.unwrap()["version"], 3);
+    assert_eq!(
+        app.get("/v1/snapshots/big").await.bytes().await.unwrap(),
+        last
+    );
+    app.stop().await;
+}

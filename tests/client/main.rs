@@ -10,6 +10,7 @@
 )]
 mod harness;
 
+mod bench;
 mod calls;
 mod cli;
 mod errors;

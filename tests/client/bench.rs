@@ -1,0 +1,89 @@
+//! `snapfence bench` against a real server: what it counts as accepted is what the database
+//! holds, and a refused write is counted by its code, never as a success.
+
+use serde_json::Value;
+
+use crate::harness::TestApp;
+use crate::support::cli;
+
+/// The `put` run's arguments: four workers, two keys each, for `seconds`.
+fn put_run<'a>(prefix: &'a str, seconds: &'a str) -> Vec<&'a str> {
+    vec![
+        "--output",
+        "json",
+        "bench",
+        "--op",
+        "put",
+        "--concurrency",
+        "4",
+        "--keys",
+        "8",
+        "--body-bytes",
+        "64",
+        "--duration",
+        seconds,
+        "--prefix",
+        prefix,
+    ]
+}
+
+#[tokio::test]
+async fn bench_counts_as_accepted_exactly_the_writes_the_database_holds() {
+    let app = TestApp::spawn().await;
+    let ran = cli(&app.instance.base, &put_run("b/", "1s")).await;
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    let report: Value = serde_json::from_str(&ran.stdout).unwrap();
+    assert_eq!(report["errors"], serde_json::json!({}));
+    assert!(report["verified"]["ok"].is_string(), "{report}");
+    let ok = report["ok"].as_i64().unwrap();
+    assert!(ok > 0, "{report}");
+    let held: (i64, i64) = sqlx::query_as(
+        "SELECT count(*), sum(snapshot_version)::bigint FROM leases WHERE key LIKE 'b/%'",
+    )
+    .fetch_one(app.db())
+    .await
+    .unwrap();
+    assert_eq!(
+        held,
+        (8, ok),
+        "8 keys, and as many versions as accepted writes"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn bench_counts_refused_writes_by_their_code_and_fails_its_check() {
+    let app = TestApp::spawn().await;
+    let run = tokio::spawn({
+        let base = app.instance.base.clone();
+        async move { cli(&base, &put_run("r/", "3s")).await }
+    });
+    // Once the run has written to a key, release its lease behind its back: every later write
+    // to that key is a stale one.
+    let token = loop {
+        let token: Option<i64> = sqlx::query_scalar(
+            "SELECT token FROM leases WHERE key = 'r/0' AND snapshot_version > 0",
+        )
+        .fetch_optional(app.db())
+        .await
+        .unwrap();
+        if let Some(token) = token {
+            break token;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(app.release("r/0", token).await.status(), 204);
+    let ran = run.await.unwrap();
+    assert_eq!(ran.code, 1, "the check after the run fails: {}", ran.stderr);
+    let report: Value = serde_json::from_str(&ran.stdout).unwrap();
+    assert!(
+        report["errors"]["stale_token"].as_u64().unwrap() > 0,
+        "{report}"
+    );
+    let failed = report["verified"]["failed"].as_str().unwrap();
+    assert!(
+        failed.contains("r/0") && failed.contains("not held"),
+        "{failed}"
+    );
+    app.stop().await;
+}
