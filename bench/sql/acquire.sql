@@ -10,13 +10,13 @@ WITH cur AS (SELECT l.key AS key, l.token AS token, l.owner AS owner, l.ttl_ms A
         FROM (VALUES (1)) AS one LEFT JOIN cur ON true),
     granted AS (
         UPDATE leases SET token = next_fencing_token(), owner = $2, ttl_ms = $3::bigint,
-            metadata = $4, crash_recovery = $5, recovery_required = false, acquired_at = now(),
+            metadata = $4::json, crash_recovery = $5, recovery_required = false, acquired_at = now(),
             expires_at = now() + $3 * interval '1 millisecond', end_reason = NULL, ended_at = NULL
         FROM decision WHERE leases.key = $1 AND decision.verdict = 'grant'
         RETURNING leases.*),
     inserted AS (
         INSERT INTO leases (key, token, owner, ttl_ms, metadata, crash_recovery, acquired_at, expires_at)
-        SELECT $1, next_fencing_token(), $2, $3, $4, $5, now(), now() + $3 * interval '1 millisecond'
+        SELECT $1, next_fencing_token(), $2, $3, $4::json, $5, now(), now() + $3 * interval '1 millisecond'
         FROM decision WHERE decision.verdict = 'insert'
         ON CONFLICT (key) DO NOTHING
         RETURNING *),

@@ -237,13 +237,13 @@ pub(crate) const ACQUIRE: &str = concat!(
         FROM (VALUES (1)) AS one LEFT JOIN cur ON true),
     granted AS (
         UPDATE leases SET token = next_fencing_token(), owner = $2, ttl_ms = $3::bigint,
-            metadata = $4, crash_recovery = $5, recovery_required = false, acquired_at = now(),
+            metadata = $4::json, crash_recovery = $5, recovery_required = false, acquired_at = now(),
             expires_at = now() + $3 * interval '1 millisecond', end_reason = NULL, ended_at = NULL
         FROM decision WHERE leases.key = $1 AND decision.verdict = 'grant'
         RETURNING leases.*),
     inserted AS (
         INSERT INTO leases (key, token, owner, ttl_ms, metadata, crash_recovery, acquired_at, expires_at)
-        SELECT $1, next_fencing_token(), $2, $3, $4, $5, now(), now() + $3 * interval '1 millisecond'
+        SELECT $1, next_fencing_token(), $2, $3, $4::json, $5, now(), now() + $3 * interval '1 millisecond'
         FROM decision WHERE decision.verdict = 'insert'
         ON CONFLICT (key) DO NOTHING
         RETURNING *),
@@ -352,7 +352,7 @@ pub async fn acquire(
                     .bind(req.key.as_str())
                     .bind(req.owner.as_str())
                     .bind(req.ttl.get())
-                    .bind(req.metadata.as_ref().map(Metadata::as_json))
+                    .bind(req.metadata.as_ref().map(|m| m.as_json().to_string()))
                     .bind(req.crash_recovery)
                     .bind(req.reconciled)
                     .bind(ctx.request_id.as_deref())

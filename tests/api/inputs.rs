@@ -223,13 +223,18 @@ async fn a_cursor_that_decodes_to_a_nul_byte_is_a_position_not_a_server_error() 
 }
 
 #[tokio::test]
-async fn metadata_holding_a_nul_character_is_refused() {
+async fn metadata_holding_a_nul_character_is_stored_and_shown_as_sent() {
     let app = TestApp::spawn().await;
-    refused_acquire(
-        &app,
-        "k",
-        r#"{"owner":"w","ttl_ms":1000,"metadata":{"x":"a\u0000b"}}"#,
-    )
-    .await;
+    let metadata = json!({"x": "a\u{0}b", "n\u{0}": [{"deep": "\u{0}"}]});
+    let r = app
+        .acquire_with(
+            "k",
+            json!({"owner": "w", "ttl_ms": 100, "metadata": metadata}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert_eq!(r.json::<Value>().await.unwrap()["metadata"], metadata);
+    let status: Value = app.get("/v1/leases/k").await.json().await.unwrap();
+    assert_eq!(status["lease"]["metadata"], metadata);
     app.stop().await;
 }
