@@ -148,7 +148,12 @@ async fn act(pool: &sqlx::PgPool, command: KeysCommand, output: Output) -> Resul
                 );
                 return Ok(Exit::Failure);
             };
-            confirm(confirmations, change, "made").await;
+            confirm(
+                confirmations,
+                change,
+                &format!("key {:?} made", name.as_str()),
+            )
+            .await;
             match output {
                 Output::Json => println!("{}", serde_json::json!({"key": key, "token": token})),
                 Output::Table => {
@@ -188,11 +193,17 @@ async fn act(pool: &sqlx::PgPool, command: KeysCommand, output: Output) -> Resul
             let confirmations = listen(pool).await?;
             let Some(change) = keys::revoke(pool, &name).await.map_err(|e| e.to_string())? else {
                 eprintln!(
-                    "snapfence: no live key is named {name:?}; `snapfence keys list` shows them"
+                    "snapfence: no live key is named {:?}; `snapfence keys list` shows them",
+                    name.as_str()
                 );
                 return Ok(Exit::Failure);
             };
-            confirm(confirmations, change, &format!("revoked {name:?}")).await;
+            confirm(
+                confirmations,
+                change,
+                &format!("key {:?} revoked", name.as_str()),
+            )
+            .await;
         }
     }
     Ok(Exit::Success)

@@ -386,6 +386,10 @@ async fn the_keys_command_creates_lists_and_revokes_keys_in_the_database() {
     );
     let out = tokio::task::block_in_place(|| keys_cli(&app, &["revoke", "--name", "ops"]));
     assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "key \"ops\" revoked: in force on every running instance (1 confirmed)\n"
+    );
     let r = bearer(app.request(Method::GET, "/v1/audit/rejections"), &token)
         .send()
         .await
