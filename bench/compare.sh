@@ -84,15 +84,15 @@ psql() { "${as_pg[@]}" "$pgbin/psql" -h 127.0.0.1 -p "$pg_port" -U postgres -d s
 # As many connections as pgbench opens at its highest concurrency.
 pool_size=$(printf '%s\n' $clients | sort -n | tail -1)
 say "starting snapfence on 127.0.0.1:$sf_port (--db-pool-size $pool_size)"
-DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/snapfence" \
-    "$sf" serve --listen "127.0.0.1:$sf_port" --db-pool-size "$pool_size" >"$work/serve.log" 2>&1 &
+export DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/snapfence"
+"$sf" serve --listen "127.0.0.1:$sf_port" --db-pool-size "$pool_size" >"$work/serve.log" 2>&1 &
 sf_pid=$!
 pids+=("$sf_pid")
 url=http://127.0.0.1:$sf_port
 for _ in $(seq 100); do curl -fs "$url/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
 curl -fs "$url/readyz" >/dev/null || { cat "$work/serve.log" >&2; exit 1; }
 # Measured as it runs in production: every request carries an API key.
-api_key=$(DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/snapfence" "$sf" keys create --name bench --scope write 2>/dev/null)
+api_key=$("$sf" keys create --name bench --scope write 2>/dev/null)
 
 # pgbench runs bench/sql/*.sql, the service's statements (a test keeps them identical), with
 # `$N` turned into pgbench's `:pN`. Each client takes the keys of its own slice in turn, as the

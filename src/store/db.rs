@@ -195,16 +195,12 @@ impl Db {
             Ok::<O, sqlx::Error>(row)
         };
         let answer = tokio::time::timeout(service_bound(&self.pool), work).await;
+        // After a failure the connection may still be inside the transaction: it is dropped
+        // unfinished, which closes it.
         match answer {
             Ok(Ok(row)) => conn.finish(Ok(Ok(row)), &self.pool),
-            Ok(Err(e)) => {
-                conn.close();
-                Err(StoreError::from(e))
-            }
-            Err(_) => {
-                conn.close();
-                Err(super::timed_out(service_bound(&self.pool)))
-            }
+            Ok(Err(e)) => Err(StoreError::from(e)),
+            Err(_) => Err(super::timed_out(service_bound(&self.pool))),
         }
     }
 
@@ -261,15 +257,6 @@ impl Checkout {
                 drop(Object::take(conn));
                 Err(super::timed_out(service_bound(pool)))
             }
-        }
-    }
-}
-
-impl Checkout {
-    /// Closes the connection instead of giving it back.
-    fn close(mut self) {
-        if let Some(conn) = self.0.take() {
-            drop(Object::take(conn));
         }
     }
 }

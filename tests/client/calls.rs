@@ -15,7 +15,7 @@ use snapfence::domain::{
 use snapfence::store::snapshots::RefusalReason;
 
 use crate::harness::{Instance, TestApp, fresh_database, rules};
-use crate::support::{api_key, client, grant, key, owner};
+use crate::support::{client, grant, key, owner};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -559,7 +559,7 @@ async fn a_key_with_slashes_spaces_and_unicode_is_one_key_on_the_server() {
 #[tokio::test]
 async fn an_api_key_is_sent_with_every_call_and_names_the_principal() {
     let app = TestApp::spawn().await;
-    let token = api_key(&app, "worker-key", Scope::Write, "jobs/").await;
+    let token = app.make_key("worker-key", Scope::Write, "jobs/").await;
     let c = Client::builder(app.instance.base.clone())
         .api_key(token)
         .build()
@@ -570,7 +570,7 @@ async fn an_api_key_is_sent_with_every_call_and_names_the_principal() {
     grant(&c, &k, "w", TTL).await;
     let refused = c.put_snapshot(&k, old, "x", &PutOptions::default()).await;
     assert!(refused.is_err());
-    let admin = api_key(&app, "ops", Scope::Admin, "").await;
+    let admin = app.make_key("ops", Scope::Admin, "").await;
     let audit = Client::builder(app.instance.base.clone())
         .api_key(admin)
         .build()

@@ -12,7 +12,7 @@ use snapfence::domain::Scope;
 use crate::harness::TestApp;
 use crate::proxy::{Mode, Proxy};
 use crate::support::{
-    Normaliser, Outage, api_key, cli, cli_with_stdin, client, closed_port, golden, grant, key,
+    Normaliser, Outage, cli, cli_with_stdin, client, closed_port, golden, grant, key,
     normalise_text, owner,
 };
 
@@ -391,7 +391,7 @@ async fn payload_too_large_says_the_limit() {
 #[tokio::test]
 async fn unauthorized_says_to_pass_an_api_key() {
     let app = TestApp::spawn().await;
-    api_key(&app, "ops", Scope::Admin, "").await;
+    app.make_key("ops", Scope::Admin, "").await;
     error_golden(
         &app.instance.base,
         &["lease", "show", "k"],
@@ -405,7 +405,7 @@ async fn unauthorized_says_to_pass_an_api_key() {
 #[tokio::test]
 async fn forbidden_says_what_the_key_may_not_do() {
     let app = TestApp::spawn().await;
-    let reader = api_key(&app, "reader", Scope::Read, "").await;
+    let reader = app.make_key("reader", Scope::Read, "").await;
     let ran = cli(
         &app.instance.base,
         &[

@@ -11,7 +11,7 @@ use snapfence::domain::{Key, RecoveryReason, Scope};
 
 use crate::harness::TestApp;
 use crate::proxy::{Mode, Proxy};
-use crate::support::{Outage, api_key, client, closed_port, grant, key, owner};
+use crate::support::{Outage, client, closed_port, grant, key, owner};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -217,7 +217,7 @@ async fn a_body_over_the_limit_is_payload_too_large() {
 #[tokio::test]
 async fn a_call_without_a_key_once_keys_exist_is_unauthorized() {
     let app = TestApp::spawn().await;
-    api_key(&app, "ops", Scope::Admin, "").await;
+    app.make_key("ops", Scope::Admin, "").await;
     let e = client(&app.instance.base)
         .lease_status(&key("k"))
         .await
@@ -232,7 +232,7 @@ async fn a_call_without_a_key_once_keys_exist_is_unauthorized() {
 #[tokio::test]
 async fn a_key_without_the_scope_is_forbidden() {
     let app = TestApp::spawn().await;
-    let reader = api_key(&app, "reader", Scope::Read, "").await;
+    let reader = app.make_key("reader", Scope::Read, "").await;
     let c = Client::builder(app.instance.base.clone())
         .api_key(reader)
         .build()

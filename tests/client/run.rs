@@ -15,7 +15,7 @@ use tokio::time::{Instant, sleep};
 
 use crate::harness::TestApp;
 use crate::proxy::{Mode, Proxy};
-use crate::support::{Ran, api_key, client, grant, key, snapfence};
+use crate::support::{Ran, client, grant, key, snapfence};
 
 /// A directory for the files a command leaves for the test to read.
 fn scratch() -> tempfile::TempDir {
@@ -464,7 +464,7 @@ async fn a_ttl_too_short_for_the_grace_is_refused_before_acquiring() {
 #[tokio::test]
 async fn the_api_key_given_to_run_reaches_the_commands_own_calls() {
     let app = TestApp::spawn().await;
-    let writer = api_key(&app, "runner", Scope::Write, "").await;
+    let writer = app.make_key("runner", Scope::Write, "").await;
     let dir = scratch();
     let script = r#"printf 'keyed' | "$SF_BIN" snapshot put "$SNAPFENCE_KEY" >/dev/null"#;
     let ran = run(

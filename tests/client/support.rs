@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use snapfence::client::{AcquireRequest, Client, Grant, RetryPolicy};
-use snapfence::domain::{Key, Owner, Scope};
+use snapfence::domain::{Key, Owner};
 use snapfence::store::{self, DbSettings};
 use snapfence::{AppState, Rules};
 use sqlx::postgres::PgConnectOptions;
@@ -16,8 +16,6 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-
-use crate::harness::TestApp;
 
 /// A client of `base` with short timeouts, so that a test of a failure fails fast.
 pub fn client(base: &str) -> Client {
@@ -49,12 +47,6 @@ pub async fn grant(client: &Client, key: &Key, who: &str, ttl: Duration) -> Gran
         .acquire(key, &AcquireRequest::new(owner(who), ttl))
         .await
         .unwrap()
-}
-
-/// Makes an API key as `snapfence keys create` does; returns its bearer token. Once one
-/// exists, every `/v1` call needs one.
-pub async fn api_key(app: &TestApp, name: &str, scope: Scope, prefix: &str) -> String {
-    app.make_key(name, scope, prefix).await
 }
 
 /// A port nobody listens on (it was free a moment ago).
