@@ -13,7 +13,7 @@ use crate::harness::TestApp;
 use crate::proxy::{Mode, Proxy};
 use crate::support::{
     Normaliser, Outage, cli, cli_with_stdin, client, closed_port, golden, grant, key,
-    normalise_text, owner,
+    normalise_text, owner, upstream,
 };
 
 const TTL: Duration = Duration::from_secs(30);
@@ -453,10 +453,10 @@ async fn a_write_whose_answer_was_lost_says_how_to_check_it() {
         .lease
         .token
         .to_string();
-    let proxy = Proxy::start(&app.instance.base).await;
+    let proxy = Proxy::start(upstream(&app.instance.base)).await;
     proxy.next_connections(vec![Mode::DropAnswer]);
     let args = ["snapshot", "delete", "k", "--token", &t];
-    error_golden(&proxy.base, &args, 13, "transport_indeterminate").await;
+    error_golden(&proxy.base(), &args, 13, "transport_indeterminate").await;
     app.stop().await;
 }
 

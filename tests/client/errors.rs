@@ -11,7 +11,7 @@ use snapfence::domain::{Key, RecoveryReason, Scope};
 
 use crate::harness::TestApp;
 use crate::proxy::{Mode, Proxy};
-use crate::support::{Outage, client, closed_port, grant, key, owner};
+use crate::support::{Outage, client, closed_port, grant, key, owner, upstream};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -45,7 +45,7 @@ async fn a_fenced_call_without_a_token_is_token_required() {
     let app = TestApp::spawn().await;
     // The typed client always sends the token, so a gateway that drops the header is played by
     // a proxy answering what the server answers then.
-    let gateway = Proxy::start(&app.instance.base).await;
+    let gateway = Proxy::start(upstream(&app.instance.base)).await;
     let answer = app
         .request(reqwest::Method::DELETE, "/v1/leases/k")
         .send()
@@ -58,7 +58,7 @@ async fn a_fenced_call_without_a_token_is_token_required() {
         "token_required",
         detail["detail"].as_str().unwrap(),
     )]);
-    let c = client(&gateway.base);
+    let c = client(&gateway.base());
     let t = snapfence::domain::FencingToken::new(1).unwrap();
     let e = c.release(&key("k"), t).await.unwrap_err();
     let Error::TokenRequired { detail } = &e else {
@@ -248,13 +248,13 @@ async fn a_key_without_the_scope_is_forbidden() {
 #[tokio::test]
 async fn a_gateways_403_without_a_problem_body_is_forbidden_too() {
     let app = TestApp::spawn().await;
-    let gateway = Proxy::start(&app.instance.base).await;
+    let gateway = Proxy::start(upstream(&app.instance.base)).await;
     gateway.next_connections(vec![Mode::Answer {
         status: "403 Forbidden",
         content_type: "text/plain",
         body: "denied by policy".into(),
     }]);
-    let e = client(&gateway.base).healthz().await.unwrap_err();
+    let e = client(&gateway.base()).healthz().await.unwrap_err();
     let Error::Forbidden { detail } = &e else {
         panic!("{e:?}")
     };
@@ -297,9 +297,9 @@ async fn no_server_at_all_is_transport_that_never_reached_it() {
 #[tokio::test]
 async fn a_stalled_answer_is_a_transport_timeout_that_may_have_reached_it() {
     let app = TestApp::spawn().await;
-    let gateway = Proxy::start(&app.instance.base).await;
-    gateway.set(Mode::Stall);
-    let c = Client::builder(gateway.base.clone())
+    let gateway = Proxy::start(upstream(&app.instance.base)).await;
+    gateway.stall();
+    let c = Client::builder(gateway.base())
         .timeout(Duration::from_millis(300))
         .retry(RetryPolicy::none())
         .build()
@@ -328,13 +328,13 @@ async fn a_stalled_answer_is_a_transport_timeout_that_may_have_reached_it() {
 #[tokio::test]
 async fn a_gateway_error_page_is_unexpected_with_its_status() {
     let app = TestApp::spawn().await;
-    let gateway = Proxy::start(&app.instance.base).await;
+    let gateway = Proxy::start(upstream(&app.instance.base)).await;
     gateway.next_connections(vec![Mode::Answer {
         status: "502 Bad Gateway",
         content_type: "text/html",
         body: "<html>upstream down</html>".into(),
     }]);
-    let c = client(&gateway.base).with_retry(RetryPolicy::none());
+    let c = client(&gateway.base()).with_retry(RetryPolicy::none());
     let e = c.healthz().await.unwrap_err();
     let Error::Unexpected { status, detail, .. } = &e else {
         panic!("{e:?}")
@@ -348,13 +348,13 @@ async fn a_gateway_error_page_is_unexpected_with_its_status() {
 #[tokio::test]
 async fn an_answer_that_is_not_the_contracts_json_is_protocol() {
     let app = TestApp::spawn().await;
-    let gateway = Proxy::start(&app.instance.base).await;
+    let gateway = Proxy::start(upstream(&app.instance.base)).await;
     gateway.next_connections(vec![Mode::Answer {
         status: "200 OK",
         content_type: "text/html",
         body: "<html>a login page</html>".into(),
     }]);
-    let c = client(&gateway.base).with_retry(RetryPolicy::none());
+    let c = client(&gateway.base()).with_retry(RetryPolicy::none());
     let e = c.lease_status(&key("k")).await.unwrap_err();
     let Error::Protocol { detail } = &e else {
         panic!("{e:?}")

@@ -9,8 +9,8 @@ use snapfence::domain::LeaseState;
 use tokio::time::{Instant, timeout};
 
 use crate::harness::TestApp;
-use crate::proxy::{Mode, Proxy};
-use crate::support::{client, key, owner};
+use crate::proxy::Proxy;
+use crate::support::{client, key, owner, upstream};
 
 fn request(ttl_ms: u64) -> AcquireRequest {
     AcquireRequest::new(owner("keeper"), Duration::from_millis(ttl_ms))
@@ -44,15 +44,15 @@ async fn a_keeper_renews_its_lease_past_several_ttls() {
 #[tokio::test]
 async fn lost_fires_while_the_server_still_holds_the_lease_when_renewals_are_blocked() {
     let app = TestApp::spawn().await;
-    let proxy = Proxy::start(&app.instance.base).await;
+    let proxy = Proxy::start(upstream(&app.instance.base)).await;
     let direct = client(&app.instance.base);
     let k = key("k");
     let options = KeeperOptions::default().margin(Duration::from_millis(800));
-    let keeper = LeaseKeeper::acquire(&client(&proxy.base), &k, &request(2000), options)
+    let keeper = LeaseKeeper::acquire(&client(&proxy.base()), &k, &request(2000), options)
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    proxy.set(Mode::Stall);
+    proxy.stall();
 
     timeout(Duration::from_secs(5), keeper.lost().cancelled())
         .await

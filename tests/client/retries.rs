@@ -10,16 +10,16 @@ use tokio::net::TcpListener;
 
 use crate::harness::TestApp;
 use crate::proxy::{Mode, Proxy};
-use crate::support::{client, closed_port, grant, key};
+use crate::support::{client, closed_port, grant, key, upstream};
 
 const TTL: Duration = Duration::from_secs(30);
 
 #[tokio::test]
 async fn a_read_is_retried_after_a_broken_connection() {
     let app = TestApp::spawn().await;
-    let proxy = Proxy::start(&app.instance.base).await;
+    let proxy = Proxy::start(upstream(&app.instance.base)).await;
     proxy.next_connections(vec![Mode::Reset]);
-    assert_eq!(client(&proxy.base).healthz().await.unwrap().status, "ok");
+    assert_eq!(client(&proxy.base()).healthz().await.unwrap().status, "ok");
     assert_eq!(proxy.connections(), 2, "one broken, one retried");
     app.stop().await;
 }
@@ -27,14 +27,14 @@ async fn a_read_is_retried_after_a_broken_connection() {
 #[tokio::test]
 async fn a_read_is_retried_after_a_gateway_error() {
     let app = TestApp::spawn().await;
-    let proxy = Proxy::start(&app.instance.base).await;
+    let proxy = Proxy::start(upstream(&app.instance.base)).await;
     let bad_gateway = Mode::Answer {
         status: "502 Bad Gateway",
         content_type: "text/plain",
         body: "upstream restarting".into(),
     };
     proxy.next_connections(vec![bad_gateway.clone(), bad_gateway]);
-    assert_eq!(client(&proxy.base).healthz().await.unwrap().status, "ok");
+    assert_eq!(client(&proxy.base()).healthz().await.unwrap().status, "ok");
     assert_eq!(proxy.connections(), 3);
     app.stop().await;
 }
@@ -45,9 +45,9 @@ async fn a_write_is_not_retried_once_it_may_have_reached_the_server() {
     let c = client(&app.instance.base);
     let k = key("k");
     let t = grant(&c, &k, "w", TTL).await.lease.token;
-    let proxy = Proxy::start(&app.instance.base).await;
+    let proxy = Proxy::start(upstream(&app.instance.base)).await;
     proxy.next_connections(vec![Mode::Reset]);
-    let e = client(&proxy.base)
+    let e = client(&proxy.base())
         .put_snapshot(&k, t, "x", &PutOptions::default())
         .await
         .unwrap_err();
@@ -63,12 +63,12 @@ async fn a_write_is_retried_while_the_connection_is_refused() {
     let k = key("k");
     let t = grant(&c, &k, "w", TTL).await.lease.token;
     let port = closed_port();
-    let upstream = app.instance.base.clone();
+    let upstream = upstream(&app.instance.base);
     // The server's port opens only after the first attempt was refused.
     let opens = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(150)).await;
         let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
-        Proxy::start_on(listener, &upstream)
+        Proxy::start_on(listener, upstream)
     });
     let late = snapfence::client::Client::builder(format!("http://127.0.0.1:{port}"))
         .retry(snapfence::client::RetryPolicy {
@@ -94,13 +94,13 @@ async fn a_write_answered_unavailable_is_retried_and_lands_once() {
     let c = client(&app.instance.base);
     let k = key("k");
     let t = grant(&c, &k, "w", TTL).await.lease.token;
-    let proxy = Proxy::start(&app.instance.base).await;
+    let proxy = Proxy::start(upstream(&app.instance.base)).await;
     proxy.next_connections(vec![Mode::problem(
         "503 Service Unavailable",
         "unavailable",
         "the database is unavailable; nothing was changed. Retry with backoff",
     )]);
-    client(&proxy.base)
+    client(&proxy.base())
         .put_snapshot(&k, t, "x", &PutOptions::default())
         .await
         .unwrap();
@@ -116,9 +116,9 @@ async fn a_put_whose_answer_was_lost_is_resolved_with_find_write() {
     let c = client(&app.instance.base);
     let k = key("k");
     let t = grant(&c, &k, "w", TTL).await.lease.token;
-    let proxy = Proxy::start(&app.instance.base).await;
+    let proxy = Proxy::start(upstream(&app.instance.base)).await;
     proxy.next_connections(vec![Mode::DropAnswer]);
-    let e = client(&proxy.base)
+    let e = client(&proxy.base())
         .put_snapshot(&k, t, "the body", &PutOptions::default())
         .await
         .unwrap_err();

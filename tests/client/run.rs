@@ -14,8 +14,8 @@ use tokio::process::Child;
 use tokio::time::{Instant, sleep};
 
 use crate::harness::TestApp;
-use crate::proxy::{Mode, Proxy};
-use crate::support::{Ran, client, grant, key, snapfence};
+use crate::proxy::Proxy;
+use crate::support::{Ran, client, grant, key, snapfence, upstream};
 
 /// A directory for the files a command leaves for the test to read.
 fn scratch() -> tempfile::TempDir {
@@ -232,16 +232,16 @@ async fn a_command_that_does_not_exist_exits_127_and_releases_the_lease() {
 #[tokio::test]
 async fn a_lost_lease_stops_a_plain_command_before_the_lease_expires_on_the_server() {
     let app = TestApp::spawn().await;
-    let proxy = Proxy::start(&app.instance.base).await;
+    let proxy = Proxy::start(upstream(&app.instance.base)).await;
     let dir = scratch();
     let mut args = vec!["k"];
     args.extend(CUT_OFF);
     args.extend(["--", "sh", "-c", r#"echo $$ > "$DIR/pid"; exec sleep 60"#]);
-    let running = start(&proxy.base, dir.path(), &args);
+    let running = start(&proxy.base(), dir.path(), &args);
     let pid = pid_in(dir.path(), "pid").await;
     sleep(Duration::from_millis(1500)).await;
     assert!(!gone(pid), "the lease is renewed while the network works");
-    proxy.set(Mode::Stall);
+    proxy.stall();
 
     all_gone(&[pid]).await;
     still_held(&client(&app.instance.base), "k").await;
@@ -259,16 +259,16 @@ async fn a_lost_lease_stops_a_plain_command_before_the_lease_expires_on_the_serv
 #[tokio::test]
 async fn a_command_that_ignores_sigterm_is_killed_once_the_grace_has_passed() {
     let app = TestApp::spawn().await;
-    let proxy = Proxy::start(&app.instance.base).await;
+    let proxy = Proxy::start(upstream(&app.instance.base)).await;
     let dir = scratch();
     let script =
         r#"trap 'echo term >> "$DIR/log"' TERM; echo $$ > "$DIR/pid"; while :; do sleep 0.1; done"#;
     let mut args = vec!["k"];
     args.extend(CUT_OFF);
     args.extend(["--", "sh", "-c", script]);
-    let running = start(&proxy.base, dir.path(), &args);
+    let running = start(&proxy.base(), dir.path(), &args);
     let pid = pid_in(dir.path(), "pid").await;
-    proxy.set(Mode::Stall);
+    proxy.stall();
 
     let log = dir.path().join("log");
     let until = Instant::now() + Duration::from_secs(10);
@@ -292,16 +292,16 @@ async fn a_command_that_ignores_sigterm_is_killed_once_the_grace_has_passed() {
 #[tokio::test]
 async fn the_commands_own_children_are_stopped_too_even_if_they_ignore_sigterm() {
     let app = TestApp::spawn().await;
-    let proxy = Proxy::start(&app.instance.base).await;
+    let proxy = Proxy::start(upstream(&app.instance.base)).await;
     let dir = scratch();
     let script = r#"(trap '' TERM; exec sleep 60) & echo $! > "$DIR/grandchild"; echo $$ > "$DIR/pid"; wait"#;
     let mut args = vec!["k"];
     args.extend(CUT_OFF);
     args.extend(["--", "sh", "-c", script]);
-    let running = start(&proxy.base, dir.path(), &args);
+    let running = start(&proxy.base(), dir.path(), &args);
     let pid = pid_in(dir.path(), "pid").await;
     let grandchild = pid_in(dir.path(), "grandchild").await;
-    proxy.set(Mode::Stall);
+    proxy.stall();
 
     all_gone(&[pid, grandchild]).await;
     still_held(&client(&app.instance.base), "k").await;

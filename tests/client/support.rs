@@ -1,7 +1,7 @@
 //! What the tests of this binary share beyond the harness: clients and names, a server whose
 //! database cannot be reached, the `snapfence` binary as a user runs it, and golden files.
 
-use std::net::TcpListener as StdListener;
+use std::net::{SocketAddr, TcpListener as StdListener};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
@@ -56,6 +56,13 @@ pub fn closed_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// The loopback address of a server at `base` (`http://127.0.0.1:PORT`), for a proxy to front.
+pub fn upstream(base: &str) -> SocketAddr {
+    base.trim_start_matches("http://")
+        .parse()
+        .expect("an http://IP:PORT base")
 }
 
 /// The real server, with a database address where nothing listens: every call that needs the
