@@ -472,3 +472,40 @@ async fn answers_conform_to_the_spec_across_every_operation_and_error_code() {
     }
     app.stop().await;
 }
+
+#[test]
+fn the_entity_tag_header_patterns_accept_exactly_what_the_server_parses() {
+    let spec = spec();
+    // Every string of up to 5 characters over the characters that matter to the grammar.
+    let alphabet = ['W', '/', '"', ',', ' ', '\t', '*', 'a', '!'];
+    let mut candidates = vec![String::new()];
+    let mut layer = vec![String::new()];
+    for _ in 0..5 {
+        layer = layer
+            .iter()
+            .flat_map(|s| alphabet.iter().map(move |c| format!("{s}{c}")))
+            .collect();
+        candidates.extend(layer.iter().cloned());
+    }
+    candidates.extend(
+        [
+            "\"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\"",
+            "W/\"x\", \"y\" ,z",
+            "\"h`A/;YBnA*]%\", \"q4kel_TD8o1)\", \"\"",
+            "\"caf\u{e9}\"",
+            "a\u{7f}",
+        ]
+        .map(String::from),
+    );
+    for name in ["IfMatch", "IfNoneMatch"] {
+        let schema = &spec["components"]["parameters"][name]["schema"];
+        let pattern = jsonschema::validator_for(schema).expect("a valid schema");
+        for raw in &candidates {
+            assert_eq!(
+                pattern.is_valid(&json!(raw)),
+                snapfence::domain::EntityTagCondition::parse(raw).is_ok(),
+                "{name} {raw:?}: the spec's pattern and the server disagree"
+            );
+        }
+    }
+}
