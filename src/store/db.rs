@@ -15,6 +15,7 @@ use deadpool::managed::{self, Metrics, Object, PoolError, RecycleError, RecycleR
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgPool, PgRow};
 use sqlx::query::QueryAs;
 use sqlx::{Connection, Executor, FromRow, PgConnection, Postgres};
+use tokio::time::Instant;
 
 use super::{CHECK_IDLE_AFTER, Result, StoreError, service_bound};
 
@@ -38,17 +39,20 @@ impl managed::Manager for Connector {
     }
 }
 
-/// Runs the statement `$q()` with `$fetch` on a hot connection, bounded like every call. A
-/// statement that could not be written because the server had already closed the connection
-/// (a restart since the connection was last used) never reached it, so it is sent once more on
-/// a fresh connection: a restart costs no request an answer.
+/// Runs the statement `$q()` with `$fetch` on a hot connection, bounded like every call: the
+/// wait for a connection, the statement and any second try share one deadline. A statement
+/// that could not be written because the server had already closed the connection (a restart
+/// since the connection was last used) never reached it, so it is sent once more on a fresh
+/// connection: a restart costs no request an answer. (A statement that waited long for its
+/// connection has less than the server's `statement_timeout` left; cut off by the deadline, its
+/// 503 is as uncertain as a lost link's, which the README's promise 8 allows.)
 macro_rules! hot {
     ($db:ident, $q:ident, $fetch:ident) => {{
+        let deadline = Instant::now() + service_bound(&$db.pool);
         let mut fresh = false;
         loop {
-            let mut conn = $db.checkout().await?;
-            let answer =
-                tokio::time::timeout(service_bound(&$db.pool), $q().$fetch(conn.get())).await;
+            let mut conn = $db.checkout(deadline).await?;
+            let answer = tokio::time::timeout_at(deadline, $q().$fetch(conn.get())).await;
             match conn.finish(answer, &$db.pool) {
                 Err(e) if !fresh && never_sent(&e) => fresh = true,
                 answer => break answer,
@@ -173,7 +177,8 @@ impl Db {
                 body.len()
             )))
         })?;
-        let mut conn = self.checkout().await?;
+        let deadline = Instant::now() + service_bound(&self.pool);
+        let mut conn = self.checkout(deadline).await?;
         let work = async {
             let c = conn.get();
             c.execute(UPLOAD_BEGIN).await?;
@@ -194,7 +199,7 @@ impl Db {
             c.execute("COMMIT").await?;
             Ok::<O, sqlx::Error>(row)
         };
-        let answer = tokio::time::timeout(service_bound(&self.pool), work).await;
+        let answer = tokio::time::timeout_at(deadline, work).await;
         // After a failure the connection may still be inside the transaction: it is dropped
         // unfinished, which closes it.
         match answer {
@@ -204,12 +209,17 @@ impl Db {
         }
     }
 
-    async fn checkout(&self) -> Result<Checkout> {
-        match self.hot.get().await {
-            Ok(conn) => Ok(Checkout(Some(conn))),
-            Err(PoolError::Backend(e)) => Err(StoreError::from(e)),
-            Err(PoolError::Closed) => Err(StoreError::Unavailable(sqlx::Error::PoolClosed)),
-            Err(_) => Err(StoreError::Unavailable(sqlx::Error::PoolTimedOut)),
+    /// A hot connection, within the pool's timeout and before `deadline`. deadpool bounds each
+    /// step of getting one (the wait, the check of an idle connection, a new connection) but not
+    /// their sum: with the database stalled, every idle connection's check would wait out its
+    /// own timeout in turn, so the whole checkout is bounded here.
+    async fn checkout(&self, deadline: Instant) -> Result<Checkout> {
+        let limit = deadline.min(Instant::now() + self.pool.options().get_acquire_timeout());
+        match tokio::time::timeout_at(limit, self.hot.get()).await {
+            Ok(Ok(conn)) => Ok(Checkout(Some(conn))),
+            Ok(Err(PoolError::Backend(e))) => Err(StoreError::from(e)),
+            Ok(Err(PoolError::Closed)) => Err(StoreError::Unavailable(sqlx::Error::PoolClosed)),
+            Ok(Err(_)) | Err(_) => Err(StoreError::Unavailable(sqlx::Error::PoolTimedOut)),
         }
     }
 }

@@ -262,6 +262,42 @@ async fn a_stalled_database_link_is_answered_503_within_the_timeout_not_hung() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stalled_database_behind_an_idle_pool_is_answered_503_within_the_timeout() {
+    let dir = scratch();
+    let (_db, proxy, services) = behind_a_proxy(dir.path()).await;
+    let http = reqwest::Client::new();
+    let acquire = |key: String| {
+        http.post(format!("{}/v1/leases/{key}", services[0].base()))
+            .json(&json!({"owner": "w", "ttl_ms": 60000}))
+            .timeout(Duration::from_secs(30))
+            .send()
+    };
+    // Several connections open at once, then idle long enough to be checked before their next
+    // use: each check waits on the stalled link.
+    let opened =
+        futures_util::future::join_all((0..8).map(|i| acquire(format!("before-{i}")))).await;
+    assert!(
+        opened
+            .iter()
+            .all(|r| r.as_ref().unwrap().status() == StatusCode::CREATED)
+    );
+    sleep_ms(1500).await;
+    proxy.stall();
+    let asked = Instant::now();
+    let r = acquire("during".into())
+        .await
+        .expect("an answer, not a timeout");
+    let waited = asked.elapsed();
+    proxy.cut();
+    proxy.resume();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        waited < Duration::from_millis(2500),
+        "answered within the 1 s database timeout and some slack, not after {waited:?}"
+    );
+}
+
 /// Polls the primary until `n` standbys stream from it (synchronously, if `sync`).
 async fn wait_for_standbys(primary: &Cluster, sync: bool) {
     let sql = if sync {
