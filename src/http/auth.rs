@@ -34,11 +34,13 @@ fn presented(req: &Request) -> Result<Option<Presented>, ApiError> {
     let Some(value) = req.headers().get(header::AUTHORIZATION) else {
         return Ok(None);
     };
+    // The scheme is case-insensitive (RFC 9110, 11.1): `bearer sf_…` is as good as `Bearer sf_…`.
     let token = value
         .to_str()
         .ok()
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("Bearer"))
+        .map(|(_, token)| token.trim())
         .ok_or(ApiError::Unauthorized(BAD_KEY))?;
     Presented::parse(token)
         .map(Some)

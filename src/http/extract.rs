@@ -9,6 +9,8 @@ use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, header};
+use axum::middleware::Next;
+use axum::response::Response;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use memmap2::MmapMut;
@@ -81,6 +83,18 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
     }
 }
 
+/// Middleware for the calls that take no query parameters: a query string is refused like an
+/// unknown parameter of a list, since it is one (`?versionId=3` on a snapshot read, S3 style,
+/// would otherwise quietly read the current version). A bare `?` is no parameter.
+pub async fn no_query(req: Request, next: Next) -> Result<Response, ApiError> {
+    match req.uri().query().filter(|q| !q.is_empty()) {
+        None => Ok(next.run(req).await),
+        Some(q) => Err(ApiError::InvalidRequest(format!(
+            "this call takes no query parameters, got {q:?}; see openapi.yaml for its headers and body"
+        ))),
+    }
+}
+
 /// The `{key}` path segment, percent-decoded and validated.
 pub struct KeyPath(pub Key);
 
@@ -88,6 +102,7 @@ impl<S: Send + Sync> FromRequestParts<S> for KeyPath {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        well_escaped(parts.uri.path())?;
         let Path(raw) = Path::<String>::from_request_parts(parts, state)
             .await
             .map_err(path_error)?;
@@ -102,10 +117,25 @@ impl<S: Send + Sync> FromRequestParts<S> for KeyVersionPath {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        well_escaped(parts.uri.path())?;
         let Path((key, version)) = Path::<(String, String)>::from_request_parts(parts, state)
             .await
             .map_err(path_error)?;
         Ok(Self(Key::parse(key)?, version))
+    }
+}
+
+/// Refuses a path with a `%` that does not start an escape (`%` and two hex digits). Decoded
+/// leniently, as axum does, `a%ZZb` would name the key `a%ZZb`, which `a%25ZZb` names as well:
+/// one key under two spellings, one of them most likely a client's mistake.
+fn well_escaped(path: &str) -> Result<(), ApiError> {
+    let escape = |rest: &str| rest.bytes().take(2).filter(u8::is_ascii_hexdigit).count() == 2;
+    if path.split('%').skip(1).all(escape) {
+        Ok(())
+    } else {
+        Err(ApiError::InvalidRequest(format!(
+            "the path {path:?} has a `%` that is not followed by two hex digits; percent-encode the key as one path segment (a `%` in a key is %25)"
+        )))
     }
 }
 

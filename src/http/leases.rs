@@ -21,13 +21,13 @@ use crate::store::leases::{self, AcquireOutcome, AcquireRequest, Ending, LeaseCh
 pub(super) fn routes() -> Routes {
     Routes::new()
         .route("/v1/leases", get(list))
-        .route(
+        .route_without_query(
             "/v1/leases/{key}",
             post(acquire).get(status).delete(release),
         )
-        .route("/v1/leases/{key}/renew", post(renew))
-        .route("/v1/leases/{key}/abandon", post(abandon))
-        .route("/v1/leases/{key}/require-recovery", post(require_recovery))
+        .route_without_query("/v1/leases/{key}/renew", post(renew))
+        .route_without_query("/v1/leases/{key}/abandon", post(abandon))
+        .route_without_query("/v1/leases/{key}/require-recovery", post(require_recovery))
 }
 
 /// The body of an acquire.

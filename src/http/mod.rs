@@ -127,6 +127,15 @@ impl Routes {
         self
     }
 
+    /// [`route`](Self::route) for calls that take no query parameters: a query string is
+    /// refused ([`extract::no_query`]).
+    fn route_without_query(self, path: &'static str, methods: MethodRouter<AppState>) -> Self {
+        self.route(
+            path,
+            methods.route_layer(axum::middleware::from_fn(extract::no_query)),
+        )
+    }
+
     fn merge(mut self, other: Routes) -> Self {
         self.paths.extend(other.paths);
         self.router = self.router.merge(other.router);

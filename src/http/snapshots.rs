@@ -28,9 +28,9 @@ const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
 /// The snapshot routes. `GET` routes answer `HEAD` too, with the same headers and no body.
 pub(super) fn routes() -> Routes {
     Routes::new()
-        .route("/v1/snapshots/{key}", get(read).put(write).delete(delete))
+        .route_without_query("/v1/snapshots/{key}", get(read).put(write).delete(delete))
         .route("/v1/snapshots/{key}/versions", get(versions))
-        .route("/v1/snapshots/{key}/versions/{version}", get(read_version))
+        .route_without_query("/v1/snapshots/{key}/versions/{version}", get(read_version))
 }
 
 fn refused<T>(key: Key, outcome: WriteOutcome<T>) -> Result<T, ApiError> {

@@ -293,6 +293,22 @@ async fn wrong_and_malformed_bearer_values_are_refused_alike() {
 }
 
 #[tokio::test]
+async fn the_bearer_scheme_is_case_insensitive() {
+    let app = TestApp::spawn().await;
+    let good = app.make_key("ci", Scope::Write, "").await;
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let r = app
+            .request(Method::GET, "/v1/leases")
+            .header("Authorization", format!("{scheme} {good}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{scheme}");
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn a_bad_bearer_value_is_refused_even_while_no_key_exists() {
     let app = TestApp::spawn().await;
     let r = app

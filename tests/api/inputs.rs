@@ -45,6 +45,24 @@ async fn a_key_with_control_characters_or_bad_encoding_is_refused() {
 }
 
 #[tokio::test]
+async fn a_key_with_a_malformed_percent_escape_is_refused() {
+    let app = TestApp::spawn().await;
+    let body = r#"{"owner":"w","ttl_ms":1000}"#;
+    for bad in ["a%ZZb", "a%2", "a%", "%g0"] {
+        let p = refused_acquire(&app, bad, body).await;
+        assert!(p["detail"].as_str().unwrap().contains("%25"), "{p}");
+    }
+    // A `%` in a key is sent as %25.
+    let r = app
+        .acquire_with("a%ZZb", json!({"owner": "w", "ttl_ms": 1000}))
+        .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let lease: Value = r.json().await.unwrap();
+    assert_eq!(lease["key"], "a%ZZb");
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn a_missing_empty_or_oversized_owner_is_refused() {
     let app = TestApp::spawn().await;
     refused_acquire(&app, "k", r#"{"ttl_ms":1000}"#).await;
@@ -236,5 +254,55 @@ async fn metadata_holding_a_nul_character_is_stored_and_shown_as_sent() {
     assert_eq!(r.json::<Value>().await.unwrap()["metadata"], metadata);
     let status: Value = app.get("/v1/leases/k").await.json().await.unwrap();
     assert_eq!(status["lease"]["metadata"], metadata);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_query_string_on_a_call_that_takes_none_is_refused_and_changes_nothing() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("k", "w", 60_000).await);
+    let put = app
+        .request(Method::PUT, "/v1/snapshots/k?versionId=3")
+        .header("Fencing-Token", t.to_string())
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    problem(put, StatusCode::BAD_REQUEST, "invalid_request").await;
+    let read = app.get("/v1/snapshots/k?versionId=3").await;
+    problem(read, StatusCode::BAD_REQUEST, "invalid_request").await;
+    let acquire = app
+        .request(Method::POST, "/v1/leases/other?ttl_ms=5")
+        .json(&json!({"owner": "w", "ttl_ms": 1000}))
+        .send()
+        .await
+        .unwrap();
+    problem(acquire, StatusCode::BAD_REQUEST, "invalid_request").await;
+    // Nothing was written or granted; a bare `?` is no parameter.
+    assert_eq!(
+        app.get("/v1/snapshots/k?").await.status(),
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        app.get("/v1/leases/other?").await.status(),
+        StatusCode::NOT_FOUND
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_empty_key_segment_is_refused_and_a_trailing_slash_is_no_route() {
+    let app = TestApp::spawn().await;
+    let renew = app
+        .request(Method::POST, "/v1/leases//renew")
+        .json(&json!({"token": 1}))
+        .send()
+        .await
+        .unwrap();
+    problem(renew, StatusCode::BAD_REQUEST, "invalid_request").await;
+    let versions = app.get("/v1/snapshots//versions").await;
+    problem(versions, StatusCode::BAD_REQUEST, "invalid_request").await;
+    let slash = app.get("/v1/snapshots/").await;
+    problem(slash, StatusCode::NOT_FOUND, "not_found").await;
     app.stop().await;
 }
