@@ -201,6 +201,14 @@ impl EmbeddedPostgres {
         Ok(this)
     }
 
+    /// Whether `dir` holds a cluster (running or not), without creating or starting one.
+    pub fn exists_at(dir: &Path) -> Result<bool> {
+        Ok(Self::at(dir, &Settings::default())?
+            .pgdata()
+            .join("PG_VERSION")
+            .is_file())
+    }
+
     /// The cluster of `dir` when a server is already running there (the service's, say), without
     /// starting one; `None` when none runs.
     pub fn running_at(dir: &Path) -> Result<Option<Self>> {

@@ -38,17 +38,18 @@ pub enum Exit {
 /// The table of exit codes, as `snapfence --help` prints it.
 pub const EXIT_CODES: &str = "\
 Exit codes:
-  0    success
-  1    failure (not found, invalid input, precondition failed, unauthorized,
-       forbidden, an unexpected answer)
-  2    usage: the command line is wrong
-  10   held: lease_held or recovery_required
-  11   lost: lease_lost, or `run` stopped its command because the lease was lost
-  12   stale: stale_token or unknown_token (a refused fenced write)
-  13   unavailable: the server or its database cannot be reached
-  126  run: the command cannot be executed
-  127  run: the command was not found
-  other `run`: the command's own exit code, or 128 + the signal that killed it";
+  0         success
+  1         failure without a code of its own: not found, invalid input, precondition failed,
+            unauthorized, forbidden, an unexpected answer
+  2         usage: the command line is wrong (also `run` with a `--ttl` too short for its `--grace`)
+  10        held: `lease_held` or `recovery_required`
+  11        lost: `lease_lost`, or `run` stopped its command because the lease was lost or about
+            to lapse
+  12        stale: `stale_token` or `unknown_token`, a refused fenced write
+  13        unavailable: `503`, a gateway's 502/504, no connection to the server, or no answer
+            within `--timeout`
+  126, 127  `run`: the command cannot be executed / was not found
+  other     `run`: the command's own exit code, or 128 + the signal that killed it";
 
 impl Exit {
     /// The process exit code.
@@ -86,5 +87,35 @@ impl From<&Error> for Exit {
 impl From<Exit> for ExitCode {
     fn from(e: Exit) -> Self {
         ExitCode::from(e.code())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EXIT_CODES;
+
+    /// Words only: the table's pipes and the help's columns and line breaks aside.
+    fn words(text: &str) -> String {
+        text.split(|c: char| c.is_whitespace() || c == '|')
+            .filter(|w| !w.is_empty())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    #[test]
+    fn the_help_prints_the_readmes_table_of_exit_codes() {
+        let readme = include_str!("../../README.md");
+        let section = readme
+            .split("### Exit codes")
+            .nth(1)
+            .expect("README has an Exit codes section");
+        let rows: Vec<&str> = section
+            .lines()
+            .skip_while(|l| !l.starts_with("| 0 "))
+            .take_while(|l| l.starts_with('|'))
+            .collect();
+        assert_eq!(rows.len(), 9, "{rows:?}");
+        let help = words(EXIT_CODES.trim_start_matches("Exit codes:"));
+        assert_eq!(help, words(&rows.join("\n")));
     }
 }

@@ -76,6 +76,20 @@ pub fn main(args: KeysArgs, output: Output) -> ExitCode {
 }
 
 async fn run(args: KeysArgs, output: Output) -> Result<Exit, String> {
+    // Only `create` may make the service's database (so that the first key can exist before
+    // the service is ever started on a public address); `list` and `revoke` pointed at the
+    // wrong place say so instead of answering from an empty, new database.
+    let may_make = matches!(args.command, KeysCommand::Create { .. });
+    let place = match &args.database_url {
+        Some(_) => "the database of DATABASE_URL".to_string(),
+        None => format!("the data directory {}", args.data_dir.display()),
+    };
+    let missing = || {
+        format!(
+            "{place} holds no snapfence database; point at the service's with --data-dir \
+             (SNAPFENCE_DATA_DIR) or DATABASE_URL"
+        )
+    };
     let (options, started) = match &args.database_url {
         Some(url) => (
             PgConnectOptions::from_str(url)
@@ -83,6 +97,11 @@ async fn run(args: KeysArgs, output: Output) -> Result<Exit, String> {
             None,
         ),
         None => {
+            if !may_make
+                && !EmbeddedPostgres::exists_at(&args.data_dir).map_err(|e| e.to_string())?
+            {
+                return Err(missing());
+            }
             let dir = args.data_dir.clone();
             let (pg, started) =
                 tokio::task::spawn_blocking(move || match EmbeddedPostgres::running_at(&dir)? {
@@ -112,9 +131,18 @@ async fn run(args: KeysArgs, output: Output) -> Result<Exit, String> {
         },
     );
     let result = async {
-        store::prepare(&pool)
-            .await
-            .map_err(|e| format!("{e}; is the database reachable?"))?;
+        let unreachable = |e: store::StoreError| format!("{e}; is the database reachable?");
+        let made = !store::has_schema(&pool).await.map_err(unreachable)?;
+        if made && !may_make {
+            return Err(missing());
+        }
+        store::prepare(&pool).await.map_err(unreachable)?;
+        if made {
+            eprintln!(
+                "snapfence: {place} held no snapfence database, so this made one; if your service \
+                 uses another, run this again with its --data-dir or DATABASE_URL"
+            );
+        }
         act(&pool, args.command, output).await
     }
     .await;
@@ -154,39 +182,36 @@ async fn act(pool: &sqlx::PgPool, command: KeysCommand, output: Output) -> Resul
                 &format!("key {:?} made", name.as_str()),
             )
             .await;
-            match output {
-                Output::Json => println!("{}", serde_json::json!({"key": key, "token": token})),
-                Output::Table => {
-                    println!("{token}");
-                    eprintln!(
-                        "key {:?} (scope {}, prefix {:?}): the token above is shown this once; send it as `Authorization: Bearer <token>`",
-                        key.name, key.scope, key.prefix
-                    );
-                }
+            output.print(&serde_json::json!({ "key": key, "token": token }), |_| {
+                format!("{token}\n")
+            });
+            if matches!(output, Output::Table) {
+                eprintln!(
+                    "key {:?} (scope {}, prefix {:?}): the token above is shown this once; send it as `Authorization: Bearer <token>` (the CLI: --api-key or SNAPFENCE_API_KEY)",
+                    key.name, key.scope, key.prefix
+                );
             }
         }
         KeysCommand::List => {
             let all = keys::list(pool).await.map_err(|e| e.to_string())?;
-            match output {
-                Output::Json => println!("{}", serde_json::json!({"items": all})),
-                Output::Table => {
-                    println!(
-                        "{:<6} {:<24} {:<6} {:<16} STATE",
-                        "ID", "NAME", "SCOPE", "PREFIX"
+            output.print(&serde_json::json!({ "items": all }), |_| {
+                let mut table = format!(
+                    "{:<6} {:<24} {:<6} {:<16} STATE\n",
+                    "ID", "NAME", "SCOPE", "PREFIX"
+                );
+                for k in &all {
+                    let state = if k.revoked_at.is_some() {
+                        "revoked"
+                    } else {
+                        "live"
+                    };
+                    table += &format!(
+                        "{:<6} {:<24} {:<6} {:<16} {state}\n",
+                        k.id, k.name, k.scope, k.prefix
                     );
-                    for k in all {
-                        let state = if k.revoked_at.is_some() {
-                            "revoked"
-                        } else {
-                            "live"
-                        };
-                        println!(
-                            "{:<6} {:<24} {:<6} {:<16} {state}",
-                            k.id, k.name, k.scope, k.prefix
-                        );
-                    }
                 }
-            }
+                table
+            });
         }
         KeysCommand::Revoke { name: raw } => {
             let name = name(raw)?;
@@ -222,6 +247,10 @@ async fn listen(pool: &sqlx::PgPool) -> Result<keys::Confirmations, String> {
 /// one did; the change itself has committed whatever this says.
 async fn confirm(confirmations: keys::Confirmations, change: keys::Change, done: &str) {
     match confirmations.wait(change, CONFIRM_WITHIN).await {
+        Ok(c) if c.following == 0 => eprintln!(
+            "{done}: no instance is running on this database yet; every one started on it will \
+             enforce it"
+        ),
         Ok(c) if c.silent.is_empty() => eprintln!(
             "{done}: in force on every running instance ({} confirmed)",
             c.following

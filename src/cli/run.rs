@@ -3,7 +3,8 @@
 //!
 //! CMD runs in a process group of its own, with its lease in `SNAPFENCE_URL`, `SNAPFENCE_KEY`,
 //! `SNAPFENCE_TOKEN` and `SNAPFENCE_OWNER` (and `SNAPFENCE_API_KEY`, `SNAPFENCE_CA_CERT` when
-//! `run` was given them, so that CMD's own `snapfence` calls reach the server as `run` does). A [`LeaseKeeper`] renews the lease. The keeper
+//! `run` was given them, so that CMD's own `snapfence` calls reach the server as `run` does). A
+//! [`LeaseKeeper`] renews the lease. The keeper
 //! declares the lease lost `grace` + [`STOP_ALLOWANCE`] before the latest moment the server can
 //! expire it; the whole group then gets SIGTERM, and SIGKILL once `grace` has passed, so every
 //! process of the group is gone while the server still holds the lease and no other holder can
@@ -79,12 +80,17 @@ pub async fn main(ctx: &Ctx, args: RunArgs) -> Exit {
     let margin = args.grace + STOP_ALLOWANCE;
     if args.ttl < margin + MIN_RENEW_WINDOW {
         eprintln!(
-            "snapfence: --ttl {} is too short for --grace {}: the command must be stopped before the lease can expire, which takes --grace plus {}, and the lease needs at least {} more to be renewed in. Use --ttl {} or more, or a shorter --grace",
+            "snapfence: --ttl {} is too short for --grace {}: the command must be stopped before the lease can expire, which takes --grace plus {}, and the lease needs at least {} more to be renewed in. Use --ttl {} or more{}",
             humantime::format_duration(args.ttl),
             humantime::format_duration(args.grace),
             humantime::format_duration(STOP_ALLOWANCE),
             humantime::format_duration(MIN_RENEW_WINDOW),
             humantime::format_duration(margin + MIN_RENEW_WINDOW),
+            if args.grace.is_zero() {
+                ""
+            } else {
+                ", or a shorter --grace"
+            },
         );
         return Exit::Usage;
     }

@@ -204,6 +204,15 @@ pub async fn prepare(pool: &PgPool) -> Result<()> {
     Ok(())
 }
 
+/// Whether the database holds snapfence's tables, of any version: one without them is not a
+/// service's database (yet), which `snapfence keys` tells apart from an empty key table.
+pub async fn has_schema(pool: &PgPool) -> Result<bool> {
+    sqlx::query_scalar("SELECT to_regclass('leases') IS NOT NULL")
+        .fetch_one(pool)
+        .bounded(pool)
+        .await
+}
+
 /// Whether the database answers and has every migration this build knows of.
 pub async fn ready(pool: &PgPool) -> Result<bool> {
     let latest = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);

@@ -6,9 +6,11 @@ use reqwest::{Method, RequestBuilder, StatusCode};
 use serde_json::{Value, json};
 use snapfence::domain::{KeyName, KeyPrefix, Scope};
 use snapfence::store::keys;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{Connection, PgConnection};
 use tokio::time::Instant;
 
-use crate::harness::{Instance, TestApp, problem, token};
+use crate::harness::{Instance, TestApp, fresh_database, problem, token};
 
 fn bearer(r: RequestBuilder, token: &str) -> RequestBuilder {
     r.header("Authorization", format!("Bearer {token}"))
@@ -373,6 +375,71 @@ fn keys_cli(app: &TestApp, args: &[&str]) -> std::process::Output {
         .arg(crate::harness::url_of(&app.options))
         .output()
         .unwrap()
+}
+
+/// `snapfence keys ARGS` against a database that is not (yet) a service's.
+fn keys_cli_on(options: &PgConnectOptions, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_snapfence"))
+        .arg("keys")
+        .args(args)
+        .arg("--database-url")
+        .arg(crate::harness::url_of(options))
+        .output()
+        .unwrap()
+}
+
+async fn has_snapfence_tables(options: &PgConnectOptions) -> bool {
+    let mut conn = PgConnection::connect_with(options).await.unwrap();
+    sqlx::query_scalar("SELECT to_regclass('leases') IS NOT NULL")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_list_and_revoke_refuse_a_database_that_is_not_a_services_and_change_nothing() {
+    let options = fresh_database().await;
+    for args in [&["list"][..], &["revoke", "--name", "ops"]] {
+        let out = tokio::task::block_in_place(|| keys_cli_on(&options, args));
+        assert!(!out.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("holds no snapfence database") && stderr.contains("--data-dir"),
+            "{stderr}"
+        );
+    }
+    assert!(!has_snapfence_tables(&options).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_create_on_a_new_database_makes_it_and_says_so() {
+    let options = fresh_database().await;
+    let out = tokio::task::block_in_place(|| {
+        keys_cli_on(&options, &["create", "--name", "ops", "--scope", "admin"])
+    });
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("so this made one"), "{stderr}");
+    assert!(
+        stderr.contains("no instance is running on this database yet"),
+        "{stderr}"
+    );
+    assert!(has_snapfence_tables(&options).await);
+}
+
+#[test]
+fn keys_list_refuses_a_data_directory_without_a_cluster_and_makes_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("snapfence-data");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_snapfence"))
+        .args(["keys", "list", "--data-dir"])
+        .arg(&missing)
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("holds no snapfence database"));
+    assert!(!missing.join("pg").exists(), "no cluster was made");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
