@@ -206,7 +206,11 @@ mod parse {
     use crate::store::snapshots::RefusalReason;
 
     pub fn token(raw: &str) -> Result<FencingToken, InvalidInput> {
-        FencingToken::parse_header(raw)
+        FencingToken::parse_header(raw).map_err(|_| {
+            InvalidInput::new(format!(
+                "{raw:?} is not a fencing token: the decimal number (1..=9223372036854775807) that `snapfence lease acquire` or `snapfence run` printed, e.g. --token 17"
+            ))
+        })
     }
 
     pub fn metadata(raw: &str) -> Result<Metadata, InvalidInput> {

@@ -480,3 +480,18 @@ async fn run_with_a_ttl_too_short_for_its_grace_says_what_would_do() {
     error_golden(&app.instance.base, &args, 2, "run_ttl_too_short").await;
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_token_that_is_not_a_number_is_a_usage_error_naming_the_flag() {
+    let ran = cli(
+        "http://127.0.0.1:1",
+        &["lease", "renew", "k", "--token", "abc"],
+    )
+    .await;
+    assert_eq!(ran.code, 2, "{}", ran.stderr);
+    assert!(
+        ran.stderr.contains("--token 17") && !ran.stderr.contains("header"),
+        "{}",
+        ran.stderr
+    );
+}
