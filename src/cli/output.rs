@@ -166,7 +166,7 @@ pub fn message(url: &str, e: &Error, check: Option<&str>) -> String {
                 Error::TokenRequired { .. } => ". With this CLI: --token, or SNAPFENCE_TOKEN",
                 Error::Unauthorized { .. } => ". With this CLI: --api-key, or SNAPFENCE_API_KEY",
                 Error::PreconditionFailed { .. } => {
-                    ". With this CLI: `snapfence snapshot get KEY` shows the current ETag; a key with no snapshot yet is written without --if-match"
+                    ". With this CLI: `snapfence snapshot get KEY` shows the current ETag (--if-match takes it)"
                 }
                 _ => "",
             };

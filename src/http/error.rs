@@ -109,7 +109,9 @@ pub enum ApiError {
     #[error("{0}")]
     Forbidden(String),
     /// 412: `If-Match` did not match.
-    #[error("the current snapshot does not match If-Match; GET it again and retry with its ETag")]
+    #[error(
+        "If-Match matches no current snapshot (another ETag, or none yet); GET it again and retry with its ETag, or leave If-Match out to write the first one"
+    )]
     PreconditionFailed,
     /// 404: nothing at this address.
     #[error("{0}")]
