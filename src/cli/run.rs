@@ -144,14 +144,24 @@ pub async fn main(ctx: &Ctx, args: RunArgs) -> Exit {
     let group = Pid::from_raw(child.id() as i32);
     let mut exited = watch_exit(group);
     let lost = keeper.lost();
+    // The first signal is passed on; a second one means the command did not stop and the
+    // person wants it gone: the group is killed, so that no one has to kill `run` itself and
+    // leave the command running with nobody renewing its lease.
+    let mut signalled = false;
     let lost_first = loop {
         tokio::select! {
             biased;
             () = lost.cancelled() => break true,
             _ = &mut exited => break false,
             sig = signals.recv() => {
-                eprintln!("snapfence: passing {} on to the command's process group", sig.as_str());
-                send(group, sig);
+                if signalled {
+                    eprintln!("snapfence: {} again; killing the command's process group (SIGKILL)", sig.as_str());
+                    send(group, Signal::SIGKILL);
+                } else {
+                    eprintln!("snapfence: passing {} on to the command's process group (send another to kill it)", sig.as_str());
+                    send(group, sig);
+                    signalled = true;
+                }
             }
         }
     };

@@ -397,6 +397,32 @@ async fn an_interrupt_of_run_is_passed_on_to_the_command() {
 }
 
 #[tokio::test]
+async fn a_second_signal_kills_a_command_that_ignores_the_first() {
+    let app = TestApp::spawn().await;
+    let dir = scratch();
+    let script = r#"trap '' INT TERM; echo $$ > "$DIR/pid"; while :; do sleep 0.1; done"#;
+    let running = start(
+        &app.instance.base,
+        dir.path(),
+        &["k", "--", "sh", "-c", script],
+    );
+    pid_in(dir.path(), "pid").await;
+    let run_pid = Pid::from_raw(running.id().unwrap() as i32);
+    kill(run_pid, Signal::SIGTERM).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    kill(run_pid, Signal::SIGINT).unwrap();
+    let ran = finish(running).await;
+    assert_eq!(ran.code, 128 + 9, "killed by SIGKILL: {}", ran.stderr);
+    assert!(ran.stderr.contains("killing the command"), "{}", ran.stderr);
+    let status = client(&app.instance.base)
+        .lease_status(&key("k"))
+        .await
+        .unwrap();
+    assert_eq!(status.state, LeaseState::Released, "the lease was released");
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn with_crash_recovery_a_failing_command_leaves_a_recovery_record() {
     let app = TestApp::spawn().await;
     let dir = scratch();
