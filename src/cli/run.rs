@@ -133,7 +133,8 @@ pub async fn main(ctx: &Ctx, args: RunArgs) -> Exit {
         Err(e) => {
             let program = args.command[0].to_string_lossy();
             eprintln!("snapfence: cannot start {program}: {e}");
-            finish(ctx, keeper, false, args.crash_recovery).await;
+            // Nothing ran, so nothing was left to recover: the lease is released plainly.
+            finish(ctx, keeper, true, args.crash_recovery).await;
             return match e.kind() {
                 ErrorKind::NotFound => Exit::CommandNotFound,
                 ErrorKind::PermissionDenied => Exit::CannotExecute,
@@ -388,10 +389,11 @@ fn live_member_of(stat: &str) -> Option<i32> {
 }
 
 /// Ends the lease: release, after require-recovery when `--crash-recovery` asks for a record
-/// because the command did not succeed.
-async fn finish(ctx: &Ctx, keeper: LeaseKeeper, succeeded: bool, crash_recovery: bool) {
+/// and the run was not `clean` (the command failed or was stopped; one that succeeded or never
+/// started left nothing to recover).
+async fn finish(ctx: &Ctx, keeper: LeaseKeeper, clean: bool, crash_recovery: bool) {
     let lease = keeper.lease();
-    if crash_recovery && !succeeded {
+    if crash_recovery && !clean {
         match ctx.client.require_recovery(&lease.key, lease.token).await {
             Ok(()) => eprintln!(
                 "snapfence: the command did not succeed; {} keeps a recovery record, and the next holder must acquire with --reconciled",

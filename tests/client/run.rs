@@ -423,6 +423,31 @@ async fn a_second_signal_kills_a_command_that_ignores_the_first() {
 }
 
 #[tokio::test]
+async fn with_crash_recovery_a_command_that_cannot_start_leaves_no_recovery_record() {
+    let app = TestApp::spawn().await;
+    let dir = scratch();
+    let ran = run(
+        &app.instance.base,
+        dir.path(),
+        &[
+            "k",
+            "--crash-recovery",
+            "--",
+            "/nonexistent/snapfence-test-cmd",
+        ],
+    )
+    .await;
+    assert_eq!(ran.code, 127, "{}", ran.stderr);
+    let status = client(&app.instance.base)
+        .lease_status(&key("k"))
+        .await
+        .unwrap();
+    assert_eq!(status.state, LeaseState::Released);
+    assert!(status.recovery.is_none());
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn with_crash_recovery_a_failing_command_leaves_a_recovery_record() {
     let app = TestApp::spawn().await;
     let dir = scratch();
