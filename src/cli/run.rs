@@ -243,6 +243,17 @@ async fn acquire(
             matches!(e, Error::LeaseHeld { .. }) || (e.is_transient() && !e.is_indeterminate());
         let now = Instant::now();
         if args.wait.is_none() || !worth_waiting || now >= until {
+            match args.wait {
+                Some(wait) if worth_waiting => eprintln!(
+                    "snapfence: waited {} for {}; giving up (a longer --wait waits longer)",
+                    humantime::format_duration(wait),
+                    args.key
+                ),
+                None if matches!(e, Error::LeaseHeld { .. }) => {
+                    eprintln!("snapfence: --wait DURATION waits for a held key")
+                }
+                _ => {}
+            }
             let check = format!(
                 "Check with `snapfence lease show {}`: a lease granted to you whose token you did not get expires by itself",
                 args.key

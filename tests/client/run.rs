@@ -374,6 +374,24 @@ async fn without_wait_a_held_key_fails_at_once_with_the_held_code() {
     let ran = run(&app.instance.base, dir.path(), &["k", "--", "true"]).await;
     assert_eq!(ran.code, 10, "{}", ran.stderr);
     assert!(ran.stderr.contains("lease_held"), "{}", ran.stderr);
+    assert!(ran.stderr.contains("--wait DURATION"), "{}", ran.stderr);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_wait_that_runs_out_says_it_waited_and_fails_with_the_held_code() {
+    let app = TestApp::spawn().await;
+    let c = client(&app.instance.base);
+    grant(&c, &key("k"), "other", Duration::from_secs(30)).await;
+    let dir = scratch();
+    let ran = run(
+        &app.instance.base,
+        dir.path(),
+        &["k", "--wait", "500ms", "--", "true"],
+    )
+    .await;
+    assert_eq!(ran.code, 10, "{}", ran.stderr);
+    assert!(ran.stderr.contains("waited 500ms for k"), "{}", ran.stderr);
     app.stop().await;
 }
 
