@@ -395,18 +395,20 @@ async fn a_wait_that_runs_out_says_it_waited_and_fails_with_the_held_code() {
     app.stop().await;
 }
 
+/// `run k` of a shell loop that first sets `trap`; returns once the loop runs, with `run`'s pid.
+async fn run_a_loop(app: &TestApp, dir: &Path, trap: &str) -> (Child, Pid) {
+    let script = format!(r#"{trap}; echo $$ > "$DIR/pid"; while :; do sleep 0.1; done"#);
+    let running = start(&app.instance.base, dir, &["k", "--", "sh", "-c", &script]);
+    pid_in(dir, "pid").await;
+    let run_pid = Pid::from_raw(running.id().unwrap() as i32);
+    (running, run_pid)
+}
+
 #[tokio::test]
 async fn an_interrupt_of_run_is_passed_on_to_the_command() {
     let app = TestApp::spawn().await;
     let dir = scratch();
-    let script = r#"trap 'exit 42' INT; echo $$ > "$DIR/pid"; while :; do sleep 0.1; done"#;
-    let running = start(
-        &app.instance.base,
-        dir.path(),
-        &["k", "--", "sh", "-c", script],
-    );
-    pid_in(dir.path(), "pid").await;
-    let run_pid = Pid::from_raw(running.id().unwrap() as i32);
+    let (running, run_pid) = run_a_loop(&app, dir.path(), "trap 'exit 42' INT").await;
     kill(run_pid, Signal::SIGINT).unwrap();
     let ran = finish(running).await;
     assert_eq!(ran.code, 42, "{}", ran.stderr);
@@ -418,14 +420,7 @@ async fn an_interrupt_of_run_is_passed_on_to_the_command() {
 async fn a_second_signal_kills_a_command_that_ignores_the_first() {
     let app = TestApp::spawn().await;
     let dir = scratch();
-    let script = r#"trap '' INT TERM; echo $$ > "$DIR/pid"; while :; do sleep 0.1; done"#;
-    let running = start(
-        &app.instance.base,
-        dir.path(),
-        &["k", "--", "sh", "-c", script],
-    );
-    pid_in(dir.path(), "pid").await;
-    let run_pid = Pid::from_raw(running.id().unwrap() as i32);
+    let (running, run_pid) = run_a_loop(&app, dir.path(), "trap '' INT TERM").await;
     kill(run_pid, Signal::SIGTERM).unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     kill(run_pid, Signal::SIGINT).unwrap();
