@@ -1,5 +1,7 @@
 //! Logging: a `RUST_LOG`-style filter (default `info`), plain or JSON lines on stderr.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
@@ -10,7 +12,9 @@ pub fn init(format: LogFormat) {
         .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,tower_http=info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colours for a person at a terminal; a log file or a collector gets plain text.
+        .with_ansi(std::io::stderr().is_terminal());
     match format {
         LogFormat::Plain => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),
