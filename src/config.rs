@@ -11,6 +11,18 @@ use crate::domain::TtlBounds;
 use crate::state::Rules;
 use crate::store::DbSettings;
 
+/// The embedded PostgreSQL's data directory when none is given: `./snapfence-data`, or, for
+/// root, `/var/lib/snapfence`. As root the cluster runs as the `postgres` user, which must be
+/// able to reach it, and a checkout under a private home (`/root`, a `mktemp -d`) is out of its
+/// reach; `/var/lib` is where a service run by root keeps its state anyway.
+pub fn default_data_dir() -> PathBuf {
+    if nix::unistd::Uid::effective().is_root() {
+        PathBuf::from("/var/lib/snapfence")
+    } else {
+        PathBuf::from("./snapfence-data")
+    }
+}
+
 /// How logs are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -31,8 +43,9 @@ pub struct ServeConfig {
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
 
-    /// Where the embedded PostgreSQL keeps its data (only without --database-url).
-    #[arg(long, env = "SNAPFENCE_DATA_DIR", default_value = "./snapfence-data")]
+    /// Where the embedded PostgreSQL keeps its data (only without --database-url); the default
+    /// is ./snapfence-data, or /var/lib/snapfence as root.
+    #[arg(long, env = "SNAPFENCE_DATA_DIR", default_value_os_t = default_data_dir(), hide_default_value = true)]
     pub data_dir: PathBuf,
 
     /// PEM certificate chain to serve HTTPS with (together with --tls-key).

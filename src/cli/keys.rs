@@ -22,12 +22,14 @@ pub struct KeysArgs {
     /// PostgreSQL of the service. Without it, the embedded cluster in --data-dir.
     #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
-    /// The service's embedded data directory (only without --database-url).
+    /// The service's embedded data directory (only without --database-url); the default is
+    /// ./snapfence-data, or /var/lib/snapfence as root, as for `serve`.
     #[arg(
         long,
         global = true,
         env = "SNAPFENCE_DATA_DIR",
-        default_value = "./snapfence-data"
+        default_value_os_t = crate::config::default_data_dir(),
+        hide_default_value = true
     )]
     data_dir: PathBuf,
     /// What to do.
