@@ -25,6 +25,13 @@ const PORT: u16 = 5432;
 /// The longest Unix socket path the kernel takes, less the socket file's own name (whose port
 /// may have five digits).
 const MAX_SOCKET_DIR: usize = 107 - ".s.PGSQL.65535".len() - 1;
+/// The cluster's own directory (PostgreSQL's `PGDATA`) inside the data directory.
+const PGDATA: &str = "pg";
+
+/// Whether `pgdata` holds an initialised cluster.
+fn holds_cluster(pgdata: &Path) -> bool {
+    pgdata.join("PG_VERSION").is_file()
+}
 
 /// Why the embedded cluster could not be started or stopped. Each message says what to do.
 #[derive(Debug, thiserror::Error)]
@@ -148,7 +155,7 @@ impl EmbeddedPostgres {
     pub fn start(dir: &Path, settings: &Settings) -> Result<Self> {
         let this = Self::at(dir, settings)?;
         let pgdata = this.pgdata();
-        if !pgdata.join("PG_VERSION").is_file() {
+        if !holds_cluster(&pgdata) {
             tracing::info!(dir = %this.dir.display(), "creating a PostgreSQL cluster (initdb)");
             this.tool("initdb")
                 .arg("-D")
@@ -171,7 +178,7 @@ impl EmbeddedPostgres {
     pub fn start_standby(dir: &Path, upstream: &str, settings: &Settings) -> Result<Self> {
         let this = Self::at(dir, settings)?;
         let pgdata = this.pgdata();
-        if !pgdata.join("PG_VERSION").is_file() {
+        if !holds_cluster(&pgdata) {
             tracing::info!(dir = %this.dir.display(), "copying a standby (pg_basebackup)");
             this.tool("pg_basebackup")
                 .arg("-D")
@@ -201,12 +208,10 @@ impl EmbeddedPostgres {
         Ok(this)
     }
 
-    /// Whether `dir` holds a cluster (running or not), without creating or starting one.
-    pub fn exists_at(dir: &Path) -> Result<bool> {
-        Ok(Self::at(dir, &Settings::default())?
-            .pgdata()
-            .join("PG_VERSION")
-            .is_file())
+    /// Whether `dir` holds a cluster (running or not), without creating, changing or starting
+    /// anything.
+    pub fn exists_at(dir: &Path) -> bool {
+        holds_cluster(&dir.join(PGDATA))
     }
 
     /// The cluster of `dir` when a server is already running there (the service's, say), without
@@ -245,7 +250,7 @@ impl EmbeddedPostgres {
     }
 
     fn pgdata(&self) -> PathBuf {
-        self.dir.join("pg")
+        self.dir.join(PGDATA)
     }
 
     /// Connection options for `database` as the superuser, over the Unix socket.
@@ -401,10 +406,10 @@ impl EmbeddedPostgres {
             .any(|e| {
                 let name = e.file_name();
                 let name = name.to_string_lossy();
-                !(matches!(name.as_ref(), "pg" | "postgres.log" | "tools.log")
+                !(matches!(name.as_ref(), PGDATA | "postgres.log" | "tools.log")
                     || name.starts_with(".s.PGSQL"))
             });
-        if foreign && !pgdata.join("PG_VERSION").is_file() {
+        if foreign && !holds_cluster(&pgdata) {
             return Err(EmbeddedError::NotOurs(self.dir.clone()));
         }
         Ok(())

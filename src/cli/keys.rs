@@ -99,9 +99,7 @@ async fn run(args: KeysArgs, output: Output) -> Result<Exit, String> {
             None,
         ),
         None => {
-            if !may_make
-                && !EmbeddedPostgres::exists_at(&args.data_dir).map_err(|e| e.to_string())?
-            {
+            if !may_make && !EmbeddedPostgres::exists_at(&args.data_dir) {
                 return Err(missing());
             }
             let dir = args.data_dir.clone();
