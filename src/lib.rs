@@ -2,15 +2,15 @@
 //!
 //! Workers take a lease on a key before they touch its state; every grant mints a strictly
 //! increasing fencing token, and the store refuses any write whose token is not the key's newest,
-//! recording each refusal in an audit log. The HTTP contract is `../shared/API.md`, described by
+//! recording each refusal in an audit log. The HTTP contract is `docs/api.md`, described by
 //! `openapi.yaml`.
 //!
-//! Layout: [`domain`] (validated values and records), [`store`] (all SQL), [`http`] (routes,
-//! extractors, errors), [`config`], [`embedded`] (a private PostgreSQL), [`client`] (a typed client
-//! and the lease keeper), [`cli`].
+//! This crate is the server and the `snapfence` command. Layout: [`domain`] (the contract's
+//! vocabulary from `snapfence-types`, and API keys), [`store`] (all SQL), [`http`] (routes,
+//! extractors, errors), [`config`], [`embedded`] (a private PostgreSQL), [`cli`] (which calls a
+//! server through `snapfence-client`).
 
 pub mod cli;
-pub mod client;
 pub mod config;
 pub mod domain;
 pub mod embedded;

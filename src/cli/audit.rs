@@ -6,9 +6,9 @@ use clap::{Args, Subcommand};
 
 use super::output::{self, opt, time};
 use super::{Ctx, Exit, parse};
-use crate::client::{AuditFilter, PageRequest, Recovery, Rejection};
+use crate::domain::RefusalReason;
 use crate::domain::{Cursor, Key, PageLimit, RecoveryReason};
-use crate::store::snapshots::RefusalReason;
+use snapfence_client::{AuditFilter, PageRequest, Recovery, Rejection};
 
 /// The audit subcommands.
 #[derive(Debug, Subcommand)]

@@ -4,7 +4,7 @@
 
 use std::process::ExitCode;
 
-use crate::client::Error;
+use snapfence_client::Error;
 
 /// How a `snapfence` command ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

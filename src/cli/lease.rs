@@ -6,11 +6,11 @@ use clap::{Args, Subcommand};
 
 use super::output::{self, fields, metadata, opt, time};
 use super::{Ctx, Exit, parse};
-use crate::client::{AcquireRequest, Grant, LeaseFilter, PageRequest};
 use crate::domain::{
     Cursor, FencingToken, Key, KeyPrefix, KeyStatus, Lease, LeaseState, Metadata, Owner, PageLimit,
     RecoveryRecord,
 };
+use snapfence_client::{AcquireRequest, Grant, LeaseFilter, PageRequest};
 
 /// The lease subcommands.
 #[derive(Debug, Subcommand)]

@@ -4,7 +4,6 @@
 //! exit code tells the outcome apart ([`exit`]).
 
 mod audit;
-pub mod bench;
 pub mod exit;
 pub mod keys;
 mod lease;
@@ -20,11 +19,11 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::client::{Client, Error};
 use crate::config::ServeConfig;
 use crate::domain::Owner;
 pub use exit::Exit;
 pub use output::Output;
+use snapfence_client::{Client, Error};
 
 /// snapfence: leases with fencing tokens and fenced snapshots, on PostgreSQL.
 #[derive(Debug, Parser)]
@@ -71,8 +70,6 @@ pub enum Command {
     Serve(ServeConfig),
     /// Manage API keys in the service's database.
     Keys(keys::KeysArgs),
-    /// Load a server with many concurrent requests and report throughput and latency.
-    Bench(bench::BenchArgs),
     /// The commands that talk to a server.
     #[command(flatten)]
     Client(ClientCommand),
@@ -104,7 +101,7 @@ pub(crate) struct Ctx {
 }
 
 /// Environment variables that tell a command how to reach the server as `run` does.
-type Reach = Vec<(&'static str, OsString)>;
+pub type Reach = Vec<(&'static str, OsString)>;
 
 impl Ctx {
     /// Prints what went wrong and what to do next; returns the exit code for it.
@@ -119,7 +116,6 @@ pub fn main() -> ExitCode {
     let command = match cli.command {
         Command::Serve(config) => return serve::main(config),
         Command::Keys(args) => return keys::main(args, cli.global.output),
-        Command::Bench(args) => return bench::main(args, &cli.global),
         Command::Client(command) => command,
     };
     let (client, reach) = match client_of(&cli.global) {
@@ -150,7 +146,7 @@ pub fn main() -> ExitCode {
 }
 
 /// The client the global options describe, and those options as environment variables.
-fn client_of(global: &Global) -> Result<(Client, Reach), String> {
+pub fn client_of(global: &Global) -> Result<(Client, Reach), String> {
     let mut reach = Vec::new();
     let mut builder = Client::builder(global.url.clone())
         .timeout(global.timeout)
@@ -199,11 +195,11 @@ fn default_owner() -> Owner {
 mod parse {
     use chrono::{DateTime, Utc};
 
+    use crate::domain::RefusalReason;
     use crate::domain::{
         EntityTagCondition, FencingToken, InvalidInput, KeyPrefix, LeaseState, Metadata,
         RecoveryReason,
     };
-    use crate::store::snapshots::RefusalReason;
 
     pub fn token(raw: &str) -> Result<FencingToken, InvalidInput> {
         FencingToken::parse_header(raw).map_err(|_| {

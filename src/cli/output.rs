@@ -8,8 +8,8 @@ use clap::ValueEnum;
 use serde::Serialize;
 
 use super::Exit;
-use crate::client::Error;
 use crate::domain::{Cursor, FencingToken, Key, Metadata};
+use snapfence_client::Error;
 
 /// How answers are printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -35,7 +35,7 @@ impl Output {
     /// Prints a page: its items, and on stderr how to get the next one.
     pub fn print_page<T: Serialize>(
         self,
-        page: &crate::client::Page<T>,
+        page: &snapfence_client::Page<T>,
         headers: &[&str],
         row: impl Fn(&T) -> Vec<String>,
     ) {
@@ -170,7 +170,10 @@ pub fn message(url: &str, e: &Error, check: Option<&str>) -> String {
                 }
                 _ => "",
             };
-            format!("{}: {coded}{cli_way}", coded.code().unwrap_or("error"))
+            format!(
+                "{}: {coded}{cli_way}",
+                coded.code().map_or("error", |c| c.as_str())
+            )
         }
     }
 }

@@ -33,8 +33,10 @@ use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep};
 
 use super::{Ctx, Exit, output};
-use crate::client::{AcquireRequest, Error, KeeperOptions, LeaseKeeper, LostReason, RetryPolicy};
 use crate::domain::{Key, Lease, Metadata, Owner};
+use snapfence_client::{
+    AcquireRequest, Error, KeeperOptions, LeaseKeeper, LostReason, RetryPolicy,
+};
 
 /// Time allowed, beyond `--grace`, between the keeper declaring the lease lost and the server's
 /// earliest possible expiry: for SIGKILL to take the group down and for the scheduler.

@@ -9,8 +9,8 @@ use clap::Subcommand;
 use super::lease::Fenced;
 use super::output::{self, fields, time};
 use super::{Ctx, Exit, parse};
-use crate::client::{PageRequest, PutOptions, SnapshotHead, Written};
 use crate::domain::{Cursor, EntityTagCondition, Key, PageLimit, SnapshotMeta, Version};
+use snapfence_client::{PageRequest, PutOptions, SnapshotHead, Written};
 
 /// The snapshot subcommands.
 #[derive(Debug, Subcommand)]

@@ -9,11 +9,11 @@ use serde::Deserialize;
 use super::Routes;
 use super::error::ApiError;
 use super::extract::ApiQuery;
-use super::leases::PageBody;
-use crate::domain::{Cursor, InvalidInput, Key, PageLimit, RecoveryReason};
+use crate::domain::{
+    Cursor, InvalidInput, Key, Page, PageLimit, Recovery, RecoveryReason, RefusalReason, Rejection,
+};
 use crate::state::AppState;
-use crate::store::audit::{self, AuditQuery, Recovery, Rejection};
-use crate::store::snapshots::RefusalReason;
+use crate::store::audit::{self, AuditQuery};
 
 /// The audit routes.
 pub(super) fn routes() -> Routes {
@@ -86,21 +86,21 @@ impl AuditParams {
 async fn rejections(
     State(state): State<AppState>,
     ApiQuery(params): ApiQuery<AuditParams>,
-) -> Result<Json<PageBody<Rejection>>, ApiError> {
+) -> Result<Json<Page<Rejection>>, ApiError> {
     let q = params.into_query(
         |r| RefusalReason::parse(r).map(RefusalReason::as_str),
         "stale_token, unknown_token",
     )?;
-    Ok(Json(audit::rejections(&state.db, &q).await?.into()))
+    Ok(Json(audit::rejections(&state.db, &q).await?))
 }
 
 async fn recoveries(
     State(state): State<AppState>,
     ApiQuery(params): ApiQuery<AuditParams>,
-) -> Result<Json<PageBody<Recovery>>, ApiError> {
+) -> Result<Json<Page<Recovery>>, ApiError> {
     let q = params.into_query(
         |r| RecoveryReason::parse(r).map(RecoveryReason::as_str),
         "abandoned, expired, recovery_required",
     )?;
-    Ok(Json(audit::recoveries(&state.db, &q).await?.into()))
+    Ok(Json(audit::recoveries(&state.db, &q).await?))
 }

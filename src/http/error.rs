@@ -5,42 +5,14 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value, json};
 
-use crate::domain::{InvalidInput, Key, Lease, RecoveryRecord, rfc3339_millis};
+use crate::domain::RefusalReason;
+use crate::domain::headers::PROBLEM_JSON;
+use crate::domain::{
+    AuditId, ErrorCode, Holder, InvalidInput, Key, Problem, RecoveryRecord, RefusalFields,
+};
 use crate::store::StoreError;
-use crate::store::snapshots::{Refusal, RefusalReason};
-
-/// The media type of every error body.
-pub const PROBLEM_JSON: &str = "application/problem+json";
-
-/// The `holder` of a `lease_held` answer: who holds the key and until when. The holder's token
-/// is not shown, so a competitor cannot borrow it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Holder {
-    /// The holder's owner name.
-    pub owner: String,
-    /// When the live lease was granted.
-    #[serde(with = "rfc3339_millis")]
-    pub acquired_at: chrono::DateTime<chrono::Utc>,
-    /// When it expires unless renewed.
-    #[serde(with = "rfc3339_millis")]
-    pub expires_at: chrono::DateTime<chrono::Utc>,
-    /// Its metadata.
-    pub metadata: Option<Value>,
-}
-
-impl From<&Lease> for Holder {
-    fn from(l: &Lease) -> Self {
-        Self {
-            owner: l.owner.as_str().to_owned(),
-            acquired_at: l.acquired_at,
-            expires_at: l.expires_at,
-            metadata: l.metadata.as_ref().map(|m| m.as_json().clone()),
-        }
-    }
-}
+use crate::store::snapshots::Refusal;
 
 /// Why the service answers `503 unavailable`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -54,10 +26,6 @@ pub enum Unavailability {
     )]
     Overloaded,
 }
-
-/// The contract code of an error answer, left on the response for the metrics middleware.
-#[derive(Debug, Clone, Copy)]
-pub struct ErrorCode(pub &'static str);
 
 /// Every error the API answers with, one variant per contract code.
 #[derive(Debug, thiserror::Error)]
@@ -170,66 +138,64 @@ fn refusal_detail(key: &Key, r: &Refusal) -> String {
 }
 
 impl ApiError {
-    /// The HTTP status.
+    /// The HTTP status: the code's (the one table in `snapfence-types`), except for headers
+    /// over the limit, which are an `invalid_request` answered 431 as HTTP says.
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::InvalidRequest(_) => StatusCode::BAD_REQUEST,
-            Self::TokenRequired => StatusCode::PRECONDITION_REQUIRED,
-            Self::LeaseHeld { .. }
-            | Self::RecoveryRequired { .. }
-            | Self::LeaseLost { .. }
-            | Self::Refused { .. } => StatusCode::CONFLICT,
-            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            Self::Forbidden(_) => StatusCode::FORBIDDEN,
-            Self::PreconditionFailed => StatusCode::PRECONDITION_FAILED,
-            Self::NotFound(_) => StatusCode::NOT_FOUND,
-            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            other => StatusCode::from_u16(other.code().status())
+                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         }
     }
 
     /// The contract's stable machine-readable code.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            Self::InvalidRequest(_) => "invalid_request",
-            Self::TokenRequired => "token_required",
-            Self::LeaseHeld { .. } => "lease_held",
-            Self::RecoveryRequired { .. } => "recovery_required",
-            Self::LeaseLost { .. } => "lease_lost",
-            Self::Refused { refusal, .. } => refusal.reason.as_str(),
-            Self::Unauthorized(_) => "unauthorized",
-            Self::Forbidden(_) => "forbidden",
-            Self::PreconditionFailed => "precondition_failed",
-            Self::NotFound(_) => "not_found",
-            Self::MethodNotAllowed => "method_not_allowed",
-            Self::PayloadTooLarge { .. } => "payload_too_large",
-            Self::Unavailable(_) => "unavailable",
-            Self::HeadersTooLarge { .. } => "invalid_request",
-            Self::RequestTimeout(_) => "request_timeout",
-            Self::Internal => "internal",
+            Self::InvalidRequest(_) | Self::HeadersTooLarge { .. } => ErrorCode::InvalidRequest,
+            Self::TokenRequired => ErrorCode::TokenRequired,
+            Self::LeaseHeld { .. } => ErrorCode::LeaseHeld,
+            Self::RecoveryRequired { .. } => ErrorCode::RecoveryRequired,
+            Self::LeaseLost { .. } => ErrorCode::LeaseLost,
+            Self::Refused { refusal, .. } => match refusal.reason {
+                RefusalReason::StaleToken => ErrorCode::StaleToken,
+                RefusalReason::UnknownToken => ErrorCode::UnknownToken,
+            },
+            Self::Unauthorized(_) => ErrorCode::Unauthorized,
+            Self::Forbidden(_) => ErrorCode::Forbidden,
+            Self::PreconditionFailed => ErrorCode::PreconditionFailed,
+            Self::NotFound(_) => ErrorCode::NotFound,
+            Self::MethodNotAllowed => ErrorCode::MethodNotAllowed,
+            Self::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
+            Self::Unavailable(_) => ErrorCode::Unavailable,
+            Self::RequestTimeout(_) => ErrorCode::RequestTimeout,
+            Self::Internal => ErrorCode::Internal,
         }
     }
 
-    /// The fields the contract adds to the problem for this code.
-    fn extensions(&self) -> Map<String, Value> {
-        let value = match self {
-            Self::LeaseHeld { holder, .. } => json!({ "holder": holder }),
-            Self::RecoveryRequired { recovery, .. } => json!({ "recovery": recovery }),
-            Self::Refused { refusal, .. } => json!({
-                "presented_token": refusal.presented,
-                "highest_token": refusal.highest,
-                "audit_id": refusal.audit_id,
-            }),
-            _ => json!({}),
-        };
-        match value {
-            Value::Object(map) => map,
-            _ => Map::new(),
+    /// The problem+json body: the members every problem has, and those of its code.
+    fn problem(&self) -> Problem {
+        let status = self.status();
+        let mut problem = Problem::new(
+            self.code(),
+            status.canonical_reason().unwrap_or("Error"),
+            self.to_string(),
+        );
+        problem.status = Some(status.as_u16());
+        match self {
+            Self::LeaseHeld { holder, .. } => problem.holder = Some((**holder).clone()),
+            Self::RecoveryRequired { recovery, .. } => {
+                problem.recovery = Some((**recovery).clone());
+            }
+            Self::Refused { refusal, .. } => {
+                problem.refusal = Some(RefusalFields {
+                    presented_token: refusal.presented,
+                    highest_token: refusal.highest,
+                    audit_id: AuditId(refusal.audit_id),
+                });
+            }
+            _ => {}
         }
+        problem
     }
 }
 
@@ -256,22 +222,9 @@ impl From<StoreError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status = self.status();
-        let mut body = Map::new();
-        body.insert(
-            "type".into(),
-            json!(format!("urn:snapfence:problem:{}", self.code())),
-        );
-        body.insert(
-            "title".into(),
-            json!(status.canonical_reason().unwrap_or("Error")),
-        );
-        body.insert("status".into(), json!(status.as_u16()));
-        body.insert("detail".into(), json!(self.to_string()));
-        body.insert("code".into(), json!(self.code()));
-        body.extend(self.extensions());
-        let mut response = (status, Value::Object(body).to_string()).into_response();
-        response.extensions_mut().insert(ErrorCode(self.code()));
+        let body = serde_json::to_string(&self.problem()).expect("a problem serializes");
+        let mut response = (self.status(), body).into_response();
+        response.extensions_mut().insert(self.code());
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         match self {

@@ -5,17 +5,17 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use super::Routes;
-use super::error::{ApiError, Holder};
+use super::error::ApiError;
 use super::extract::{ApiJson, ApiQuery, Context, FencingTokenHeader, KeyPath};
 use crate::domain::{
-    Cursor, FencingToken, Key, KeyPrefix, KeyStatus, Lease, LeaseState, Metadata, Owner, PageLimit,
-    RecoveryRecord, TtlMs,
+    AcquireRequest, Cursor, FencingToken, Grant, Holder, Key, KeyPrefix, KeyStatus, Lease,
+    LeaseState, Page, PageLimit, RenewRequest, TtlMs,
 };
 use crate::state::AppState;
-use crate::store::leases::{self, AcquireOutcome, AcquireRequest, Ending, LeaseChange, ListQuery};
+use crate::store::leases::{self, AcquireOutcome, Ending, LeaseChange, ListQuery, NewLease};
 
 /// The lease routes.
 pub(super) fn routes() -> Routes {
@@ -30,37 +30,13 @@ pub(super) fn routes() -> Routes {
         .route_without_query("/v1/leases/{key}/require-recovery", post(require_recovery))
 }
 
-/// The body of an acquire.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AcquireBody {
-    owner: Owner,
-    #[serde(deserialize_with = "crate::domain::json_integer")]
-    ttl_ms: i64,
-    #[serde(default)]
-    metadata: Option<Metadata>,
-    #[serde(default)]
-    crash_recovery: bool,
-    #[serde(default)]
-    reconciled: bool,
-}
-
-/// A grant: the lease, and the recovery record it replaced if `reconciled` replaced one.
-#[derive(Debug, Serialize)]
-pub struct Grant {
-    #[serde(flatten)]
-    lease: Lease,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    recovered: Option<RecoveryRecord>,
-}
-
 async fn acquire(
     State(state): State<AppState>,
     KeyPath(key): KeyPath,
     Context(ctx): Context,
-    ApiJson(body): ApiJson<AcquireBody>,
+    ApiJson(body): ApiJson<AcquireRequest>,
 ) -> Result<Response, ApiError> {
-    let req = AcquireRequest {
+    let req = NewLease {
         ttl: TtlMs::new(body.ttl_ms, state.rules.ttl_bounds)?,
         key: key.clone(),
         owner: body.owner,
@@ -83,19 +59,10 @@ async fn acquire(
     }
 }
 
-/// The body of a renewal. Without `ttl_ms` the lease keeps its TTL.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RenewBody {
-    token: FencingToken,
-    #[serde(default, deserialize_with = "crate::domain::json_integer_opt")]
-    ttl_ms: Option<i64>,
-}
-
 async fn renew(
     State(state): State<AppState>,
     KeyPath(key): KeyPath,
-    ApiJson(body): ApiJson<RenewBody>,
+    ApiJson(body): ApiJson<RenewRequest>,
 ) -> Result<Json<Lease>, ApiError> {
     let ttl = body
         .ttl_ms
@@ -174,33 +141,15 @@ pub struct ListParams {
     cursor: Option<String>,
 }
 
-/// A page of a list endpoint: `{"items": [...], "next_cursor": string-or-null}`.
-#[derive(Debug, Serialize)]
-pub struct PageBody<T> {
-    /// The items.
-    pub items: Vec<T>,
-    /// The cursor of the next page, or null on the last.
-    pub next_cursor: Option<Cursor>,
-}
-
-impl<T> From<leases::Page<T>> for PageBody<T> {
-    fn from(p: leases::Page<T>) -> Self {
-        Self {
-            items: p.items,
-            next_cursor: p.next_cursor,
-        }
-    }
-}
-
 async fn list(
     State(state): State<AppState>,
     ApiQuery(params): ApiQuery<ListParams>,
-) -> Result<Json<PageBody<KeyStatus>>, ApiError> {
+) -> Result<Json<Page<KeyStatus>>, ApiError> {
     let q = ListQuery {
         prefix: KeyPrefix::parse(params.prefix.unwrap_or_default())?,
         state: params.state,
         limit: PageLimit::new(params.limit)?,
         after: params.cursor.as_deref().map(Cursor::decode).transpose()?,
     };
-    Ok(Json(leases::list(&state.db, &q).await?.into()))
+    Ok(Json(leases::list(&state.db, &q).await?))
 }

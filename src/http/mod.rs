@@ -28,9 +28,10 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
+use crate::domain::ErrorCode;
 use crate::metrics::Metrics;
 use crate::state::AppState;
-use error::{ApiError, ErrorCode, Unavailability};
+use error::{ApiError, Unavailability};
 use extract::REQUEST_ID;
 
 /// The whole API with its middleware: request ids (taken or made, echoed on every answer), a
@@ -173,7 +174,7 @@ async fn observe(
     let method = req.method().clone();
     let started = Instant::now();
     let response = next.run(req).await;
-    let code = response.extensions().get::<ErrorCode>().map(|c| c.0);
+    let code = response.extensions().get::<ErrorCode>().map(|c| c.as_str());
     metrics.observe(
         &route,
         method.as_str(),

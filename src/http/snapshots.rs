@@ -14,8 +14,7 @@ use super::extract::{
     ApiQuery, BodyLimit, Context, FENCING_TOKEN, FencingTokenHeader, IfMatch, IfNoneMatch, KeyPath,
     KeyVersionPath, SNAPSHOT_VERSION, content_length, read_limited,
 };
-use super::leases::PageBody;
-use crate::domain::{Cursor, EntityTagCondition, Key, PageLimit, SnapshotMeta, Version};
+use crate::domain::{Cursor, EntityTagCondition, Key, Page, PageLimit, SnapshotMeta, Version};
 use crate::state::AppState;
 use crate::store::snapshots::{self, PutRequest, Snapshot, WriteOutcome, Written};
 
@@ -198,7 +197,7 @@ async fn versions(
     State(state): State<AppState>,
     KeyPath(key): KeyPath,
     ApiQuery(params): ApiQuery<VersionsParams>,
-) -> Result<Json<PageBody<SnapshotMeta>>, ApiError> {
+) -> Result<Json<Page<SnapshotMeta>>, ApiError> {
     let limit = PageLimit::new(params.limit)?;
     let before = params
         .cursor
@@ -208,5 +207,5 @@ async fn versions(
     let page = snapshots::versions(&state.db, &key, state.rules.keep_versions, limit, before)
         .await?
         .ok_or_else(|| no_snapshot(&key))?;
-    Ok(Json(page.into()))
+    Ok(Json(page))
 }

@@ -6,14 +6,12 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
 use sqlx::{FromRow, PgPool, Postgres, QueryBuilder};
 
-use super::leases::Page;
 use super::{Bounded, Result};
 use crate::domain::{
-    Cursor, FencingToken, Key, Metadata, Owner, PageLimit, RecoveryReason, RecoveryRecord,
-    rfc3339_millis,
+    AuditId, AuditOperation, Cursor, FencingToken, Key, Metadata, Owner, Page, PageLimit, Recovery,
+    RecoveryReason, RecoveryRecord, RefusalReason, Rejection,
 };
 
 /// Which audit table a query reads.
@@ -51,67 +49,48 @@ pub struct AuditQuery {
     pub before_id: Option<i64>,
 }
 
-/// One refused write, as the audit log shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, FromRow)]
-pub struct Rejection {
-    /// Row id; pages are ordered by it, newest first.
-    pub id: i64,
-    /// When the write was refused (database clock).
-    #[serde(with = "rfc3339_millis")]
-    pub at: DateTime<Utc>,
-    /// The key written to.
-    pub key: String,
-    /// `stale_token` or `unknown_token`.
-    pub reason: String,
-    /// The token the writer presented.
-    pub presented_token: i64,
-    /// The key's newest token then, or null for a key that never had a lease.
-    pub highest_token: Option<i64>,
-    /// The owner of the key's newest lease then.
-    pub holder: Option<String>,
-    /// `put` or `delete`.
-    pub operation: String,
-    /// The refused request's `x-request-id`.
-    pub request_id: Option<String>,
-    /// The refused request's peer address.
-    pub remote_addr: Option<String>,
-    /// The authenticated principal, null until authentication exists.
-    pub principal: Option<String>,
+/// A `rejections` row as stored.
+#[derive(Debug, FromRow)]
+struct RejectionRow {
+    id: i64,
+    at: DateTime<Utc>,
+    key: String,
+    reason: String,
+    presented_token: i64,
+    highest_token: Option<i64>,
+    holder: Option<String>,
+    operation: String,
+    request_id: Option<String>,
+    remote_addr: Option<String>,
+    principal: Option<String>,
 }
 
-/// One replaced recovery record. It has the fields of a [`Rejection`], read for a reconcile
-/// (`operation` is `reconcile`, `presented_token` null since an acquire presents none,
-/// `highest_token` and `holder` the new grant's token and owner), plus the replaced record and
-/// who reconciled it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Recovery {
-    /// Row id; pages are ordered by it, newest first.
-    pub id: i64,
-    /// When the record was replaced (database clock).
-    #[serde(with = "rfc3339_millis")]
-    pub at: DateTime<Utc>,
-    /// The key.
-    pub key: String,
-    /// The replaced record's reason.
-    pub reason: RecoveryReason,
-    /// Always null: a reconciling acquire presents no token.
-    pub presented_token: Option<i64>,
-    /// The reconciling grant's token, the key's newest token from then on.
-    pub highest_token: i64,
-    /// The reconciling grant's owner.
-    pub holder: String,
-    /// Always `reconcile`.
-    pub operation: &'static str,
-    /// The reconciling request's `x-request-id`.
-    pub request_id: Option<String>,
-    /// The reconciling request's peer address.
-    pub remote_addr: Option<String>,
-    /// The authenticated principal, null until authentication exists.
-    pub principal: Option<String>,
-    /// The record that was replaced.
-    pub recovery: RecoveryRecord,
-    /// Who stated that the leftovers were reconciled (the new grant's owner).
-    pub reconciled_by: String,
+impl RejectionRow {
+    /// The row as the audit log shows it; every column was checked on the way in (the table's
+    /// check constraints, and the domain types of the statement that wrote it).
+    fn into_rejection(self) -> Rejection {
+        Rejection {
+            id: AuditId(self.id),
+            at: self.at,
+            key: Key::parse(self.key).expect("stored keys are valid"),
+            reason: RefusalReason::parse(&self.reason).expect("the table's check constraint"),
+            presented_token: FencingToken::new(self.presented_token)
+                .expect("stored tokens are positive"),
+            highest_token: self
+                .highest_token
+                .map(|t| FencingToken::new(t).expect("stored tokens are positive")),
+            holder: self
+                .holder
+                .map(|h| Owner::parse(h).expect("stored owners are valid")),
+            operation: match self.operation.as_str() {
+                "delete" => AuditOperation::Delete,
+                _ => AuditOperation::Put,
+            },
+            request_id: self.request_id,
+            remote_addr: self.remote_addr,
+            principal: self.principal,
+        }
+    }
 }
 
 #[derive(Debug, FromRow)]
@@ -135,15 +114,16 @@ struct RecoveryRow {
 impl RecoveryRow {
     fn into_recovery(self) -> Recovery {
         let reason = RecoveryReason::parse(&self.reason).expect("the table's check constraint");
+        let reconciled_by = Owner::parse(self.reconciled_by).expect("stored owners are valid");
         Recovery {
-            id: self.id,
+            id: AuditId(self.id),
             at: self.at,
-            key: self.key,
+            key: Key::parse(self.key).expect("stored keys are valid"),
             reason,
             presented_token: None,
-            highest_token: self.new_token,
-            holder: self.reconciled_by.clone(),
-            operation: "reconcile",
+            highest_token: FencingToken::new(self.new_token).expect("stored tokens are positive"),
+            holder: reconciled_by.clone(),
+            operation: AuditOperation::Reconcile,
             request_id: self.request_id,
             remote_addr: self.remote_addr,
             principal: self.principal,
@@ -155,7 +135,7 @@ impl RecoveryRow {
                 reason,
                 metadata: self.record_metadata.map(Metadata::from_stored),
             },
-            reconciled_by: self.reconciled_by,
+            reconciled_by,
         }
     }
 }
@@ -187,13 +167,14 @@ fn page_query(log: Log, q: &AuditQuery) -> QueryBuilder<'static, Postgres> {
 
 /// A page of refused writes, newest first.
 pub async fn rejections(pool: &PgPool, q: &AuditQuery) -> Result<Page<Rejection>> {
-    let rows: Vec<Rejection> = page_query(Log::Rejections, q)
+    let rows: Vec<RejectionRow> = page_query(Log::Rejections, q)
         .build_query_as()
         .fetch_all(pool)
         .bounded(pool)
         .await?;
-    Ok(Page::from_rows(rows, q.limit, |r: &Rejection| {
-        Cursor::after_id(r.id)
+    let items = rows.into_iter().map(RejectionRow::into_rejection).collect();
+    Ok(Page::from_rows(items, q.limit, |r: &Rejection| {
+        Cursor::after_id(r.id.0)
     }))
 }
 
@@ -206,7 +187,7 @@ pub async fn recoveries(pool: &PgPool, q: &AuditQuery) -> Result<Page<Recovery>>
         .await?;
     let items = rows.into_iter().map(RecoveryRow::into_recovery).collect();
     Ok(Page::from_rows(items, q.limit, |r: &Recovery| {
-        Cursor::after_id(r.id)
+        Cursor::after_id(r.id.0)
     }))
 }
 

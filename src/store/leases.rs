@@ -12,13 +12,13 @@ use sqlx::{FromRow, PgPool};
 
 use super::{Bounded, Db, RequestContext, Result};
 use crate::domain::{
-    Cursor, FencingToken, Key, KeyPrefix, KeyStatus, Lease, LeaseState, Metadata, Owner, PageLimit,
-    RecoveryReason, RecoveryRecord, TtlMs,
+    Cursor, FencingToken, Key, KeyPrefix, KeyStatus, Lease, LeaseState, Metadata, Owner, Page,
+    PageLimit, RecoveryReason, RecoveryRecord, TtlMs,
 };
 
 /// What a caller asks for when it acquires a key.
 #[derive(Debug, Clone)]
-pub struct AcquireRequest {
+pub struct NewLease {
     /// The key.
     pub key: Key,
     /// The would-be holder.
@@ -340,11 +340,7 @@ impl StatusRowOpt {
 /// Acquires a key: one statement (`ACQUIRE`), run a second time only when it lost the race
 /// to create a new key's row (rows are never deleted, so a second run always finds one).
 #[tracing::instrument(level = "debug", skip_all, fields(key = %req.key))]
-pub async fn acquire(
-    db: &Db,
-    req: &AcquireRequest,
-    ctx: &RequestContext,
-) -> Result<AcquireOutcome> {
+pub async fn acquire(db: &Db, req: &NewLease, ctx: &RequestContext) -> Result<AcquireOutcome> {
     loop {
         let row: AcquireRow = db
             .fetch_one(|| {
@@ -477,29 +473,6 @@ pub struct ListQuery {
     pub limit: PageLimit,
     /// Resume after this key.
     pub after: Option<String>,
-}
-
-/// One page of a list, and the cursor of the next page if there is one.
-#[derive(Debug, Clone)]
-pub struct Page<T> {
-    /// The items.
-    pub items: Vec<T>,
-    /// Where the next page starts, or `None` on the last page.
-    pub next_cursor: Option<Cursor>,
-}
-
-impl<T> Page<T> {
-    /// Builds a page from `limit + 1` fetched rows: the extra row only says that there is more.
-    pub fn from_rows(mut items: Vec<T>, limit: PageLimit, position: impl Fn(&T) -> Cursor) -> Self {
-        let more = items.len() as i64 > limit.get();
-        items.truncate(limit.get() as usize);
-        let next_cursor = if more {
-            items.last().map(position)
-        } else {
-            None
-        };
-        Self { items, next_cursor }
-    }
 }
 
 /// Lists keys: a keyset scan of the primary key index over `[prefix, upper_bound)`, after the

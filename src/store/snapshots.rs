@@ -10,40 +10,13 @@ use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use sqlx::{FromRow, PgPool};
 
-use super::leases::Page;
+use crate::domain::RefusalReason;
+
 use super::{Bounded, Db, RequestContext, Result};
+use crate::domain::Page;
 use crate::domain::{
     Cursor, ETag, EntityTagCondition, FencingToken, Key, PageLimit, SnapshotMeta, Version,
 };
-
-/// Why a fenced write was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RefusalReason {
-    /// The token is below the key's newest token, or its lease was released or abandoned.
-    StaleToken,
-    /// The token is above the key's newest token, or the key never had a lease.
-    UnknownToken,
-}
-
-impl RefusalReason {
-    /// The contract's name, also stored in the audit log.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::StaleToken => "stale_token",
-            Self::UnknownToken => "unknown_token",
-        }
-    }
-
-    /// Parses the contract's name.
-    pub fn parse(raw: &str) -> Option<Self> {
-        match raw {
-            "stale_token" => Some(Self::StaleToken),
-            "unknown_token" => Some(Self::UnknownToken),
-            _ => None,
-        }
-    }
-}
 
 /// A refused fenced write, already on record in the audit log.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,14 +5,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use chrono::Utc;
 use serde_json::json;
-use snapfence::client::{
-    AcquireRequest, AuditFilter, AuditOperation, Client, LeaseFilter, PageRequest, PutOptions,
-};
 use snapfence::domain::{
     ETag, EntityTagCondition, KeyPrefix, LeaseState, Metadata, PageLimit, RecoveryReason, Scope,
     Version,
 };
-use snapfence::store::snapshots::RefusalReason;
+use snapfence_client::RefusalReason;
+use snapfence_client::{
+    AcquireRequest, AuditFilter, AuditOperation, Client, LeaseFilter, PageRequest, PutOptions,
+};
 
 use crate::harness::{Instance, TestApp, fresh_database, rules};
 use crate::support::{client, grant, key, owner};
@@ -252,7 +252,7 @@ async fn put_snapshot_with_if_match_writes_only_over_that_etag() {
     assert!(
         matches!(
             again,
-            Err(snapfence::client::Error::PreconditionFailed { .. })
+            Err(snapfence_client::Error::PreconditionFailed { .. })
         ),
         "{again:?}"
     );
@@ -386,7 +386,7 @@ async fn delete_snapshot_removes_it() {
     c.delete_snapshot(&k, t, None).await.unwrap();
     let gone = c.get_snapshot(&k).await;
     assert!(
-        matches!(gone, Err(snapfence::client::Error::NotFound { .. })),
+        matches!(gone, Err(snapfence_client::Error::NotFound { .. })),
         "{gone:?}"
     );
     app.stop().await;
@@ -597,12 +597,12 @@ async fn the_client_speaks_https_to_a_server_whose_certificate_it_was_given() {
         .build()
         .unwrap();
     assert_eq!(trusting.readyz().await.unwrap().status, "ready");
-    let untrusting = client(&instance.base).with_retry(snapfence::client::RetryPolicy::none());
+    let untrusting = client(&instance.base).with_retry(snapfence_client::RetryPolicy::none());
     let e = untrusting.healthz().await.unwrap_err();
     assert!(
         matches!(
             e,
-            snapfence::client::Error::Transport {
+            snapfence_client::Error::Transport {
                 may_have_reached: false,
                 ..
             }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use snapfence::Rules;
-use snapfence::client::{AcquireRequest, PutOptions};
 use snapfence::domain::Scope;
+use snapfence_client::{AcquireRequest, PutOptions};
 
 use crate::harness::TestApp;
 use crate::proxy::{Mode, Proxy};

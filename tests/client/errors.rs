@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use snapfence::Rules;
-use snapfence::client::{AcquireRequest, Client, Error, PutOptions, RetryPolicy};
 use snapfence::domain::{Key, RecoveryReason, Scope};
+use snapfence_client::{AcquireRequest, Client, Error, PutOptions, RetryPolicy};
 
 use crate::harness::TestApp;
 use crate::proxy::{Mode, Proxy};
@@ -25,7 +25,7 @@ async fn a_ttl_out_of_bounds_is_invalid_request_with_the_servers_detail() {
         panic!("{e:?}")
     };
     assert!(detail.contains("ttl_ms 1 is out of bounds"), "{detail}");
-    assert_eq!(e.code(), Some("invalid_request"));
+    assert_eq!(e.code().map(|c| c.as_str()), Some("invalid_request"));
     assert!(!e.is_indeterminate());
     app.stop().await;
 }
@@ -138,7 +138,7 @@ async fn a_write_with_a_superseded_token_is_stale_token_with_the_audit_row() {
     };
     assert_eq!((*presented, *highest), (old, new));
     let logged = c
-        .rejections(&snapfence::client::AuditFilter::default())
+        .rejections(&snapfence_client::AuditFilter::default())
         .await
         .unwrap();
     assert_eq!(logged.items[0].id, *audit_id);

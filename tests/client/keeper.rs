@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use snapfence::client::{AcquireRequest, Error, KeeperOptions, LeaseKeeper, LostReason};
 use snapfence::domain::LeaseState;
+use snapfence_client::{AcquireRequest, Error, KeeperOptions, LeaseKeeper, LostReason};
 use tokio::time::{Instant, timeout};
 
 use crate::harness::TestApp;

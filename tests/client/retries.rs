@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use snapfence::client::{Error, PutOptions};
 use snapfence::domain::ETag;
+use snapfence_client::{Error, PutOptions};
 use tokio::net::TcpListener;
 
 use crate::harness::TestApp;
@@ -70,8 +70,8 @@ async fn a_write_is_retried_while_the_connection_is_refused() {
         let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
         Proxy::start_on(listener, upstream)
     });
-    let late = snapfence::client::Client::builder(format!("http://127.0.0.1:{port}"))
-        .retry(snapfence::client::RetryPolicy {
+    let late = snapfence_client::Client::builder(format!("http://127.0.0.1:{port}"))
+        .retry(snapfence_client::RetryPolicy {
             max_attempts: 20,
             initial_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_millis(100),

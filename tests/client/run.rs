@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use snapfence::client::{Client, Error};
 use snapfence::domain::{LeaseState, RecoveryReason, Scope};
+use snapfence_client::{Client, Error};
 use tokio::process::Child;
 use tokio::time::{Instant, sleep};
 
@@ -538,7 +538,7 @@ async fn the_api_key_given_to_run_reaches_the_commands_own_calls() {
     )
     .await;
     assert_eq!(ran.code, 0, "{}", ran.stderr);
-    let reader = snapfence::client::Client::builder(app.instance.base.clone())
+    let reader = snapfence_client::Client::builder(app.instance.base.clone())
         .api_key(writer)
         .build()
         .unwrap();

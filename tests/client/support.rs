@@ -7,10 +7,10 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
-use snapfence::client::{AcquireRequest, Client, Grant, RetryPolicy};
 use snapfence::domain::{Key, Owner};
 use snapfence::store::{self, DbSettings};
 use snapfence::{AppState, Rules};
+use snapfence_client::{AcquireRequest, Client, Grant, RetryPolicy};
 use sqlx::postgres::PgConnectOptions;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;

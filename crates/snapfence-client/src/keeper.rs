@@ -9,7 +9,7 @@ use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use super::{AcquireRequest, Client, Error, Result, RetryPolicy, jittered};
-use crate::domain::{FencingToken, Key, Lease};
+use snapfence_types::{FencingToken, Key, Lease};
 
 /// How a [`LeaseKeeper`] renews, and how early it gives up.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -146,8 +146,8 @@ impl Shared {
 /// ```no_run
 /// use std::time::Duration;
 ///
-/// use snapfence::client::{AcquireRequest, Client, KeeperOptions, LeaseKeeper, PutOptions};
-/// use snapfence::domain::{Key, Owner};
+/// use snapfence_client::{AcquireRequest, Client, KeeperOptions, LeaseKeeper, PutOptions};
+/// use snapfence_client::{Key, Owner};
 ///
 /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 /// let client = Client::new("http://127.0.0.1:7878")?;
@@ -166,7 +166,7 @@ impl Shared {
 ///             .await?;
 ///         tokio::time::sleep(Duration::from_secs(5)).await;
 ///     }
-///     Ok::<_, snapfence::client::Error>(())
+///     Ok::<_, snapfence_client::Error>(())
 /// };
 /// tokio::select! {
 ///     () = lost.cancelled() => {
@@ -200,7 +200,7 @@ impl LeaseKeeper {
         request: &AcquireRequest,
         options: KeeperOptions,
     ) -> Result<Self> {
-        options.resolve(request.ttl)?;
+        options.resolve(request.ttl())?;
         let sent = Instant::now();
         let grant = client.acquire(key, request).await?;
         Self::start(client, grant.lease, sent, options)

@@ -13,8 +13,8 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
 use super::Op;
-use crate::client::{AcquireRequest, Client, Error, PutOptions};
-use crate::domain::{FencingToken, Key, LeaseState, Owner, Version};
+use snapfence_client::{AcquireRequest, Client, Error, PutOptions};
+use snapfence_client::{FencingToken, Key, LeaseState, Owner, Version};
 
 /// The TTL of the leases an `acquire` run takes: the shortest the default bounds allow, so each
 /// has expired by the time its worker comes back to its key.
@@ -307,7 +307,7 @@ fn check(right: bool) -> Result<(), String> {
 /// The code a failed call is counted under: the contract's code, or what failed instead.
 fn code(e: &Error) -> String {
     match (e.code(), e) {
-        (Some(code), _) => code.to_owned(),
+        (Some(code), _) => code.as_str().to_owned(),
         (None, Error::Transport { .. }) => "transport".to_owned(),
         (None, Error::Unexpected { status, .. }) => format!("http_{}", status.as_u16()),
         (None, _) => "protocol".to_owned(),

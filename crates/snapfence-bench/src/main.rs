@@ -1,4 +1,4 @@
-//! `snapfence bench`: an HTTP load generator for the service (and, for comparison, for etcd's
+//! `snapfence-bench`: an HTTP load generator for the service (and, for comparison, for etcd's
 //! JSON gateway doing the same work).
 //!
 //! Each of `--concurrency` workers owns a slice of the `--keys` keys, so no two workers contend
@@ -21,13 +21,32 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::time::Instant;
 
-use super::{Exit, Global, Output, client_of};
-use crate::client::RetryPolicy;
+use clap::Parser;
 use report::Recorder;
 pub use report::Report;
+use snapfence::cli::{Exit, Global, Output, client_of};
+use snapfence_client::RetryPolicy;
 use target::{Target, Worker};
 
-/// `snapfence bench`.
+/// snapfence-bench: load a snapfence server (or etcd's JSON gateway) with many concurrent
+/// requests, check every answer, and report throughput and latency.
+#[derive(Debug, Parser)]
+#[command(name = "snapfence-bench", version, about)]
+struct Cli {
+    /// How to reach the server, as for `snapfence`.
+    #[command(flatten)]
+    global: Global,
+    /// What to send.
+    #[command(flatten)]
+    args: BenchArgs,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    bench(cli.args, &cli.global)
+}
+
+/// What a run sends.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// What each request does: `acquire` a lease (each key's lease expires before its worker
@@ -84,10 +103,10 @@ pub enum TargetKind {
     Etcd,
 }
 
-/// Runs `snapfence bench`.
-pub fn main(args: BenchArgs, global: &Global) -> ExitCode {
+/// Runs the load of `args` against the server of `global`.
+fn bench(args: BenchArgs, global: &Global) -> ExitCode {
     let fail = |message: String| -> ExitCode {
-        eprintln!("snapfence bench: {message}");
+        eprintln!("snapfence-bench: {message}");
         Exit::Usage.into()
     };
     if args.concurrency == 0 || args.keys < args.concurrency {
@@ -129,7 +148,7 @@ pub fn main(args: BenchArgs, global: &Global) -> ExitCode {
             }
         }
         Err(message) => {
-            eprintln!("snapfence bench: {message}");
+            eprintln!("snapfence-bench: {message}");
             Exit::Failure.into()
         }
     }

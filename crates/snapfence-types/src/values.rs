@@ -290,7 +290,7 @@ impl TtlMs {
     }
 
     /// A TTL read back from the database, where it was checked on the way in.
-    pub(crate) fn from_stored(ms: i64) -> Self {
+    pub fn from_stored(ms: i64) -> Self {
         Self(ms)
     }
 
@@ -341,7 +341,7 @@ impl Metadata {
     }
 
     /// Metadata read back from the database.
-    pub(crate) fn from_stored(value: serde_json::Value) -> Self {
+    pub fn from_stored(value: serde_json::Value) -> Self {
         Self(value)
     }
 
@@ -374,7 +374,7 @@ impl Version {
     }
 
     /// A version read back from the database.
-    pub(crate) fn from_stored(v: i64) -> Self {
+    pub fn from_stored(v: i64) -> Self {
         Self(v)
     }
 

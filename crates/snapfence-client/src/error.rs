@@ -5,11 +5,10 @@ use std::fmt;
 
 use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
-use serde::Deserialize;
 
-use super::AuditId;
-use crate::domain::{FencingToken, RecoveryRecord};
-use crate::http::error::{Holder, PROBLEM_JSON};
+use snapfence_types::headers::{PROBLEM_JSON, REQUEST_ID};
+use snapfence_types::{AuditId, FencingToken, RecoveryRecord};
+use snapfence_types::{ErrorCode, Holder, Problem, RefusalFields};
 
 /// A failed call. Variants that the server answered carry its `detail`, which says what happened
 /// and what to do next; their `Display` is that detail.
@@ -200,21 +199,21 @@ impl Error {
     }
 
     /// The contract's `code` for an error the server answered with one.
-    pub fn code(&self) -> Option<&'static str> {
+    pub fn code(&self) -> Option<ErrorCode> {
         Some(match self {
-            Self::InvalidRequest { .. } => "invalid_request",
-            Self::TokenRequired { .. } => "token_required",
-            Self::LeaseHeld { .. } => "lease_held",
-            Self::RecoveryRequired { .. } => "recovery_required",
-            Self::LeaseLost { .. } => "lease_lost",
-            Self::StaleToken { .. } => "stale_token",
-            Self::UnknownToken { .. } => "unknown_token",
-            Self::PreconditionFailed { .. } => "precondition_failed",
-            Self::NotFound { .. } => "not_found",
-            Self::PayloadTooLarge { .. } => "payload_too_large",
-            Self::Unauthorized { .. } => "unauthorized",
-            Self::Forbidden { .. } => "forbidden",
-            Self::Unavailable { .. } => "unavailable",
+            Self::InvalidRequest { .. } => ErrorCode::InvalidRequest,
+            Self::TokenRequired { .. } => ErrorCode::TokenRequired,
+            Self::LeaseHeld { .. } => ErrorCode::LeaseHeld,
+            Self::RecoveryRequired { .. } => ErrorCode::RecoveryRequired,
+            Self::LeaseLost { .. } => ErrorCode::LeaseLost,
+            Self::StaleToken { .. } => ErrorCode::StaleToken,
+            Self::UnknownToken { .. } => ErrorCode::UnknownToken,
+            Self::PreconditionFailed { .. } => ErrorCode::PreconditionFailed,
+            Self::NotFound { .. } => ErrorCode::NotFound,
+            Self::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
+            Self::Unauthorized { .. } => ErrorCode::Unauthorized,
+            Self::Forbidden { .. } => ErrorCode::Forbidden,
+            Self::Unavailable { .. } => ErrorCode::Unavailable,
             Self::Transport { .. } | Self::Unexpected { .. } | Self::Protocol { .. } => {
                 return None;
             }
@@ -246,7 +245,7 @@ impl Error {
         what: &dyn fmt::Display,
     ) -> Self {
         let request_id = headers
-            .get("x-request-id")
+            .get(REQUEST_ID)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         let is_problem = headers
@@ -256,7 +255,7 @@ impl Error {
         if is_problem && !body.is_empty() {
             match serde_json::from_slice::<Problem>(body) {
                 Ok(problem) => {
-                    if let Some(e) = problem.into_error(status, request_id.clone()) {
+                    if let Some(e) = decode(problem, status, request_id.clone()) {
                         return e;
                     }
                 }
@@ -298,95 +297,73 @@ fn snippet(body: &[u8]) -> Option<String> {
     Some(line.chars().take(200).collect())
 }
 
-/// A problem+json body: the fields every problem has, and those some codes add.
-#[derive(Debug, Deserialize)]
-struct Problem {
-    #[serde(default)]
-    code: Option<String>,
-    #[serde(default)]
-    detail: Option<String>,
-    #[serde(default)]
-    title: Option<String>,
-    #[serde(default)]
-    holder: Option<Holder>,
-    #[serde(default)]
-    recovery: Option<RecoveryRecord>,
-    #[serde(default)]
-    presented_token: Option<FencingToken>,
-    #[serde(default)]
-    highest_token: Option<FencingToken>,
-    #[serde(default)]
-    audit_id: Option<AuditId>,
-}
-
-impl Problem {
-    /// The variant of the problem's code; `None` for a code the contract does not name, which
-    /// is then judged by its status. A code whose fields are missing is a protocol error.
-    fn into_error(self, status: StatusCode, request_id: Option<String>) -> Option<Error> {
-        let code = self.code.clone()?;
-        let detail = self
-            .detail
-            .clone()
-            .or_else(|| self.title.clone())
-            .unwrap_or_else(|| code.clone());
-        let missing = |field: &str| Error::Protocol {
-            detail: format!("a {code} problem without its `{field}` field: {detail}"),
-        };
-        let refusal = |this: &Self| -> Result<(FencingToken, AuditId), Error> {
-            Ok((
-                this.presented_token
-                    .ok_or_else(|| missing("presented_token"))?,
-                this.audit_id.ok_or_else(|| missing("audit_id"))?,
-            ))
-        };
-        Some(match code.as_str() {
-            "invalid_request" => Error::InvalidRequest { detail },
-            "token_required" => Error::TokenRequired { detail },
-            "lease_held" => match self.holder {
-                Some(holder) => Error::LeaseHeld {
-                    holder: Box::new(holder),
-                    detail,
-                },
-                None => missing("holder"),
-            },
-            "recovery_required" => match self.recovery {
-                Some(recovery) => Error::RecoveryRequired {
-                    recovery: Box::new(recovery),
-                    detail,
-                },
-                None => missing("recovery"),
-            },
-            "lease_lost" => Error::LeaseLost { detail },
-            "stale_token" => match (refusal(&self), self.highest_token) {
-                (Ok((presented, audit_id)), Some(highest)) => Error::StaleToken {
-                    presented,
-                    highest,
-                    audit_id,
-                    detail,
-                },
-                (Err(e), _) => e,
-                (Ok(_), None) => missing("highest_token"),
-            },
-            "unknown_token" => match refusal(&self) {
-                Ok((presented, audit_id)) => Error::UnknownToken {
-                    presented,
-                    highest: self.highest_token,
-                    audit_id,
-                    detail,
-                },
-                Err(e) => e,
-            },
-            "precondition_failed" => Error::PreconditionFailed { detail },
-            "not_found" => Error::NotFound { detail },
-            "payload_too_large" => Error::PayloadTooLarge { detail },
-            "unauthorized" => Error::Unauthorized { detail },
-            "forbidden" => Error::Forbidden { detail },
-            "unavailable" => Error::Unavailable { detail },
-            _ => Error::Unexpected {
-                status,
+/// The variant of a problem's code; `None` for a code without a variant of its own (one the
+/// contract does not name, or a 5xx/405/408 the client judges by its status). A code whose
+/// members are missing is a protocol error.
+fn decode(problem: Problem, status: StatusCode, request_id: Option<String>) -> Option<Error> {
+    let name = problem.code?;
+    let detail = problem
+        .detail
+        .or(problem.title)
+        .unwrap_or_else(|| name.clone());
+    let missing = |field: &str| Error::Protocol {
+        detail: format!("a {name} problem without its `{field}` member: {detail}"),
+    };
+    let unexpected = || Error::Unexpected {
+        status,
+        detail: detail.clone(),
+        request_id: request_id.clone(),
+    };
+    let Some(code) = ErrorCode::parse(&name) else {
+        return Some(unexpected());
+    };
+    Some(match code {
+        ErrorCode::InvalidRequest => Error::InvalidRequest { detail },
+        ErrorCode::TokenRequired => Error::TokenRequired { detail },
+        ErrorCode::LeaseHeld => match problem.holder {
+            Some(holder) => Error::LeaseHeld {
+                holder: Box::new(holder),
                 detail,
-                request_id,
             },
-        })
-    }
+            None => missing("holder"),
+        },
+        ErrorCode::RecoveryRequired => match problem.recovery {
+            Some(recovery) => Error::RecoveryRequired {
+                recovery: Box::new(recovery),
+                detail,
+            },
+            None => missing("recovery"),
+        },
+        ErrorCode::LeaseLost => Error::LeaseLost { detail },
+        ErrorCode::StaleToken => match problem.refusal {
+            Some(RefusalFields {
+                presented_token,
+                highest_token: Some(highest),
+                audit_id,
+            }) => Error::StaleToken {
+                presented: presented_token,
+                highest,
+                audit_id,
+                detail,
+            },
+            Some(_) => missing("highest_token"),
+            None => missing("presented_token"),
+        },
+        ErrorCode::UnknownToken => match problem.refusal {
+            Some(r) => Error::UnknownToken {
+                presented: r.presented_token,
+                highest: r.highest_token,
+                audit_id: r.audit_id,
+                detail,
+            },
+            None => missing("presented_token"),
+        },
+        ErrorCode::PreconditionFailed => Error::PreconditionFailed { detail },
+        ErrorCode::NotFound => Error::NotFound { detail },
+        ErrorCode::PayloadTooLarge => Error::PayloadTooLarge { detail },
+        ErrorCode::Unauthorized => Error::Unauthorized { detail },
+        ErrorCode::Forbidden => Error::Forbidden { detail },
+        ErrorCode::Unavailable => Error::Unavailable { detail },
+        _ => unexpected(),
+    })
 }

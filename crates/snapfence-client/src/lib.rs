@@ -5,8 +5,8 @@
 //! ```no_run
 //! use std::time::Duration;
 //!
-//! use snapfence::client::{AcquireRequest, Client, PutOptions};
-//! use snapfence::domain::{Key, Owner};
+//! use snapfence_client::{AcquireRequest, Client, PutOptions};
+//! use snapfence_client::{Key, Owner};
 //!
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 //! let client = Client::new("http://127.0.0.1:7878")?;
@@ -50,29 +50,19 @@ use chrono::{DateTime, Utc};
 use rand::Rng;
 use reqwest::header::{self, HeaderMap, HeaderValue};
 use reqwest::{Method, RequestBuilder, StatusCode};
-use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 pub use self::error::Error;
 pub use self::keeper::{KeeperOptions, LeaseKeeper, LostReason};
 pub use self::types::{
-    AcquireRequest, AuditFilter, AuditId, AuditOperation, Grant, Health, LeaseFilter, Page,
-    PageRequest, PutOptions, Recovery, Rejection, Snapshot, SnapshotHead, Written,
+    AuditFilter, LeaseFilter, PageRequest, PutOptions, Snapshot, SnapshotHead, Written,
 };
-use crate::domain::{
-    ETag, EntityTagCondition, FencingToken, Key, KeyStatus, Lease, RecoveryReason, SnapshotMeta,
-    Version,
-};
-pub use crate::http::error::Holder;
-use crate::store::snapshots::RefusalReason;
+use snapfence_types::headers::{FENCING_TOKEN, SNAPSHOT_VERSION};
+/// The contract's vocabulary, re-exported so that a user of the client needs no second crate.
+pub use snapfence_types::*;
 
 /// Result of a client call.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// The header that carries a fencing token.
-const FENCING_TOKEN: &str = "fencing-token";
-/// The header that carries a snapshot's version.
-const SNAPSHOT_VERSION: &str = "snapshot-version";
 
 /// How failed attempts are retried (see the [module docs](self) for which ones are).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,7 +107,7 @@ impl RetryPolicy {
 }
 
 /// Between half of `d` and `d`, at random.
-pub(crate) fn jittered(d: Duration) -> Duration {
+fn jittered(d: Duration) -> Duration {
     d.mul_f64(rand::rng().random_range(0.5..=1.0))
 }
 
@@ -406,16 +396,7 @@ impl Client {
         token: FencingToken,
         ttl: Option<Duration>,
     ) -> Result<Lease> {
-        #[derive(Serialize)]
-        struct Body {
-            token: FencingToken,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            ttl_ms: Option<u64>,
-        }
-        let body = Body {
-            token,
-            ttl_ms: ttl.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
-        };
+        let body = RenewRequest::new(token, ttl);
         let path = format!("/v1/leases/{}/renew", segment(key)?);
         self.send_json(
             Idempotency::Idempotent,

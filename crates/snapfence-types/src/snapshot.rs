@@ -19,7 +19,7 @@ impl ETag {
     }
 
     /// An entity tag read back from the database.
-    pub(crate) fn from_stored(raw: String) -> Self {
+    pub fn from_stored(raw: String) -> Self {
         Self(raw)
     }
 

@@ -1,0 +1,131 @@
+//! The audit log's rows, as `GET /v1/audit/rejections` and `GET /v1/audit/recoveries` list them.
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::{FencingToken, Key, Owner, RecoveryReason, RecoveryRecord, rfc3339_millis};
+
+/// Why a fenced write was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefusalReason {
+    /// The token is below the key's newest token, or its lease was released or abandoned.
+    StaleToken,
+    /// The token is above the key's newest token, or the key never had a lease.
+    UnknownToken,
+}
+
+impl RefusalReason {
+    /// The contract's name, also stored in the audit log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::StaleToken => "stale_token",
+            Self::UnknownToken => "unknown_token",
+        }
+    }
+
+    /// Parses the contract's name.
+    pub fn parse(raw: &str) -> Option<Self> {
+        match raw {
+            "stale_token" => Some(Self::StaleToken),
+            "unknown_token" => Some(Self::UnknownToken),
+            _ => None,
+        }
+    }
+}
+
+/// The id of an audit row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct AuditId(pub i64);
+
+impl fmt::Display for AuditId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// What an audited request did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuditOperation {
+    /// A fenced write.
+    Put,
+    /// A fenced delete.
+    Delete,
+    /// An acquire with `reconciled: true` that replaced a recovery record.
+    Reconcile,
+}
+
+impl AuditOperation {
+    /// The contract's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Put => "put",
+            Self::Delete => "delete",
+            Self::Reconcile => "reconcile",
+        }
+    }
+}
+
+/// One refused fenced write, from `GET /v1/audit/rejections`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rejection {
+    /// Row id; pages are ordered by it, newest first.
+    pub id: AuditId,
+    /// When the write was refused (database clock).
+    #[serde(with = "rfc3339_millis")]
+    pub at: DateTime<Utc>,
+    /// The key written to.
+    pub key: Key,
+    /// Why it was refused.
+    pub reason: RefusalReason,
+    /// The token the writer presented.
+    pub presented_token: FencingToken,
+    /// The key's newest token then; `None` for a key that never had a lease.
+    pub highest_token: Option<FencingToken>,
+    /// The owner of the key's newest lease then.
+    pub holder: Option<Owner>,
+    /// `put` or `delete`.
+    pub operation: AuditOperation,
+    /// The refused request's `x-request-id`.
+    pub request_id: Option<String>,
+    /// The refused request's peer address.
+    pub remote_addr: Option<String>,
+    /// The authenticated principal, if authentication is configured.
+    pub principal: Option<String>,
+}
+
+/// One replaced recovery record, from `GET /v1/audit/recoveries`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Recovery {
+    /// Row id; pages are ordered by it, newest first.
+    pub id: AuditId,
+    /// When the record was replaced (database clock).
+    #[serde(with = "rfc3339_millis")]
+    pub at: DateTime<Utc>,
+    /// The key.
+    pub key: Key,
+    /// The replaced record's reason.
+    pub reason: RecoveryReason,
+    /// Always `None`: a reconciling acquire presents no token.
+    pub presented_token: Option<FencingToken>,
+    /// The reconciling grant's token.
+    pub highest_token: FencingToken,
+    /// The reconciling grant's owner.
+    pub holder: Owner,
+    /// Always [`AuditOperation::Reconcile`].
+    pub operation: AuditOperation,
+    /// The reconciling request's `x-request-id`.
+    pub request_id: Option<String>,
+    /// The reconciling request's peer address.
+    pub remote_addr: Option<String>,
+    /// The authenticated principal, if authentication is configured.
+    pub principal: Option<String>,
+    /// The record that was replaced.
+    pub recovery: RecoveryRecord,
+    /// Who stated that the leftovers were reconciled.
+    pub reconciled_by: Owner,
+}

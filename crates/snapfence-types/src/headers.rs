@@ -1,0 +1,10 @@
+//! The names of the headers the contract adds to HTTP, lower-case as HTTP/2 writes them.
+
+/// The fencing token of a fenced call, and of the snapshot served.
+pub const FENCING_TOKEN: &str = "fencing-token";
+/// The version of the snapshot served.
+pub const SNAPSHOT_VERSION: &str = "snapshot-version";
+/// The id of a request, taken from the client or made by the service.
+pub const REQUEST_ID: &str = "x-request-id";
+/// The media type of every error body.
+pub const PROBLEM_JSON: &str = "application/problem+json";
