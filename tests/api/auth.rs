@@ -398,9 +398,10 @@ async fn has_snapfence_tables(options: &PgConnectOptions) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_list_and_revoke_refuse_a_database_that_is_not_a_services_and_change_nothing() {
-    let options = fresh_database().await;
+    let database = fresh_database().await;
+    let options = database.options();
     for args in [&["list"][..], &["revoke", "--name", "ops"]] {
-        let out = tokio::task::block_in_place(|| keys_cli_on(&options, args));
+        let out = tokio::task::block_in_place(|| keys_cli_on(options, args));
         assert!(!out.status.success(), "{args:?}");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
@@ -408,14 +409,15 @@ async fn keys_list_and_revoke_refuse_a_database_that_is_not_a_services_and_chang
             "{stderr}"
         );
     }
-    assert!(!has_snapfence_tables(&options).await);
+    assert!(!has_snapfence_tables(options).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_create_on_a_new_database_makes_it_and_says_so() {
-    let options = fresh_database().await;
+    let database = fresh_database().await;
+    let options = database.options();
     let out = tokio::task::block_in_place(|| {
-        keys_cli_on(&options, &["create", "--name", "ops", "--scope", "admin"])
+        keys_cli_on(options, &["create", "--name", "ops", "--scope", "admin"])
     });
     assert!(out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -424,7 +426,7 @@ async fn keys_create_on_a_new_database_makes_it_and_says_so() {
         stderr.contains("no instance is running on this database yet"),
         "{stderr}"
     );
-    assert!(has_snapfence_tables(&options).await);
+    assert!(has_snapfence_tables(options).await);
 }
 
 #[test]

@@ -84,11 +84,13 @@ async fn concurrent_grants_on_many_keys_never_share_a_token() {
 async fn tokens_keep_increasing_across_a_restart() {
     let app = TestApp::spawn().await;
     let before = token(&app.acquire("k", "a", 30000).await);
+    // The database stays in `app` (dropped at the end) while its instance is replaced.
     let TestApp {
         instance,
         options,
         rules,
         http,
+        ..
     } = app;
     instance.stop().await;
     let restarted = Instance::start(options, rules).await;

@@ -1,11 +1,13 @@
 //! The API tests: a real PostgreSQL, a real HTTP server on a loopback port, and a client that
-//! speaks to it the way any user would. See `harness` for how each test gets its own database.
+//! speaks to it the way any user would. See `snapfence_testkit::harness` for how each test gets
+//! its own database.
+
+use snapfence_testkit::harness;
 
 mod audit;
 mod auth;
 mod concurrency;
 mod fencing_race;
-mod harness;
 mod inputs;
 mod leases;
 mod limits;

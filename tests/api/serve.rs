@@ -237,11 +237,12 @@ async fn a_lost_database_answers_503_quickly_and_the_service_recovers_by_itself(
 
 #[tokio::test]
 async fn serve_refuses_a_public_address_while_no_api_key_exists() {
-    let options = crate::harness::fresh_database().await;
+    let database = crate::harness::fresh_database().await;
+    let url = crate::harness::url_of(database.options());
     let out = tokio::task::spawn_blocking(move || {
         Command::new(env!("CARGO_BIN_EXE_snapfence"))
             .args(["serve", "--listen", "0.0.0.0:0", "--database-url"])
-            .arg(crate::harness::url_of(&options))
+            .arg(url)
             .output()
             .unwrap()
     })

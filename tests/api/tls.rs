@@ -3,7 +3,7 @@
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::harness::{Instance, fresh_database, rules};
+use crate::harness::{Instance, migrated_database, rules};
 
 #[tokio::test]
 async fn the_service_answers_over_tls_with_the_configured_certificate_only() {
@@ -13,7 +13,12 @@ async fn the_service_answers_over_tls_with_the_configured_certificate_only() {
     std::fs::write(&cert_path, cert.cert.pem()).unwrap();
     std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();
     let tls = snapfence::tls_config(&cert_path, &key_path).await.unwrap();
-    let instance = Instance::start_with_tls(fresh_database().await, rules(), Some(tls)).await;
+    let instance = {
+        let database = migrated_database().await;
+        Instance::start_with_tls(database.options().clone(), rules(), Some(tls))
+            .await
+            .owning(database)
+    };
 
     let trusting = reqwest::Client::builder()
         .add_root_certificate(reqwest::Certificate::from_pem(cert.cert.pem().as_bytes()).unwrap())

@@ -14,7 +14,7 @@ use snapfence_client::{
     AcquireRequest, AuditFilter, AuditOperation, Client, LeaseFilter, PageRequest, PutOptions,
 };
 
-use crate::harness::{Instance, TestApp, fresh_database, rules};
+use crate::harness::{Instance, TestApp, migrated_database, rules};
 use crate::support::{client, grant, key, owner};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -590,7 +590,12 @@ async fn the_client_speaks_https_to_a_server_whose_certificate_it_was_given() {
     std::fs::write(&cert_path, cert.cert.pem()).unwrap();
     std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();
     let tls = snapfence::tls_config(&cert_path, &key_path).await.unwrap();
-    let instance = Instance::start_with_tls(fresh_database().await, rules(), Some(tls)).await;
+    let instance = {
+        let database = migrated_database().await;
+        Instance::start_with_tls(database.options().clone(), rules(), Some(tls))
+            .await
+            .owning(database)
+    };
 
     let trusting = Client::builder(instance.base.clone())
         .root_certificates_pem(cert.cert.pem())

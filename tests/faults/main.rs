@@ -3,18 +3,12 @@
 //! failovers injected under load, and every recorded history checked by [`checker`].
 //!
 //! `checker` knows only histories; `checker_tests` proves it on hand-made ones; `workload`
-//! makes and records them; `cluster` and `proxy` (`tests/shared/proxy.rs`, shared with
-//! `tests/client`) are the real parts the faults are done to; `scenarios` puts them together,
-//! one fault each, and prints each run's figures.
+//! makes and records them; `cluster` and `proxy` are the real parts the faults are done to;
+//! `scenarios` puts them together, one fault each, and prints each run's figures. `checker`,
+//! `workload` and `proxy` are `snapfence-testkit`'s, shared with the other test binaries.
 
-mod checker;
+use snapfence_testkit::{checker, proxy, workload};
+
 mod checker_tests;
 mod cluster;
-#[path = "../shared/proxy.rs"]
-#[allow(
-    dead_code,
-    reason = "shared with tests/client; this binary uses only part of it"
-)]
-mod proxy;
 mod scenarios;
-mod workload;

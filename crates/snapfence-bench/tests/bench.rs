@@ -1,17 +1,40 @@
-//! `snapfence bench` against a real server: what it counts as accepted is what the database
+//! `snapfence-bench` against a real server: what it counts as accepted is what the database
 //! holds, and a refused write is counted by its code, never as a success.
 
 use serde_json::Value;
 
-use crate::harness::TestApp;
-use crate::support::cli;
+use snapfence_testkit::harness::TestApp;
+
+/// What a run of the binary left: its exit code and output.
+struct Ran {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `snapfence-bench` against `base` to its end.
+async fn cli(base: &str, args: &[&str]) -> Ran {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_snapfence-bench"))
+        .args(args)
+        .env("SNAPFENCE_URL", base)
+        .env_remove("SNAPFENCE_API_KEY")
+        .env_remove("SNAPFENCE_CA_CERT")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("the snapfence-bench binary");
+    Ran {
+        code: out.status.code().expect("exited, not killed"),
+        stdout: String::from_utf8(out.stdout).unwrap(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+    }
+}
 
 /// The `put` run's arguments: four workers, two keys each, for `seconds`.
 fn put_run<'a>(prefix: &'a str, seconds: &'a str) -> Vec<&'a str> {
     vec![
         "--output",
         "json",
-        "bench",
         "--op",
         "put",
         "--concurrency",

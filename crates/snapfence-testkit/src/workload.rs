@@ -15,7 +15,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rand::Rng;
 use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
 use crate::checker::{
     Answer, AuditRow, Call, FinalState, Micros, Op, Outcome, UNAVAILABLE, Version,
@@ -137,7 +136,9 @@ fn pause(range: std::ops::Range<u64>) -> Duration {
 
 /// The ETag the server gives a body: its quoted SHA-256.
 fn etag_of(body: &str) -> String {
-    format!("\"{}\"", hex::encode(Sha256::digest(body.as_bytes())))
+    snapfence::domain::ETag::of(body.as_bytes())
+        .as_str()
+        .to_owned()
 }
 
 impl Client {

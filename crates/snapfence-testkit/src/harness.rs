@@ -1,6 +1,10 @@
-//! The test harness: one throwaway PostgreSQL cluster per test run (started from the local
-//! binaries, or the server at `DATABASE_URL` when set), a fresh database per test, and the
-//! service on a free loopback port. Nothing is mocked.
+//! The test harness: one throwaway PostgreSQL cluster per test process (started from the local
+//! binaries, or the server at `DATABASE_URL` when set), a database per test, and the service on
+//! a free loopback port. Nothing is mocked.
+//!
+//! A test's database is a [`TestDatabase`]: cloned (`CREATE DATABASE … TEMPLATE`) from one
+//! template migrated once per process, or empty where a test needs a database that was never
+//! migrated, and dropped when the value is.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -66,23 +70,99 @@ fn cluster() -> &'static Cluster {
     })
 }
 
-/// A fresh, empty database of the run's cluster.
-pub async fn fresh_database() -> PgConnectOptions {
-    let cluster = cluster();
+/// The template every migrated test database is cloned from: made and migrated, as
+/// `snapfence serve` migrates, on first use in this process.
+static TEMPLATE: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
+
+/// A database of the run's cluster for one test, dropped (with any connection still open to it)
+/// when this value is.
+pub struct TestDatabase {
+    name: String,
+    options: PgConnectOptions,
+}
+
+impl TestDatabase {
+    /// How to connect to it.
+    pub fn options(&self) -> &PgConnectOptions {
+        &self.options
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+        // Drop runs inside the test's runtime, which cannot block on itself: a thread of its
+        // own with a runtime of its own does the dropping, and the test waits for it.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime to drop a test database");
+            runtime.block_on(async {
+                let mut admin = admin().await;
+                sqlx::query(&sql).execute(&mut admin).await
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(_))) && !std::thread::panicking() {
+            eprintln!("could not drop test database {}: {dropped:?}", self.name);
+        }
+    }
+}
+
+/// A connection to the cluster's `postgres` database, for creating and dropping databases.
+async fn admin() -> PgConnection {
+    PgConnection::connect_with(&cluster().options("postgres"))
+        .await
+        .expect("connecting to the test cluster")
+}
+
+/// Creates a database named for this process, empty or cloned from `template`.
+async fn create_database(template: Option<&str>) -> TestDatabase {
     let name = format!(
         "t{}_{}",
         std::process::id(),
         NEXT_DB.fetch_add(1, Ordering::Relaxed)
     );
-    let mut admin = PgConnection::connect_with(&cluster.options("postgres"))
-        .await
-        .expect("connecting to the test cluster");
-    sqlx::query(&format!("CREATE DATABASE {name}"))
+    let mut admin = admin().await;
+    let from = template.map_or_else(String::new, |t| format!(" TEMPLATE {t}"));
+    sqlx::query(&format!("CREATE DATABASE {name}{from}"))
         .execute(&mut admin)
         .await
         .expect("creating a test database");
     admin.close().await.ok();
-    cluster.options(&name).disable_statement_logging()
+    let options = cluster().options(&name).disable_statement_logging();
+    TestDatabase { name, options }
+}
+
+/// A fresh, empty database that no migration has touched.
+pub async fn fresh_database() -> TestDatabase {
+    create_database(None).await
+}
+
+/// A fresh database with every migration applied, cloned from the process's template.
+pub async fn migrated_database() -> TestDatabase {
+    let template = TEMPLATE
+        .get_or_init(|| async {
+            let name = format!("template_{}", std::process::id());
+            let db = create_database(None).await;
+            let pool = store::pool(db.options().clone(), &DbSettings::default());
+            store::prepare(&pool)
+                .await
+                .expect("migrating the template database");
+            pool.close().await;
+            let mut admin = admin().await;
+            // A template must have no connection while it is cloned; renaming it leaves the
+            // guard of `db` nothing to drop, so the template lives as long as the cluster.
+            sqlx::query(&format!("ALTER DATABASE {} RENAME TO {name}", db.name))
+                .execute(&mut admin)
+                .await
+                .expect("naming the template database");
+            std::mem::forget(db);
+            name
+        })
+        .await;
+    create_database(Some(template)).await
 }
 
 /// A `postgres://` URL for options, for the binary's `--database-url` (a password, if the
@@ -114,6 +194,8 @@ pub struct Instance {
     pub db: PgPool,
     shutdown: Option<oneshot::Sender<()>>,
     served: Option<JoinHandle<std::io::Result<()>>>,
+    /// The database this instance alone uses, dropped after it (see [`Instance::owning`]).
+    database: Option<TestDatabase>,
 }
 
 impl Instance {
@@ -154,7 +236,15 @@ impl Instance {
             db,
             shutdown: Some(tx),
             served: Some(served),
+            database: None,
         }
+    }
+
+    /// The instance, made the owner of the database it alone serves, so that the database is
+    /// dropped after the instance stops.
+    pub fn owning(mut self, database: TestDatabase) -> Self {
+        self.database = Some(database);
+        self
     }
 
     /// Stops the instance gracefully and waits until it has.
@@ -164,15 +254,20 @@ impl Instance {
             served.await.expect("the server task").expect("the server");
         }
         self.db.close().await;
+        drop(self.database.take());
     }
 }
 
-/// A test's service: its database, one instance (more on demand) and an HTTP client.
+/// A test's service: its database, one instance (more on demand) and an HTTP client. The
+/// database is dropped with the app.
 pub struct TestApp {
     /// The first instance.
     pub instance: Instance,
     /// The database every instance of this app shares.
     pub options: PgConnectOptions,
+    /// Drops the database when the app is dropped (declared after `instance`, which is dropped
+    /// first).
+    _database: TestDatabase,
     /// The rules every instance of this app enforces.
     pub rules: Rules,
     /// A keep-alive HTTP client.
@@ -187,11 +282,13 @@ impl TestApp {
 
     /// A fresh database and one instance with the given rules.
     pub async fn spawn_with(rules: Rules) -> Self {
-        let options = fresh_database().await;
+        let database = migrated_database().await;
+        let options = database.options().clone();
         let instance = Instance::start(options.clone(), rules.clone()).await;
         Self {
             instance,
             options,
+            _database: database,
             rules,
             http: reqwest::Client::new(),
         }
