@@ -54,7 +54,7 @@ if [ "$with_etcd" = 1 ] && ! command -v etcd >/dev/null; then
 fi
 
 say "building snapfence (release)"
-(cd "$root" && cargo build --release --locked --quiet)
+(cd "$root" && cargo build --release --locked --quiet --bin snapfence --bin snapfence-bench)
 sf=$root/target/release/snapfence
 
 pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
@@ -96,7 +96,7 @@ api_key=$("$sf" keys create --name bench --scope write 2>/dev/null)
 
 # pgbench runs bench/sql/*.sql, the service's statements (a test keeps them identical), with
 # `$N` turned into pgbench's `:pN`. Each client takes the keys of its own slice in turn, as the
-# workers of `snapfence bench` do. pgbench cannot bind NULL, so an absent value is bound as what
+# workers of `snapfence-bench` do. pgbench cannot bind NULL, so an absent value is bound as what
 # the service's NULL stands for there: `'{}'` for If-Match's tags (not sent, so never read), an
 # empty metadata object, and the current version (1) for the read (which reads its body).
 script() { # op -> a pgbench script on stdout
@@ -154,7 +154,7 @@ pgbench_prepare() {
 bench() { # op clients [extra args] -> the JSON report (also kept in the work dir)
     local op=$1 c=$2
     shift 2
-    "$sf" bench --api-key "$api_key" --url "${target_url:-$url}" --op "$op" --concurrency "$c" \
+    "$sf-bench" --api-key "$api_key" --url "${target_url:-$url}" --op "$op" --concurrency "$c" \
         --duration "${run_for:-$duration}" --keys "${run_keys:-$keys}" --output json "$@" 2>>"$work/bench.log" |
         tee -a "$work/reports.json"
 }
@@ -162,7 +162,7 @@ field() { python3 -c 'import json,sys; r=json.load(sys.stdin); v=r; [v:=v[k] for
 errors() { python3 -c 'import json,sys; r=json.load(sys.stdin); e=r["errors"]; v=r["verified"]; print((",".join(f"{k}:{n}" for k,n in e.items()) or "-") + ("" if "ok" in v else " CHECK-FAILED"))'; }
 ratio() { python3 -c 'import sys; a,b=map(float,sys.argv[1:]); print(f"{a/b:.2f}" if b else "-")' "$1" "$2"; }
 
-wrk_get() { # clients prefix keys -> requests/s of wrk reading the snapshots `snapfence bench` prepared
+wrk_get() { # clients prefix keys -> requests/s of wrk reading the snapshots `snapfence-bench` prepared
     local c=$1 prefix=$2 used=$3 t=$(($1 < 2 ? 1 : 2))
     cat >"$work/get.lua" <<EOF
 local n = 0

@@ -1,5 +1,5 @@
 //! The `snapfence` command line: `serve` runs the service; `lease`, `snapshot` and `audit` call
-//! it through [`crate::client`]; `run` runs a command under a lease. Answers go to stdout (a
+//! it through [`snapfence_client`]; `run` runs a command under a lease. Answers go to stdout (a
 //! table, or the contract's JSON with `--output json`), errors and progress to stderr, and the
 //! exit code tells the outcome apart ([`exit`]).
 

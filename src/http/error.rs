@@ -3,6 +3,8 @@
 //! errors convert with `?`, and refusals (which are outcomes, not errors) are mapped by the
 //! handler that knows the operation.
 
+use std::sync::Arc;
+
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
@@ -116,6 +118,40 @@ pub enum ApiError {
     /// 500: a bug. The cause is logged, never sent.
     #[error("internal error; it was logged with this request's x-request-id")]
     Internal,
+    /// The store failed: `503 unavailable` when the database could not be reached (nothing was
+    /// changed), `500 internal` otherwise. The cause is left on the response for [`log_errors`]
+    /// and never sent.
+    #[error("{}", database_detail(.0))]
+    Database(Arc<StoreError>),
+}
+
+/// The detail of a store failure: the one of the answer it becomes.
+fn database_detail(e: &StoreError) -> String {
+    match e {
+        StoreError::Unavailable(_) => ApiError::Unavailable(Unavailability::Database).to_string(),
+        StoreError::Internal(_) | StoreError::Migrate(_) => ApiError::Internal.to_string(),
+    }
+}
+
+/// The cause of a failed store call, left on its response so that [`log_errors`] logs it once,
+/// inside the request's span.
+#[derive(Debug, Clone)]
+pub struct ErrorCause(pub Arc<StoreError>);
+
+/// Logs the cause of every answer that carries one ([`ErrorCause`]): a database that cannot be
+/// reached as a warning (an operator's matter, nothing was changed), any other store failure as
+/// an error (a bug). Handlers and conversions never log.
+pub async fn log_errors(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let response = next.run(req).await;
+    if let Some(ErrorCause(cause)) = response.extensions().get::<ErrorCause>() {
+        match &**cause {
+            StoreError::Unavailable(e) => tracing::warn!(error = %e, "database unavailable"),
+            StoreError::Internal(_) | StoreError::Migrate(_) => {
+                tracing::error!(error = ?cause, "database error");
+            }
+        }
+    }
+    response
 }
 
 fn refusal_detail(key: &Key, r: &Refusal) -> String {
@@ -169,6 +205,10 @@ impl ApiError {
             Self::Unavailable(_) => ErrorCode::Unavailable,
             Self::RequestTimeout(_) => ErrorCode::RequestTimeout,
             Self::Internal => ErrorCode::Internal,
+            Self::Database(e) => match **e {
+                StoreError::Unavailable(_) => ErrorCode::Unavailable,
+                StoreError::Internal(_) | StoreError::Migrate(_) => ErrorCode::Internal,
+            },
         }
     }
 
@@ -207,16 +247,7 @@ impl From<InvalidInput> for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
-        match e {
-            StoreError::Unavailable(cause) => {
-                tracing::warn!(error = %cause, "database unavailable");
-                Self::Unavailable(Unavailability::Database)
-            }
-            other => {
-                tracing::error!(error = ?other, "database error");
-                Self::Internal
-            }
-        }
+        Self::Database(Arc::new(e))
     }
 }
 
@@ -224,14 +255,18 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::to_string(&self.problem()).expect("a problem serializes");
         let mut response = (self.status(), body).into_response();
-        response.extensions_mut().insert(self.code());
+        let code = self.code();
+        response.extensions_mut().insert(code);
+        if let Self::Database(cause) = &self {
+            response.extensions_mut().insert(ErrorCause(cause.clone()));
+        }
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-        match self {
-            Self::Unavailable(_) => {
+        match code {
+            ErrorCode::Unavailable => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
-            Self::Unauthorized(_) => {
+            ErrorCode::Unauthorized => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
             _ => {}

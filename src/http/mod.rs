@@ -1,4 +1,4 @@
-//! The HTTP face of the contract in `../shared/API.md`: one module per resource, each with its
+//! The HTTP face of the contract in `docs/api.md`: one module per resource, each with its
 //! `router()`, request and response types and thin handlers; [`error`] turns every failure into
 //! problem+json; [`extract`] validates every input.
 
@@ -86,6 +86,7 @@ pub fn router(state: AppState) -> Router {
             limit_headers(max_header_bytes, req, next)
         }))
         .layer(axum::middleware::from_fn_with_state(metrics, observe))
+        .layer(axum::middleware::from_fn(error::log_errors))
         .layer(middleware)
 }
 

@@ -193,7 +193,7 @@ pub async fn prepare(pool: &PgPool) -> Result<()> {
     MIGRATOR.run(pool).await?;
     leases::ensure_sequence_ahead(pool).await?;
     timeline::secure(pool).await?;
-    #[cfg(debug_assertions)]
+    #[cfg(feature = "fault-controls")]
     if snapshots::fencing_broken() {
         tracing::error!(
             "SNAPFENCE_BREAK_FENCING=written-token: fenced writes are checked against the highest \
@@ -235,7 +235,7 @@ pub struct RequestContext {
     pub request_id: Option<String>,
     /// The peer address.
     pub remote_addr: Option<String>,
-    /// The authenticated principal (none until authentication exists).
+    /// The authenticated principal, when authentication is configured.
     pub principal: Option<String>,
 }
 

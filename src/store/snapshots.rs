@@ -72,7 +72,7 @@ pub struct PutRequest {
 /// the audit row of a refusal. Parameters: `$1` key, `$2` token, `$3` whether `If-Match` was
 /// sent, `$4` its strong tags (NULL for `*`), `$5..$7` request id, remote address, principal.
 /// `$stale_below` is what a lower token is stale against: always `cur.token`, the key's newest
-/// granted token, except in the negative control (`fencing_broken`, debug builds only).
+/// granted token, except in the negative control (`fencing_broken`, builds with the `fault-controls` feature only).
 macro_rules! fenced_ctes {
     ($operation:literal) => {
         fenced_ctes!($operation, "cur.token")
@@ -144,11 +144,11 @@ macro_rules! put_statement {
 /// body, `$12` versions to keep.
 pub(crate) const PUT: &str = put_statement!("cur.token");
 
-/// The negative control of the fault tests, compiled into debug builds only: [`PUT`] with the
+/// The negative control of the fault tests, compiled only with the `fault-controls` feature: [`PUT`] with the
 /// classic fencing bug of checking a token against the highest token *written* to the key
 /// instead of its newest *granted* one, which lets a superseded holder write until its successor
 /// first writes. The history checker must find that; see `tests/faults`.
-#[cfg(debug_assertions)]
+#[cfg(feature = "fault-controls")]
 const PUT_CHECKED_AGAINST_WRITTEN_TOKENS: &str =
     put_statement!("coalesce((SELECT max(w.token) FROM snapshot_versions w WHERE w.key = $1), 0)");
 
@@ -159,7 +159,7 @@ const PUT_UPLOADED: &str =
     put_statement!("cur.token", "(SELECT body FROM pg_temp.snapfence_upload)");
 
 /// The negative control for uploaded bodies.
-#[cfg(debug_assertions)]
+#[cfg(feature = "fault-controls")]
 const PUT_UPLOADED_CHECKED_AGAINST_WRITTEN_TOKENS: &str = put_statement!(
     "coalesce((SELECT max(w.token) FROM snapshot_versions w WHERE w.key = $1), 0)",
     "(SELECT body FROM pg_temp.snapfence_upload)"
@@ -172,9 +172,10 @@ const PUT_UPLOADED_CHECKED_AGAINST_WRITTEN_TOKENS: &str = put_statement!(
 /// arrive at once. Below this size the extra round trips cost more than the copies.
 pub const UPLOAD_FROM: usize = 512 * 1024;
 
-/// Whether the negative control is on: a debug build run with
-/// `SNAPFENCE_BREAK_FENCING=written-token`. Release builds have no such switch.
-#[cfg(debug_assertions)]
+/// Whether the negative control is on: a build with the `fault-controls` feature (which only
+/// the tests' builds have, through `snapfence-testkit`) run with
+/// `SNAPFENCE_BREAK_FENCING=written-token`. Every other build has no such switch.
+#[cfg(feature = "fault-controls")]
 pub fn fencing_broken() -> bool {
     static BROKEN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *BROKEN.get_or_init(|| {
@@ -184,7 +185,7 @@ pub fn fencing_broken() -> bool {
 
 /// The fenced write statement this process runs, for a bound or an uploaded body.
 fn put_statement(uploaded: bool) -> &'static str {
-    #[cfg(debug_assertions)]
+    #[cfg(feature = "fault-controls")]
     if fencing_broken() {
         return if uploaded {
             PUT_UPLOADED_CHECKED_AGAINST_WRITTEN_TOKENS

@@ -176,7 +176,8 @@ pub struct Service {
 
 impl Service {
     /// Starts the binary on `url` and waits until it is ready. `broken_fencing` turns on the
-    /// negative control (debug builds only; see `store::snapshots::fencing_broken`).
+    /// negative control (the `fault-controls` feature, which the test builds have; see
+    /// `store::snapshots::fencing_broken`).
     pub async fn start(url: &str, dir: &Path, broken_fencing: bool) -> Self {
         let port = free_port();
         let mut service = Self {

@@ -428,10 +428,6 @@ async fn stalling_holders(broken: bool) -> Report {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[cfg_attr(
-    not(debug_assertions),
-    ignore = "the switch that breaks fencing exists in debug builds only"
-)]
 async fn with_fencing_checked_against_written_tokens_the_checker_finds_late_writes() {
     let report = stalling_holders(true).await;
     assert!(

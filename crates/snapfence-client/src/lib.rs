@@ -1,4 +1,4 @@
-//! A typed client of the HTTP contract (`../shared/API.md`): [`Client`] has one method per
+//! A typed client of the HTTP contract (`docs/api.md`): [`Client`] has one method per
 //! endpoint, [`Error`] one variant per contract code, and [`LeaseKeeper`] holds a lease for as
 //! long as a piece of work runs.
 //!
