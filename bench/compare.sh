@@ -94,15 +94,19 @@ curl -fs "$url/readyz" >/dev/null || { cat "$work/serve.log" >&2; exit 1; }
 # Measured as it runs in production: every request carries an API key.
 api_key=$("$sf" keys create --name bench --scope write 2>/dev/null)
 
-# pgbench runs bench/sql/*.sql, the service's statements (a test keeps them identical), with
-# `$N` turned into pgbench's `:pN`. Each client takes the keys of its own slice in turn, as the
+# pgbench runs the service's own statements, the files of src/store/sql (a fenced write is
+# fenced.sql followed by put.sql, as src/store/snapshots.rs joins them), with `$N` turned into
+# pgbench's `:pN`; their comments go along, as they do to the service's PostgreSQL. Each client takes the keys of its own slice in turn, as the
 # workers of `snapfence-bench` do. pgbench cannot bind NULL, so an absent value is bound as what
 # the service's NULL stands for there: `'{}'` for If-Match's tags (not sent, so never read), an
 # empty metadata object, and the current version (1) for the read (which reads its body).
 script() { # op -> a pgbench script on stdout
     local op=$1 sql
-    sql=$(sed 's/;$//' "$here/sql/$op.sql")
-    for n in 12 11 10 9 8 7 6 5 4 3 2 1; do sql=${sql//\$$n/:p$n}; done
+    case $op in
+    put) sql=$(cat "$root/src/store/sql/fenced.sql" "$root/src/store/sql/put.sql") ;;
+    *) sql=$(cat "$root/src/store/sql/$op.sql") ;;
+    esac
+    for n in 13 12 11 10 9 8 7 6 5 4 3 2 1; do sql=${sql//\$$n/:p$n}; done
     printf '\\set i :n %% :per + :client_id * :per\n\\set n :n + 1\n\\set p1 :base_key + :i\n'
     [ "$op" != acquire ] && printf '\\set p2 :base_token + :i\n'
     printf '%s;\n' "$sql"
@@ -112,7 +116,7 @@ pg_vars() { # op -> the fixed parameters of its statement
     case $1 in
     acquire) echo "-D p2=pgbench -D p3=$3 -D p4={} -D p5=false -D p6=false -D p7=pgbench -D p8=127.0.0.1 -D p9=pgbench" ;;
     renew) echo "-D p3=600000" ;;
-    put) echo "-D p3=false -D p4={} -D p5=pgbench -D p6=127.0.0.1 -D p7=pgbench -D p8=pgbench-etag -D p9=1024 -D p10=application/octet-stream -D p11=\\x$body_hex -D p12=10" ;;
+    put) echo "-D p3=false -D p4={} -D p5=pgbench -D p6=127.0.0.1 -D p7=pgbench -D p8=put -D p9=pgbench-etag -D p10=1024 -D p11=application/octet-stream -D p12=\\x$body_hex -D p13=10" ;;
     get) echo "-D p2=10 -D p3=1 -D p4=true" ;;
     esac
 }

@@ -66,80 +66,6 @@ pub enum LeaseChange {
     Lost,
 }
 
-/// The columns of a lease, as every statement here returns them, with a prefix.
-macro_rules! lease_columns {
-    ($t:literal, $p:literal) => {
-        concat!(
-            $t,
-            ".key AS ",
-            $p,
-            "key, ",
-            $t,
-            ".token AS ",
-            $p,
-            "token, ",
-            $t,
-            ".owner AS ",
-            $p,
-            "owner, ",
-            $t,
-            ".ttl_ms AS ",
-            $p,
-            "ttl_ms, ",
-            $t,
-            ".metadata AS ",
-            $p,
-            "metadata, ",
-            $t,
-            ".crash_recovery AS ",
-            $p,
-            "crash_recovery, ",
-            $t,
-            ".recovery_required AS ",
-            $p,
-            "recovery_required, ",
-            $t,
-            ".acquired_at AS ",
-            $p,
-            "acquired_at, ",
-            $t,
-            ".expires_at AS ",
-            $p,
-            "expires_at, ",
-            $t,
-            ".ended_at AS ",
-            $p,
-            "ended_at"
-        )
-    };
-}
-
-/// The recovery reason and state of a lease row, by the rules in the migration's functions.
-macro_rules! derived_columns {
-    ($t:literal) => {
-        concat!(
-            "lease_recovery_reason(",
-            $t,
-            ".end_reason, ",
-            $t,
-            ".expires_at, ",
-            $t,
-            ".crash_recovery, ",
-            $t,
-            ".recovery_required, now()) AS recovery_reason, ",
-            "lease_state(",
-            $t,
-            ".end_reason, ",
-            $t,
-            ".expires_at, ",
-            $t,
-            ".crash_recovery, ",
-            $t,
-            ".recovery_required, now()) AS state"
-        )
-    };
-}
-
 /// A lease row as read from the database.
 #[derive(Debug, FromRow)]
 struct LeaseRow {
@@ -210,53 +136,9 @@ impl StatusRow {
     }
 }
 
-/// The acquire statement. `cur` locks the key's row, if it exists, and yields its newest
-/// version; `decision` applies the contract's rules to it; exactly one of `granted` (an
-/// existing row, updated in place) and `inserted` (the key's first grant) runs; a reconciled
-/// record is written to `recoveries` in the same statement, so the grant and its audit row
-/// commit together.
-///
-/// Race-freedom: on an existing key, every acquire, renew, release and write of that key waits
-/// for the row lock, so `decision` sees the state left by the last of them. On a new key there
-/// is no row to lock: concurrent first acquires all try the `INSERT`, the primary key lets one
-/// win, and the losers' `ON CONFLICT DO NOTHING` yields no row; their verdict is `insert` with
-/// no lease, and [`acquire`] runs the statement again, now against the winner's row. Tokens are
-/// drawn only once the row is locked (or inserted), so per key they increase in grant order.
-/// They are drawn with `next_fencing_token()`, which secures the sequence on the server's
-/// timeline first (see [`super::timeline`]), so a promoted standby never repeats a token.
-pub(crate) const ACQUIRE: &str = concat!(
-    "WITH cur AS (SELECT ", lease_columns!("l", ""), ", ", derived_columns!("l"), "
-        FROM leases l WHERE l.key = $1 FOR NO KEY UPDATE),
-    decision AS (
-        SELECT CASE
-            WHEN cur.key IS NULL THEN 'insert'
-            WHEN cur.state = 'held' THEN 'held'
-            WHEN cur.recovery_reason IS NOT NULL AND NOT $6 THEN 'recovery_required'
-            ELSE 'grant'
-        END AS verdict
-        FROM (VALUES (1)) AS one LEFT JOIN cur ON true),
-    granted AS (
-        UPDATE leases SET token = next_fencing_token(), owner = $2, ttl_ms = $3::bigint,
-            metadata = $4::json, crash_recovery = $5, recovery_required = false, acquired_at = now(),
-            expires_at = now() + $3 * interval '1 millisecond', end_reason = NULL, ended_at = NULL
-        FROM decision WHERE leases.key = $1 AND decision.verdict = 'grant'
-        RETURNING leases.*),
-    inserted AS (
-        INSERT INTO leases (key, token, owner, ttl_ms, metadata, crash_recovery, acquired_at, expires_at)
-        SELECT $1, next_fencing_token(), $2, $3, $4::json, $5, now(), now() + $3 * interval '1 millisecond'
-        FROM decision WHERE decision.verdict = 'insert'
-        ON CONFLICT (key) DO NOTHING
-        RETURNING *),
-    new_lease AS (SELECT * FROM granted UNION ALL SELECT * FROM inserted),
-    reconciled AS (
-        INSERT INTO recoveries (key, reason, record_owner, record_token, record_acquired_at,
-            record_ended_at, record_metadata, reconciled_by, new_token, request_id, remote_addr, principal)
-        SELECT cur.key, cur.recovery_reason, cur.owner, cur.token, cur.acquired_at,
-            coalesce(cur.ended_at, cur.expires_at), cur.metadata, new_lease.owner, new_lease.token, $7, $8, $9
-        FROM cur, new_lease WHERE cur.recovery_reason IS NOT NULL)
-    SELECT decision.verdict, ", lease_columns!("n", "n_"), ", cur.*
-    FROM decision LEFT JOIN new_lease n ON true LEFT JOIN cur ON true"
-);
+/// The acquire statement. What it locks and why it is race-free, also on a key's first grant,
+/// is written beside it in `sql/acquire.sql`.
+const ACQUIRE: &str = include_str!("sql/acquire.sql");
 
 #[derive(Debug, FromRow)]
 struct AcquireRow {
@@ -386,19 +268,11 @@ pub async fn acquire(db: &Db, req: &NewLease, ctx: &RequestContext) -> Result<Ac
     }
 }
 
-/// The renew statement ([`renew`]).
-pub(crate) const RENEW: &str = concat!(
-    "UPDATE leases l SET ttl_ms = coalesce($3, l.ttl_ms),
-        expires_at = now() + coalesce($3, l.ttl_ms) * interval '1 millisecond'
-    WHERE l.key = $1 AND l.token = $2 AND l.end_reason IS NULL AND l.expires_at > now()
-    RETURNING ",
-    lease_columns!("l", "")
-);
+/// The renew statement ([`renew`]); its race-freedom argument is in `sql/renew.sql`.
+const RENEW: &str = include_str!("sql/renew.sql");
 
-/// Renews a live lease: one `UPDATE` whose `WHERE` requires the token to be the key's live
-/// lease. The row lock it takes re-checks that condition on the newest version of the row, so a
-/// renew racing a takeover either lands before it (and the takeover sees a live lease) or sees
-/// the new token and changes nothing.
+/// Renews a live lease: one `UPDATE` ([`RENEW`]) that changes it only while the token is the
+/// key's live lease.
 #[tracing::instrument(level = "debug", skip_all, fields(key = %key))]
 pub async fn renew(
     db: &Db,
@@ -428,20 +302,22 @@ pub enum Ending {
     RequireRecovery,
 }
 
-/// Releases, abandons or marks a live lease: one `UPDATE` with the same live-lease condition as
-/// [`renew`], and race-free for the same reason.
+/// Releases, abandons or marks a live lease: one `UPDATE` (`sql/end.sql`) with the same
+/// live-lease condition as [`renew`], and race-free for the same reason.
 #[tracing::instrument(level = "debug", skip_all, fields(key = %key, ending = ?ending))]
 pub async fn end(db: &Db, key: &Key, token: FencingToken, ending: Ending) -> Result<LeaseChange> {
-    const WHERE_LIVE: &str = " WHERE l.key = $1 AND l.token = $2 AND l.end_reason IS NULL AND l.expires_at > now() RETURNING ";
-    const COLUMNS: &str = lease_columns!("l", "");
-    let set = match ending {
-        Ending::Release => "UPDATE leases l SET end_reason = 'released', ended_at = now()",
-        Ending::Abandon => "UPDATE leases l SET end_reason = 'abandoned', ended_at = now()",
-        Ending::RequireRecovery => "UPDATE leases l SET recovery_required = true",
+    let ending = match ending {
+        Ending::Release => "released",
+        Ending::Abandon => "abandoned",
+        Ending::RequireRecovery => "recovery_required",
     };
-    let sql = [set, WHERE_LIVE, COLUMNS].concat();
     let row: Option<LeaseRow> = db
-        .fetch_optional(|| sqlx::query_as(&sql).bind(key.as_str()).bind(token.get()))
+        .fetch_optional(|| {
+            sqlx::query_as(include_str!("sql/end.sql"))
+                .bind(key.as_str())
+                .bind(token.get())
+                .bind(ending)
+        })
         .await?;
     Ok(row.map_or(LeaseChange::Lost, |r| LeaseChange::Done(r.into_lease())))
 }
@@ -449,15 +325,8 @@ pub async fn end(db: &Db, key: &Key, token: FencingToken, ending: Ending) -> Res
 /// A key's newest lease, state and recovery record. A plain read: it sees the latest committed
 /// state and changes nothing.
 pub async fn status(db: &Db, key: &Key) -> Result<Option<KeyStatus>> {
-    const STATUS: &str = concat!(
-        "SELECT ",
-        lease_columns!("l", ""),
-        ", ",
-        derived_columns!("l"),
-        " FROM leases l WHERE l.key = $1"
-    );
     let row: Option<StatusRow> = db
-        .fetch_optional(|| sqlx::query_as(STATUS).bind(key.as_str()))
+        .fetch_optional(|| sqlx::query_as(include_str!("sql/status.sql")).bind(key.as_str()))
         .await?;
     Ok(row.map(StatusRow::into_status))
 }
@@ -478,18 +347,7 @@ pub struct ListQuery {
 /// Lists keys: a keyset scan of the primary key index over `[prefix, upper_bound)`, after the
 /// cursor, so a page costs the same on the first and the millionth key.
 pub async fn list(pool: &PgPool, q: &ListQuery) -> Result<Page<KeyStatus>> {
-    const LIST: &str = concat!(
-        "SELECT ",
-        lease_columns!("l", ""),
-        ", ",
-        derived_columns!("l"),
-        " FROM leases l
-        WHERE l.key >= $1 AND l.key < $2 AND l.key > $3
-          AND ($4::text IS NULL OR lease_state(l.end_reason, l.expires_at, l.crash_recovery,
-                                               l.recovery_required, now()) = $4)
-        ORDER BY l.key LIMIT $5"
-    );
-    let rows: Vec<StatusRow> = sqlx::query_as(LIST)
+    let rows: Vec<StatusRow> = sqlx::query_as(include_str!("sql/list.sql"))
         .bind(q.prefix.as_str())
         .bind(q.prefix.upper_bound())
         .bind(q.after.as_deref().unwrap_or(""))
@@ -506,26 +364,18 @@ pub async fn list(pool: &PgPool, q: &ListQuery) -> Result<Page<KeyStatus>> {
 
 /// Moves the token sequence past every token already stored, so that a database restored from
 /// an older backup, or a sequence reset by hand, never hands out a token twice. Returns the new
-/// position when it had to move.
-///
-/// `SHARE ROW EXCLUSIVE` conflicts with the `ROW EXCLUSIVE` lock that every grant holds from
-/// before it draws its token until it commits, so while this runs no grant is in flight: the
-/// maximum it reads is final, and `setval` cannot move the sequence back past a token that a
-/// concurrent grant drew.
+/// position when it had to move. One short transaction: a table lock, then
+/// `sql/sequence_ahead.sql`, which says why the lock makes it safe against concurrent grants.
 pub async fn ensure_sequence_ahead(pool: &PgPool) -> Result<Option<i64>> {
     let mut tx = pool.begin().bounded(pool).await?;
     sqlx::query("LOCK TABLE leases IN SHARE ROW EXCLUSIVE MODE")
         .execute(&mut *tx)
         .bounded(pool)
         .await?;
-    let moved: Option<i64> = sqlx::query_scalar(
-        "SELECT setval('fencing_token_seq', t.m)
-         FROM (SELECT max(token) AS m FROM leases) t, fencing_token_seq s
-         WHERE t.m IS NOT NULL AND (t.m > s.last_value OR (t.m = s.last_value AND NOT s.is_called))",
-    )
-    .fetch_optional(&mut *tx)
-    .bounded(pool)
-    .await?;
+    let moved: Option<i64> = sqlx::query_scalar(include_str!("sql/sequence_ahead.sql"))
+        .fetch_optional(&mut *tx)
+        .bounded(pool)
+        .await?;
     tx.commit().bounded(pool).await?;
     if let Some(position) = moved {
         tracing::warn!(
@@ -540,16 +390,8 @@ pub async fn ensure_sequence_ahead(pool: &PgPool) -> Result<Option<i64>> {
 /// lease can leave one are read (the partial index `leases_recovery_candidates`); the clock
 /// decides among those. Bounded like every other statement.
 pub async fn count_recovery_pending(pool: &PgPool) -> Result<i64> {
-    // The first predicate is implied by the second (see `lease_recovery_reason`); it is spelled
-    // out so that the planner reads only the rows of the partial index
-    // `leases_recovery_candidates`.
-    sqlx::query_scalar(
-        "SELECT count(*) FROM leases l
-         WHERE (l.end_reason = 'abandoned' OR l.recovery_required OR l.crash_recovery)
-           AND lease_recovery_reason(l.end_reason, l.expires_at, l.crash_recovery,
-                                     l.recovery_required, now()) IS NOT NULL",
-    )
-    .fetch_one(pool)
-    .bounded(pool)
-    .await
+    sqlx::query_scalar(include_str!("sql/recovery_pending.sql"))
+        .fetch_one(pool)
+        .bounded(pool)
+        .await
 }

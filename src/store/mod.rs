@@ -1,8 +1,10 @@
 //! Every SQL statement of the service, one function each, grouped by table family: `leases`
 //! (leases, tokens and recovery records), `snapshots` (fenced writes and reads), `audit`
-//! (rejections and recoveries, and their retention). Each function's doc comment states its
-//! atomicity, the rows it locks and why it is race-free under READ COMMITTED with any number of
-//! service instances on one database.
+//! (rejections and recoveries, and their retention), `keys` (API keys). The statements of the
+//! leases and snapshots live in files of their own (`src/store/sql/*.sql`, compiled in with
+//! `include_str!`), each with its parameters, the rows it locks and why it is race-free under
+//! READ COMMITTED with any number of service instances on one database written beside it;
+//! `bench/compare.sh` runs the same files with pgbench.
 //!
 //! Every statement is also bounded on the service's side (the `Bounded` trait): the server's timeouts
 //! end a slow statement, but not a wait on a connection that stalled on the way.
@@ -172,16 +174,6 @@ pub fn pool(options: PgConnectOptions, settings: &DbSettings) -> PgPool {
         .connect_lazy_with(options)
 }
 
-/// The statements of the hot paths by name, exactly as the service runs them. `bench/sql/`
-/// holds a copy of each for pgbench (`bench/compare.sh` measures the service against them),
-/// and a test keeps the copies identical.
-pub const HOT_STATEMENTS: [(&str, &str); 4] = [
-    ("acquire", leases::ACQUIRE),
-    ("renew", leases::RENEW),
-    ("put", snapshots::PUT),
-    ("get", snapshots::GET),
-];
-
 /// The migrations in `migrations/`, embedded at build time.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -237,26 +229,4 @@ pub struct RequestContext {
     pub remote_addr: Option<String>,
     /// The authenticated principal, when authentication is configured.
     pub principal: Option<String>,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::HOT_STATEMENTS;
-
-    /// `SNAPFENCE_BLESS=1` rewrites the copies instead of comparing them.
-    #[test]
-    fn bench_sql_holds_the_statements_the_service_runs() {
-        for (name, sql) in HOT_STATEMENTS {
-            let path = format!("{}/bench/sql/{name}.sql", env!("CARGO_MANIFEST_DIR"));
-            let copy = format!("{sql};\n");
-            if std::env::var_os("SNAPFENCE_BLESS").is_some() {
-                std::fs::write(&path, &copy).unwrap();
-            }
-            let stored = std::fs::read_to_string(&path).unwrap_or_default();
-            assert!(
-                stored == copy,
-                "{path} is not the statement src/store runs; rerun this test with SNAPFENCE_BLESS=1 to copy it"
-            );
-        }
-    }
 }

@@ -6,11 +6,13 @@
 //! a grant on one key, from any instances, are ordered: a write that commits before a grant was
 //! made with the then-newest token, and a write after it sees the new token and is refused.
 
+use std::sync::LazyLock;
+
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use sqlx::{FromRow, PgPool};
 
-use crate::domain::RefusalReason;
+use crate::domain::{AuditOperation, RefusalReason};
 
 use super::{Bounded, Db, RequestContext, Result};
 use crate::domain::Page;
@@ -67,103 +69,53 @@ pub struct PutRequest {
     pub content_type: String,
 }
 
-/// The first part of every fenced statement: `cur` locks the key's lease row and yields its
-/// newest version, `verdict` applies the fencing rule and then `If-Match`, and `refused` writes
-/// the audit row of a refusal. Parameters: `$1` key, `$2` token, `$3` whether `If-Match` was
-/// sent, `$4` its strong tags (NULL for `*`), `$5..$7` request id, remote address, principal.
-/// `$stale_below` is what a lower token is stale against: always `cur.token`, the key's newest
-/// granted token, except in the negative control (`fencing_broken`, builds with the `fault-controls` feature only).
-macro_rules! fenced_ctes {
-    ($operation:literal) => {
-        fenced_ctes!($operation, "cur.token")
-    };
-    ($operation:literal, $stale_below:literal) => {
-        concat!(
-            "WITH cur AS (
-                SELECT key, token, owner, end_reason, snapshot_version, snapshot_etag
-                FROM leases WHERE key = $1 FOR NO KEY UPDATE),
-            verdict AS (
-                SELECT CASE
-                    WHEN cur.key IS NULL OR $2 > cur.token THEN 'unknown_token'
-                    WHEN $2 < ",
-            $stale_below,
-            " OR cur.end_reason IS NOT NULL THEN 'stale_token'
-                    WHEN $3 AND (cur.snapshot_etag IS NULL
-                                 OR NOT ($4::text[] IS NULL OR cur.snapshot_etag = ANY($4::text[])))
-                        THEN 'precondition_failed'
-                    ELSE 'accepted'
-                END AS outcome,
-                cur.token AS highest_token, cur.owner AS holder,
-                cur.snapshot_etag IS NULL AS created, cur.snapshot_version
-                FROM (VALUES (1)) AS one LEFT JOIN cur ON true),
-            refused AS (
-                INSERT INTO rejections (key, reason, presented_token, highest_token, holder,
-                    operation, request_id, remote_addr, principal)
-                SELECT $1, verdict.outcome, $2, verdict.highest_token, verdict.holder, '",
-            $operation,
-            "', $5, $6, $7
-                FROM verdict WHERE verdict.outcome IN ('stale_token', 'unknown_token')
-                RETURNING id),"
-        )
-    };
-}
+/// The fenced write: the fencing rule and the refusal's audit row (`sql/fenced.sql`), then the
+/// write (`sql/put.sql`), as one statement. What each part locks and why the whole is race-free
+/// is written beside it in those files. `bench/compare.sh` runs the same two files, joined the
+/// same way.
+const PUT: &str = concat!(include_str!("sql/fenced.sql"), include_str!("sql/put.sql"));
 
-/// The fenced write statement, with the bound a lower token is stale against (see
-/// [`fenced_ctes`]) and where the body comes from (`$11`, or the upload table).
-macro_rules! put_statement {
-    ($stale_below:literal) => {
-        put_statement!($stale_below, "$11")
-    };
-    ($stale_below:literal, $body:literal) => {
-        concat!(
-            fenced_ctes!("put", $stale_below),
-            "
-    head AS (
-        UPDATE leases SET snapshot_version = leases.snapshot_version + 1, snapshot_etag = $8
-        FROM verdict WHERE leases.key = $1 AND verdict.outcome = 'accepted'
-        RETURNING leases.snapshot_version AS version),
-    stored AS (
-        INSERT INTO snapshot_versions (key, version, token, etag, size, content_type, updated_at, body)
-        SELECT $1, head.version, $2, $8, $9, $10, now(), ",
-            $body,
-            " FROM head
-        RETURNING version, updated_at),
-    pruned AS (
-        DELETE FROM snapshot_versions v USING head
-        WHERE v.key = $1 AND v.version <= head.version - $12)
-    SELECT verdict.outcome, verdict.highest_token, verdict.created, refused.id AS audit_id,
-        stored.version, stored.updated_at
-    FROM verdict LEFT JOIN refused ON true LEFT JOIN stored ON true"
-        )
-    };
-}
-/// The fenced write. After the shared checks, `head` bumps the key's version counter and sets
-/// its ETag on the locked row (re-read under the lock, so the version is gapless however many
-/// writers race), `stored` inserts the body, and `pruned` drops the version that falls out of
-/// the retention window. Extra parameters: `$8` ETag, `$9` size, `$10` content type, `$11`
-/// body, `$12` versions to keep.
-pub(crate) const PUT: &str = put_statement!("cur.token");
-
-/// The negative control of the fault tests, compiled only with the `fault-controls` feature: [`PUT`] with the
-/// classic fencing bug of checking a token against the highest token *written* to the key
-/// instead of its newest *granted* one, which lets a superseded holder write until its successor
-/// first writes. The history checker must find that; see `tests/faults`.
-#[cfg(feature = "fault-controls")]
-const PUT_CHECKED_AGAINST_WRITTEN_TOKENS: &str =
-    put_statement!("coalesce((SELECT max(w.token) FROM snapshot_versions w WHERE w.key = $1), 0)");
+/// In [`PUT`], the body: the bound parameter that [`PUT_UPLOADED`] replaces.
+const BOUND_BODY: &str = "$12 FROM head";
 
 /// [`PUT`] for a body uploaded beforehand into the connection's upload table (see
-/// [`Db::fetch_one_uploading`]) rather than bound as `$11` (bound NULL, unused). Identical
+/// [`Db::fetch_one_uploading`]) rather than bound as `$12` (bound NULL, unused). Identical
 /// otherwise: the same checks, locks and audit.
-const PUT_UPLOADED: &str =
-    put_statement!("cur.token", "(SELECT body FROM pg_temp.snapfence_upload)");
+static PUT_UPLOADED: LazyLock<String> = LazyLock::new(|| {
+    replace_once(
+        PUT,
+        BOUND_BODY,
+        "(SELECT body FROM pg_temp.snapfence_upload) FROM head",
+    )
+});
 
-/// The negative control for uploaded bodies.
+/// `statement` with its one `part` replaced; panics (in every test that writes) if `part` is
+/// not there exactly once, so an edit of the SQL files cannot silently skip a replacement.
+fn replace_once(statement: &str, part: &str, by: &str) -> String {
+    assert_eq!(
+        statement.matches(part).count(),
+        1,
+        "{part:?} appears exactly once in the statement"
+    );
+    statement.replacen(part, by, 1)
+}
+
+/// In `sql/fenced.sql`, what a lower token is stale against: the key's newest granted token.
 #[cfg(feature = "fault-controls")]
-const PUT_UPLOADED_CHECKED_AGAINST_WRITTEN_TOKENS: &str = put_statement!(
-    "coalesce((SELECT max(w.token) FROM snapshot_versions w WHERE w.key = $1), 0)",
-    "(SELECT body FROM pg_temp.snapfence_upload)"
-);
+const STALE_BELOW_NEWEST_GRANT: &str = "$2 < cur.token OR";
+
+/// The negative control of the fault tests, compiled only with the `fault-controls` feature:
+/// `statement` with the classic fencing bug of checking a token against the highest token
+/// *written* to the key instead of its newest *granted* one, which lets a superseded holder write
+/// until its successor first writes. The history checker must find that; see `tests/faults`.
+#[cfg(feature = "fault-controls")]
+fn checked_against_written_tokens(statement: &str) -> String {
+    replace_once(
+        statement,
+        STALE_BELOW_NEWEST_GRANT,
+        "$2 < coalesce((SELECT max(w.token) FROM snapshot_versions w WHERE w.key = $1), 0) OR",
+    )
+}
 
 /// Bodies of this size and more are uploaded before the fenced write instead of being bound
 /// to it. A bound body is copied twice on its way out (into the statement's arguments and into
@@ -187,27 +139,22 @@ pub fn fencing_broken() -> bool {
 fn put_statement(uploaded: bool) -> &'static str {
     #[cfg(feature = "fault-controls")]
     if fencing_broken() {
-        return if uploaded {
-            PUT_UPLOADED_CHECKED_AGAINST_WRITTEN_TOKENS
-        } else {
-            PUT_CHECKED_AGAINST_WRITTEN_TOKENS
-        };
+        static BROKEN: LazyLock<[String; 2]> = LazyLock::new(|| {
+            [
+                checked_against_written_tokens(PUT),
+                checked_against_written_tokens(&PUT_UPLOADED),
+            ]
+        });
+        return &BROKEN[usize::from(uploaded)];
     }
-    if uploaded { PUT_UPLOADED } else { PUT }
+    if uploaded { &PUT_UPLOADED } else { PUT }
 }
 
-/// The fenced delete's first statement: after the shared checks, `head` marks the key as having
-/// no current snapshot. Its versions are removed by a second statement in the same transaction
-/// (see [`delete`]).
+/// The fenced delete's first statement: `sql/fenced.sql`, then `sql/delete_head.sql`. Its
+/// versions are removed by a second statement in the same transaction (see [`delete`]).
 const DELETE_HEAD: &str = concat!(
-    fenced_ctes!("delete"),
-    "
-    head AS (
-        UPDATE leases SET snapshot_etag = NULL
-        FROM verdict WHERE leases.key = $1 AND verdict.outcome = 'accepted')
-    SELECT verdict.outcome, verdict.highest_token, verdict.created, refused.id AS audit_id,
-        NULL::bigint AS version, NULL::timestamptz AS updated_at
-    FROM verdict LEFT JOIN refused ON true"
+    include_str!("sql/fenced.sql"),
+    include_str!("sql/delete_head.sql")
 );
 
 #[derive(Debug, FromRow)]
@@ -268,6 +215,7 @@ pub async fn put(
             .bind(ctx.request_id.as_deref())
             .bind(ctx.remote_addr.as_deref())
             .bind(ctx.principal.as_deref())
+            .bind(AuditOperation::Put.as_str())
             .bind(etag.as_str())
             .bind(req.body.len() as i64)
             .bind(req.content_type.as_str())
@@ -315,12 +263,13 @@ pub async fn delete(
         .bind(ctx.request_id.as_deref())
         .bind(ctx.remote_addr.as_deref())
         .bind(ctx.principal.as_deref())
+        .bind(AuditOperation::Delete.as_str())
         .fetch_one(&mut *tx)
         .bounded(pool)
         .await?;
     let outcome = row.outcome(token, |_| ());
     if matches!(outcome, WriteOutcome::Accepted(())) {
-        sqlx::query("DELETE FROM snapshot_versions WHERE key = $1")
+        sqlx::query(include_str!("sql/delete_versions.sql"))
             .bind(key.as_str())
             .execute(&mut *tx)
             .bounded(pool)
@@ -402,12 +351,7 @@ impl ListedVersion {
 }
 
 /// The snapshot read statement ([`get`]).
-pub(crate) const GET: &str =
-    "SELECT v.version, v.token, v.etag, v.size, v.content_type, v.updated_at,
-        CASE WHEN $4 THEN v.body END AS body
-    FROM leases l JOIN snapshot_versions v ON v.key = l.key
-    WHERE l.key = $1 AND l.snapshot_etag IS NOT NULL AND v.version > l.snapshot_version - $2
-      AND v.version = coalesce($3, l.snapshot_version)";
+const GET: &str = include_str!("sql/get.sql");
 
 /// Reads the current snapshot (`version` = `None`) or one retained version: only versions of a
 /// key that has a current snapshot, within the retention window, so a version that a later write
@@ -446,16 +390,7 @@ pub async fn versions(
     limit: PageLimit,
     before: Option<i64>,
 ) -> Result<Option<Page<SnapshotMeta>>> {
-    const VERSIONS: &str = "SELECT l.snapshot_etag IS NOT NULL AS has_snapshot,
-            v.version, v.token, v.etag, v.size, v.content_type, v.updated_at
-        FROM leases l LEFT JOIN LATERAL (
-            SELECT * FROM snapshot_versions sv
-            WHERE sv.key = l.key AND l.snapshot_etag IS NOT NULL
-              AND sv.version > l.snapshot_version - $2
-              AND sv.version < coalesce($3, 9223372036854775807)
-            ORDER BY sv.version DESC LIMIT $4) v ON true
-        WHERE l.key = $1";
-    let rows: Vec<ListedRow> = sqlx::query_as(VERSIONS)
+    let rows: Vec<ListedRow> = sqlx::query_as(include_str!("sql/versions.sql"))
         .bind(key.as_str())
         .bind(keep_versions)
         .bind(before)
