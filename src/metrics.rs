@@ -15,6 +15,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::domain::ErrorCode;
+
 /// The labels of a request: its matched route (never the raw path), method and status.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -152,7 +154,7 @@ impl Metrics {
         route: &str,
         method: &str,
         status: u16,
-        code: Option<&str>,
+        code: Option<ErrorCode>,
         elapsed: Duration,
     ) {
         self.observe_request(route, method, status, elapsed);
@@ -161,19 +163,21 @@ impl Metrics {
             ("POST", "/v1/leases/{key}", None) if ok => {
                 self.leases_granted.inc();
             }
-            (_, _, Some("lease_held")) => Self::inc(&self.leases_conflicted, "code", "lease_held"),
-            (_, _, Some("recovery_required")) => {
-                Self::inc(&self.leases_conflicted, "code", "recovery_required")
+            (_, _, Some(code @ (ErrorCode::LeaseHeld | ErrorCode::RecoveryRequired))) => {
+                Self::inc(&self.leases_conflicted, "code", code.as_str())
             }
-            (_, _, Some("lease_lost")) => Self::inc(&self.leases_lost, "route", route_name(route)),
+            (_, _, Some(ErrorCode::LeaseLost)) => {
+                Self::inc(&self.leases_lost, "route", route_name(route))
+            }
             ("PUT", "/v1/snapshots/{key}", None) if ok => {
                 Self::inc(&self.writes_accepted, "operation", "put")
             }
             ("DELETE", "/v1/snapshots/{key}", None) if ok => {
                 Self::inc(&self.writes_accepted, "operation", "delete")
             }
-            (_, _, Some("stale_token")) => Self::inc(&self.rejections, "reason", "stale_token"),
-            (_, _, Some("unknown_token")) => Self::inc(&self.rejections, "reason", "unknown_token"),
+            (_, _, Some(code @ (ErrorCode::StaleToken | ErrorCode::UnknownToken))) => {
+                Self::inc(&self.rejections, "reason", code.as_str())
+            }
             _ => {}
         }
     }

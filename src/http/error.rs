@@ -192,10 +192,7 @@ impl ApiError {
             Self::LeaseHeld { .. } => ErrorCode::LeaseHeld,
             Self::RecoveryRequired { .. } => ErrorCode::RecoveryRequired,
             Self::LeaseLost { .. } => ErrorCode::LeaseLost,
-            Self::Refused { refusal, .. } => match refusal.reason {
-                RefusalReason::StaleToken => ErrorCode::StaleToken,
-                RefusalReason::UnknownToken => ErrorCode::UnknownToken,
-            },
+            Self::Refused { refusal, .. } => refusal.reason.code(),
             Self::Unauthorized(_) => ErrorCode::Unauthorized,
             Self::Forbidden(_) => ErrorCode::Forbidden,
             Self::PreconditionFailed => ErrorCode::PreconditionFailed,

@@ -175,7 +175,7 @@ async fn observe(
     let method = req.method().clone();
     let started = Instant::now();
     let response = next.run(req).await;
-    let code = response.extensions().get::<ErrorCode>().map(|c| c.as_str());
+    let code = response.extensions().get::<ErrorCode>().copied();
     metrics.observe(
         &route,
         method.as_str(),

@@ -509,3 +509,22 @@ fn the_entity_tag_header_patterns_accept_exactly_what_the_server_parses() {
         }
     }
 }
+
+#[test]
+fn the_spec_lists_exactly_the_error_codes_the_service_answers_with() {
+    let spec = spec();
+    let listed: BTreeSet<&str> = spec["components"]["schemas"]["ProblemCode"]["enum"]
+        .as_array()
+        .expect("ProblemCode is an enum")
+        .iter()
+        .map(|v| v.as_str().expect("codes are strings"))
+        .collect();
+    let known: BTreeSet<&str> = snapfence::domain::ErrorCode::ALL
+        .iter()
+        .map(|c| c.as_str())
+        .collect();
+    assert_eq!(
+        listed, known,
+        "openapi.yaml's ProblemCode and ErrorCode::ALL"
+    );
+}

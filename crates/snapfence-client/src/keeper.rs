@@ -8,7 +8,8 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use super::{AcquireRequest, Client, Error, Result, RetryPolicy, jittered};
+use crate::retry::jittered;
+use crate::{AcquireRequest, Client, Error, Result, RetryPolicy};
 use snapfence_types::{FencingToken, Key, Lease};
 
 /// How a [`LeaseKeeper`] renews, and how early it gives up.

@@ -5,7 +5,7 @@ use std::fmt;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::{FencingToken, Key, Owner, RecoveryReason, RecoveryRecord, rfc3339_millis};
+use super::{ErrorCode, FencingToken, Key, Owner, RecoveryReason, RecoveryRecord, rfc3339_millis};
 
 /// Why a fenced write was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -18,19 +18,24 @@ pub enum RefusalReason {
 }
 
 impl RefusalReason {
+    /// The error code a refusal of this reason is answered with; its name is the reason's.
+    pub fn code(self) -> ErrorCode {
+        match self {
+            Self::StaleToken => ErrorCode::StaleToken,
+            Self::UnknownToken => ErrorCode::UnknownToken,
+        }
+    }
+
     /// The contract's name, also stored in the audit log.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::StaleToken => "stale_token",
-            Self::UnknownToken => "unknown_token",
-        }
+        self.code().as_str()
     }
 
     /// Parses the contract's name.
     pub fn parse(raw: &str) -> Option<Self> {
-        match raw {
-            "stale_token" => Some(Self::StaleToken),
-            "unknown_token" => Some(Self::UnknownToken),
+        match ErrorCode::parse(raw)? {
+            ErrorCode::StaleToken => Some(Self::StaleToken),
+            ErrorCode::UnknownToken => Some(Self::UnknownToken),
             _ => None,
         }
     }

@@ -1,0 +1,100 @@
+//! The lease calls: acquire, renew, release, abandon, require-recovery, status and list.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use snapfence_types::headers::FENCING_TOKEN;
+use snapfence_types::{
+    AcquireRequest, FencingToken, Grant, Key, KeyStatus, Lease, Page, RenewRequest,
+};
+
+use crate::retry::Idempotency;
+use crate::transport::{Call, segment};
+use crate::{Client, LeaseFilter, Result};
+
+impl Client {
+    /// `POST /v1/leases/{key}`: acquire. Never waits: a live lease of anyone answers
+    /// [`Error::LeaseHeld`], a retained recovery record [`Error::RecoveryRequired`].
+    pub async fn acquire(&self, key: &Key, request: &AcquireRequest) -> Result<Grant> {
+        let path = format!("/v1/leases/{}", segment(key)?);
+        self.send_json(
+            Idempotency::Unsafe,
+            Call {
+                method: Method::POST,
+                path: &path,
+            },
+            &[StatusCode::CREATED],
+            |r| r.json(request),
+        )
+        .await
+    }
+
+    /// `POST /v1/leases/{key}/renew`: extends the live lease of `token` by `ttl`, or by its own
+    /// TTL when `None`. [`Error::LeaseLost`] when the token is not the key's live lease.
+    pub async fn renew(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        ttl: Option<Duration>,
+    ) -> Result<Lease> {
+        let body = RenewRequest::new(token, ttl);
+        let path = format!("/v1/leases/{}/renew", segment(key)?);
+        self.send_json(
+            Idempotency::Idempotent,
+            Call {
+                method: Method::POST,
+                path: &path,
+            },
+            &[StatusCode::OK],
+            |r| r.json(&body),
+        )
+        .await
+    }
+
+    /// A fenced call on a lease that answers `204`.
+    async fn end(&self, method: Method, path: String, token: FencingToken) -> Result<()> {
+        self.send(
+            Idempotency::Unsafe,
+            Call {
+                method,
+                path: &path,
+            },
+            &[StatusCode::NO_CONTENT],
+            |r| r.header(FENCING_TOKEN, token.get()),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// `DELETE /v1/leases/{key}`: release; the key is free at once, unless require-recovery
+    /// marked the lease.
+    pub async fn release(&self, key: &Key, token: FencingToken) -> Result<()> {
+        let path = format!("/v1/leases/{}", segment(key)?);
+        self.end(Method::DELETE, path, token).await
+    }
+
+    /// `POST /v1/leases/{key}/abandon`: unlock, but keep a recovery record.
+    pub async fn abandon(&self, key: &Key, token: FencingToken) -> Result<()> {
+        let path = format!("/v1/leases/{}/abandon", segment(key)?);
+        self.end(Method::POST, path, token).await
+    }
+
+    /// `POST /v1/leases/{key}/require-recovery`: mark cleanup incomplete while still holding;
+    /// the lease's later release or expiry leaves a recovery record.
+    pub async fn require_recovery(&self, key: &Key, token: FencingToken) -> Result<()> {
+        let path = format!("/v1/leases/{}/require-recovery", segment(key)?);
+        self.end(Method::POST, path, token).await
+    }
+
+    /// `GET /v1/leases/{key}`: the key's state, newest lease and recovery record.
+    /// [`Error::NotFound`] for a key never leased.
+    pub async fn lease_status(&self, key: &Key) -> Result<KeyStatus> {
+        let path = format!("/v1/leases/{}", segment(key)?);
+        self.get_json(&path, |r| r).await
+    }
+
+    /// `GET /v1/leases`: one page of keys, in key order.
+    pub async fn list_leases(&self, filter: &LeaseFilter) -> Result<Page<KeyStatus>> {
+        self.get_json("/v1/leases", |r| r.query(filter)).await
+    }
+}

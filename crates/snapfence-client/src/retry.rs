@@ -1,0 +1,134 @@
+//! Which failed attempts are retried, and after how long.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+
+use crate::Error;
+
+/// How failed attempts are retried (see the [module docs](self) for which ones are).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included; 1 never retries.
+    pub max_attempts: u32,
+    /// The pause before the first retry; each further pause doubles, up to `max_backoff`.
+    pub initial_backoff: Duration,
+    /// The longest pause.
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 4,
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(2),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// One attempt, no retries: for callers that retry on their own terms, as [`LeaseKeeper`]
+    /// does against the lease's deadline.
+    pub fn none() -> Self {
+        Self {
+            max_attempts: 1,
+            ..Self::default()
+        }
+    }
+
+    /// The pause before retry `n` (1-based): the doubled backoff, of which a random half is
+    /// taken off so that many clients failing together do not retry together.
+    pub fn backoff(&self, n: u32) -> Duration {
+        jittered(
+            self.initial_backoff
+                .saturating_mul(2u32.saturating_pow(n.saturating_sub(1)))
+                .min(self.max_backoff),
+        )
+    }
+}
+
+/// Between half of `d` and `d`, at random.
+pub(crate) fn jittered(d: Duration) -> Duration {
+    d.mul_f64(rand::rng().random_range(0.5..=1.0))
+}
+
+/// Whether a call changes nothing when it is repeated, which decides what may be retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Idempotency {
+    /// Reads, and renewals (a second renewal of a live lease only extends it again).
+    Idempotent,
+    /// Writes: a repeat after an unknown outcome could apply it twice, or mislead the caller.
+    Unsafe,
+}
+
+impl Idempotency {
+    /// Whether a failed attempt of a call of this kind may be tried again.
+    pub(crate) fn may_retry(self, e: &Error) -> bool {
+        match e {
+            Error::Transport {
+                may_have_reached: false,
+                ..
+            }
+            | Error::Unavailable { .. } => true,
+            _ => self == Self::Idempotent && e.is_transient(),
+        }
+    }
+}
+
+/// Called before each retry with the failure and the pause before the next attempt, so that
+/// whoever waits can be told.
+#[derive(Clone)]
+pub(crate) struct OnRetry(pub(crate) Arc<RetryHook>);
+
+/// What [`ClientBuilder::on_retry`] takes.
+pub(crate) type RetryHook = dyn Fn(&Error, Duration) + Send + Sync;
+
+impl fmt::Debug for OnRetry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("OnRetry(..)")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use reqwest::StatusCode;
+
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap_with_jitter() {
+        let policy = RetryPolicy {
+            max_attempts: 10,
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_millis(350),
+        };
+        for (n, full) in [(1, 100), (2, 200), (3, 350), (8, 350)] {
+            let d = policy.backoff(n);
+            let full = Duration::from_millis(full);
+            assert!(d >= full / 2 && d <= full, "retry {n}: {d:?}");
+        }
+    }
+
+    #[test]
+    fn only_harmless_retries_are_allowed() {
+        let unavailable = Error::Unavailable {
+            detail: String::new(),
+        };
+        let bad_gateway = Error::Unexpected {
+            status: StatusCode::BAD_GATEWAY,
+            detail: String::new(),
+            request_id: None,
+        };
+        let lost = Error::LeaseLost {
+            detail: String::new(),
+        };
+        assert!(Idempotency::Unsafe.may_retry(&unavailable));
+        assert!(!Idempotency::Unsafe.may_retry(&bad_gateway));
+        assert!(Idempotency::Idempotent.may_retry(&bad_gateway));
+        assert!(!Idempotency::Idempotent.may_retry(&lost));
+        assert!(bad_gateway.is_indeterminate() && !unavailable.is_indeterminate());
+    }
+}

@@ -1,0 +1,162 @@
+//! One call on the wire: attempts, retries, answers read whole, and the path segment of a key.
+
+use std::fmt;
+
+use bytes::Bytes;
+use reqwest::header::{HeaderMap, HeaderValue};
+use reqwest::{Method, RequestBuilder, StatusCode};
+use serde::de::DeserializeOwned;
+use snapfence_types::Key;
+
+use crate::retry::{Idempotency, OnRetry};
+use crate::{Client, Error, Result};
+
+/// A buffered answer: every answer of the contract is small except snapshot bodies, which the
+/// server bounds, so reading the body within the attempt lets a read that breaks halfway be
+/// retried like any other failed attempt.
+pub(crate) struct Answer {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Bytes,
+}
+
+/// A request as messages name it: `GET /v1/leases/jobs%2F42`.
+pub(crate) struct Call<'a> {
+    pub(crate) method: Method,
+    pub(crate) path: &'a str,
+}
+
+impl fmt::Display for Call<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.method, self.path)
+    }
+}
+
+impl Client {
+    /// Sends a request, retrying the attempts that `idempotency` allows, and returns the answer
+    /// when its status is one of `ok`; any other status becomes its [`Error`].
+    pub(crate) async fn send(
+        &self,
+        idempotency: Idempotency,
+        call: Call<'_>,
+        ok: &[StatusCode],
+        build: impl Fn(RequestBuilder) -> RequestBuilder,
+    ) -> Result<Answer> {
+        let url = format!("{}{}", self.base, call.path);
+        let mut attempt = 1;
+        loop {
+            let request = build(self.http.request(call.method.clone(), &url));
+            let error = match attempt_once(request).await {
+                Ok(answer) if ok.contains(&answer.status) => return Ok(answer),
+                Ok(answer) => {
+                    Error::from_answer(answer.status, &answer.headers, &answer.body, &call)
+                }
+                Err(e) => Error::transport(e),
+            };
+            if attempt >= self.retry.max_attempts || !idempotency.may_retry(&error) {
+                return Err(error);
+            }
+            let pause = self.retry.backoff(attempt);
+            tracing::debug!(%call, attempt, error = %error, ?pause, "retrying");
+            if let Some(OnRetry(f)) = &self.on_retry {
+                f(&error, pause);
+            }
+            tokio::time::sleep(pause).await;
+            attempt += 1;
+        }
+    }
+
+    /// [`send`](Self::send), then the answer's JSON body as `T`.
+    pub(crate) async fn send_json<T: DeserializeOwned>(
+        &self,
+        idempotency: Idempotency,
+        call: Call<'_>,
+        ok: &[StatusCode],
+        build: impl Fn(RequestBuilder) -> RequestBuilder,
+    ) -> Result<T> {
+        let what = call.to_string();
+        let answer = self.send(idempotency, call, ok, build).await?;
+        serde_json::from_slice(&answer.body).map_err(|e| Error::Protocol {
+            detail: format!("the answer to {what} is not the contract's JSON: {e}"),
+        })
+    }
+
+    /// A `GET` of `path`, retried as reads are, and its JSON body as `T`.
+    pub(crate) async fn get_json<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        build: impl Fn(RequestBuilder) -> RequestBuilder,
+    ) -> Result<T> {
+        self.send_json(
+            Idempotency::Idempotent,
+            Call {
+                method: Method::GET,
+                path,
+            },
+            &[StatusCode::OK],
+            build,
+        )
+        .await
+    }
+}
+
+/// One attempt, the body read to its end.
+async fn attempt_once(request: RequestBuilder) -> reqwest::Result<Answer> {
+    let response = request.send().await?;
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response.bytes().await?;
+    Ok(Answer {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// Percent-encodes a key as one path segment: everything but RFC 3986's unreserved characters.
+/// `.` and `..` are refused: URL parsers (WHATWG, and so reqwest) resolve them as dot segments,
+/// also when percent-encoded, so no URL can name such a key.
+pub(crate) fn segment(key: &Key) -> Result<String> {
+    if matches!(key.as_str(), "." | "..") {
+        return Err(Error::invalid(format!(
+            "key {key:?} cannot be sent in a URL path, where it means a directory; choose another key"
+        )));
+    }
+    Ok(key
+        .as_str()
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect())
+}
+
+/// The text of header `name` of an answer that must carry it.
+pub(crate) fn header_text<'a>(answer: &'a Answer, name: &str, path: &str) -> Result<&'a str> {
+    answer
+        .headers
+        .get(name)
+        .and_then(|v: &HeaderValue| v.to_str().ok())
+        .ok_or_else(|| Error::Protocol {
+            detail: format!("the answer to {path} has no valid {name} header"),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_is_one_percent_encoded_segment() {
+        let key = |s: &str| Key::parse(s).unwrap();
+        assert_eq!(segment(&key("jobs/42")).unwrap(), "jobs%2F42");
+        assert_eq!(segment(&key("a b%é")).unwrap(), "a%20b%25%C3%A9");
+        assert_eq!(segment(&key("v1.2~x_y-z")).unwrap(), "v1.2~x_y-z");
+        assert_eq!(segment(&key("...")).unwrap(), "...");
+        assert!(segment(&key(".")).is_err());
+        assert!(segment(&key("..")).is_err());
+    }
+}
