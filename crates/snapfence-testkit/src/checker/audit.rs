@@ -1,0 +1,143 @@
+//! The audit log and the answers: one row per refused write, refusals justified, answers the
+//! contract allows.
+
+use std::collections::HashMap;
+
+use super::*;
+
+impl<'a> Checker<'a> {
+    pub(super) fn audit(&mut self) {
+        let by_id: HashMap<String, &Op> = self.ops.iter().map(|o| (o.request_id(), o)).collect();
+        let mut rows: HashMap<&str, Vec<&AuditRow>> = HashMap::new();
+        for row in &self.end.rejections {
+            match row.request_id.as_deref() {
+                Some(rid) if by_id.contains_key(rid) => rows.entry(rid).or_default().push(row),
+                _ => self.flag(
+                    Property::AuditMismatch,
+                    format!(
+                        "audit row {} ({:?}, token {}) names no operation of the history",
+                        row.id, row.key, row.presented_token
+                    ),
+                ),
+            }
+        }
+        for op in self.ops {
+            let Call::Put { token, .. } = op.call else {
+                continue;
+            };
+            let found = rows.get(op.request_id().as_str()).map_or(&[][..], |r| r);
+            let describes = |row: &AuditRow| row.key == op.key && row.presented_token == token;
+            match &op.outcome {
+                Outcome::Refused {
+                    code,
+                    audit_id: Some(id),
+                } if code == "stale_token" || code == "unknown_token" => {
+                    let ok = found.len() == 1
+                        && found[0].id == *id
+                        && found[0].reason == *code
+                        && describes(found[0]);
+                    if !ok {
+                        self.flag(
+                            Property::AuditMismatch,
+                            format!(
+                                "op {} was refused ({code}, audit row {id}); its audit rows are \
+                                 {found:?}",
+                                op.id
+                            ),
+                        );
+                    }
+                }
+                Outcome::Refused { code, audit_id } => self.flag(
+                    Property::AuditMismatch,
+                    format!(
+                        "op {} was refused with {code} and audit row {audit_id:?}: a fenced write \
+                         is refused as stale_token or unknown_token, with its audit row",
+                        op.id
+                    ),
+                ),
+                Outcome::Indeterminate(_) => {
+                    if found.len() > 1 || found.iter().any(|r| !describes(r)) {
+                        self.flag(
+                            Property::AuditMismatch,
+                            format!("indeterminate op {} has the audit rows {found:?}", op.id),
+                        );
+                    }
+                }
+                Outcome::Ok(_) | Outcome::Unexpected(_) => {
+                    if !found.is_empty() {
+                        self.flag(
+                            Property::AuditMismatch,
+                            format!(
+                                "op {} ended {:?} and has the audit rows {found:?}",
+                                op.id, op.outcome
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+    }
+    /// A refusal must be explained: `stale_token` by a higher grant on the key or a release of
+    /// the token that may have happened before the write completed; `unknown_token` only for a
+    /// token that was not acknowledged as granted on this key (the clients present nothing else,
+    /// so that is never expected).
+    pub(super) fn refusals_justified(&mut self) {
+        let mut granted_on: HashMap<&str, Vec<(&Op, i64)>> = HashMap::new();
+        for (op, token) in granted(self.ops) {
+            granted_on
+                .entry(op.key.as_str())
+                .or_default()
+                .push((op, token));
+        }
+        for op in self.ops {
+            let (Call::Put { token, .. }, Outcome::Refused { code, .. }) = (&op.call, &op.outcome)
+            else {
+                continue;
+            };
+            let grants = granted_on.get(op.key.as_str()).map_or(&[][..], |g| g);
+            let explained = match code.as_str() {
+                "stale_token" => {
+                    grants
+                        .iter()
+                        .any(|(g, t)| t > token && g.invoked < op.completed)
+                        || self.ops.iter().any(|r| {
+                            r.key == op.key
+                                && r.invoked < op.completed
+                                && matches!(r.call, Call::Release { token: t } if t == *token)
+                                && !matches!(r.outcome, Outcome::Refused { .. })
+                        })
+                        // A grant that was indeterminate may have taken effect with a token
+                        // no client learned.
+                        || self.ops.iter().any(|a| {
+                            a.key == op.key
+                                && a.invoked < op.completed
+                                && matches!(a.call, Call::Acquire { .. })
+                                && matches!(a.outcome, Outcome::Indeterminate(_))
+                        })
+                }
+                "unknown_token" => !grants.iter().any(|(_, t)| t == token),
+                _ => true,
+            };
+            if !explained {
+                self.flag(
+                    Property::UnjustifiedRefusal,
+                    format!(
+                        "op {} presenting token {token} to {:?} was refused as {code} with nothing \
+                         in the history to explain it",
+                        op.id, op.key
+                    ),
+                );
+            }
+        }
+    }
+    pub(super) fn unexpected_answers(&mut self) {
+        for op in self.ops {
+            if let Outcome::Unexpected(what) = &op.outcome {
+                self.flag(
+                    Property::UnexpectedAnswer,
+                    format!("op {} ({:?} {:?}) answered {what}", op.id, op.call, op.key),
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! Keys, and the prefixes that select them.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::InvalidInput;
+
+/// The longest key, in bytes of UTF-8.
+pub const MAX_KEY_BYTES: usize = 512;
+
+/// The first control character of `s`, if any.
+pub(crate) fn control_char(s: &str) -> Option<char> {
+    s.chars().find(|c| c.is_control())
+}
+
+/// A key: one path segment of 1..=512 bytes of UTF-8 without control characters. Leases and
+/// snapshots share one key space.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct Key(String);
+
+/// Shown quoted, as the string it is, so that messages read `key "jobs/42"`.
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl Key {
+    /// Checks a decoded key against the contract's rules.
+    pub fn parse(raw: impl Into<String>) -> Result<Self, InvalidInput> {
+        let raw = raw.into();
+        if raw.is_empty() {
+            return Err(InvalidInput::new("key must not be empty"));
+        }
+        if raw.len() > MAX_KEY_BYTES {
+            return Err(InvalidInput::new(format!(
+                "key is {} bytes long; at most {MAX_KEY_BYTES} bytes of UTF-8 are allowed",
+                raw.len()
+            )));
+        }
+        if let Some(c) = control_char(&raw) {
+            return Err(InvalidInput::new(format!(
+                "key contains the control character {c:?}; use printable characters only"
+            )));
+        }
+        Ok(Self(raw))
+    }
+
+    /// The key as stored.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Key {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Self::parse(String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+impl std::str::FromStr for Key {
+    type Err = InvalidInput;
+
+    fn from_str(raw: &str) -> Result<Self, InvalidInput> {
+        Self::parse(raw)
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A prefix that selects keys in a list. Empty selects every key.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+#[serde(transparent)]
+pub struct KeyPrefix(String);
+
+impl KeyPrefix {
+    /// Checks a prefix: at most as long as a key, without control characters.
+    pub fn parse(raw: impl Into<String>) -> Result<Self, InvalidInput> {
+        let raw = raw.into();
+        if raw.len() > MAX_KEY_BYTES {
+            return Err(InvalidInput::new(format!(
+                "prefix is {} bytes long; at most {MAX_KEY_BYTES} bytes are allowed",
+                raw.len()
+            )));
+        }
+        if let Some(c) = control_char(&raw) {
+            return Err(InvalidInput::new(format!(
+                "prefix contains the control character {c:?}"
+            )));
+        }
+        Ok(Self(raw))
+    }
+
+    /// The prefix text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The smallest string, in code point order (which is the byte order of UTF-8 and so the
+    /// order of the `"C"` collation), greater than every string that starts with this prefix.
+    /// With it a prefix scan is a closed index range instead of a scan to the end of the table.
+    /// Where no such string exists (the empty prefix, or one made only of U+10FFFF) it is a
+    /// string greater than every valid key: 129 times U+10FFFF, longer than any key can be.
+    pub fn upper_bound(&self) -> String {
+        let mut chars: Vec<char> = self.0.chars().collect();
+        while let Some(last) = chars.pop() {
+            let next = (last as u32 + 1..=char::MAX as u32).find_map(char::from_u32);
+            if let Some(next) = next {
+                chars.push(next);
+                return chars.into_iter().collect();
+            }
+        }
+        std::iter::repeat_n(char::MAX, MAX_KEY_BYTES / 4 + 1).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_accepts_slashes_and_unicode_up_to_512_bytes() {
+        assert!(Key::parse("jobs/42").is_ok());
+        assert!(Key::parse("é".repeat(256)).is_ok());
+        assert!(Key::parse("a".repeat(512)).is_ok());
+    }
+
+    #[test]
+    fn key_rejects_empty_long_and_control_characters() {
+        assert!(Key::parse("").is_err());
+        assert!(Key::parse("a".repeat(513)).is_err());
+        assert!(Key::parse("a\nb").is_err());
+        assert!(Key::parse("a\u{7f}").is_err());
+    }
+
+    #[test]
+    fn prefix_upper_bound_closes_the_range() {
+        let p = |s: &str| KeyPrefix::parse(s).unwrap().upper_bound();
+        assert_eq!(p("jobs/"), "jobs0");
+        assert_eq!(p("a\u{10FFFF}"), "b");
+        // The surrogate range is skipped: U+D7FF is followed by U+E000.
+        assert_eq!(p("\u{D7FF}"), "\u{E000}");
+        let bound = p("jobs/");
+        for key in ["jobs/", "jobs/1", "jobs/\u{10FFFF}\u{10FFFF}"] {
+            assert!(key < bound.as_str() && key >= "jobs/");
+        }
+    }
+
+    #[test]
+    fn prefix_without_successor_is_bounded_above_every_key() {
+        let longest = Key::parse("\u{10FFFF}".repeat(128)).unwrap();
+        for prefix in ["", "\u{10FFFF}"] {
+            let bound = KeyPrefix::parse(prefix).unwrap().upper_bound();
+            assert!(longest.as_str() < bound.as_str());
+        }
+    }
+}
