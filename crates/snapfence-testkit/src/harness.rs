@@ -135,6 +135,29 @@ async fn create_database(template: Option<&str>) -> TestDatabase {
     TestDatabase { name, options }
 }
 
+/// Ends every session of `database` and waits until they are gone (a generous ceiling: a
+/// backend exits in milliseconds, however loaded the machine).
+async fn disconnect_all(admin: &mut PgConnection, database: &str) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let left: i64 = sqlx::query_scalar(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1",
+        )
+        .bind(database)
+        .fetch_one(&mut *admin)
+        .await
+        .expect("listing the sessions of a test database");
+        if left == 0 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the sessions of {database} did not end within 30 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 /// A fresh, empty database that no migration has touched.
 pub async fn fresh_database() -> TestDatabase {
     create_database(None).await
@@ -152,8 +175,11 @@ pub async fn migrated_database() -> TestDatabase {
                 .expect("migrating the template database");
             pool.close().await;
             let mut admin = admin().await;
-            // A template must have no connection while it is cloned; renaming it leaves the
-            // guard of `db` nothing to drop, so the template lives as long as the cluster.
+            // A template must have no session while it is cloned, and a closed pool's server
+            // processes may still be on their way out: they are ended, and waited for.
+            disconnect_all(&mut admin, &db.name).await;
+            // Renaming it leaves the guard of `db` nothing to drop, so the template lives as long
+            // as the cluster.
             sqlx::query(&format!("ALTER DATABASE {} RENAME TO {name}", db.name))
                 .execute(&mut admin)
                 .await
