@@ -30,9 +30,13 @@ var (
 // compare the token against the newest token of the key and reject writes from superseded
 // holders.
 type Lease struct {
-	Key       string
-	Owner     string
-	Token     uint64
+	// Key is the leased key.
+	Key string
+	// Owner is who holds it.
+	Owner string
+	// Token is the fencing token of the grant: greater than every token granted before it.
+	Token uint64
+	// ExpiresAt is when the service expires the lease unless it is renewed (database clock).
 	ExpiresAt time.Time
 }
 
@@ -65,8 +69,9 @@ type Locker interface {
 // *snapfence.Error with code lease_lost, stale_token or unknown_token, or the last failure of
 // a renewal), if any.
 type LostError struct {
-	// Key and Token name the lease.
-	Key   string
+	// Key is the lease's key.
+	Key string
+	// Token is the lease's fencing token.
 	Token uint64
 	// Reason says what happened.
 	Reason string

@@ -33,12 +33,20 @@ import (
 // metadata of the worktree's lease, and read back from lease_held and recovery_required
 // refusals.
 type Owner struct {
-	Token      string    `json:"token"`
-	PID        int       `json:"pid"`
-	Worktree   string    `json:"worktree"`
-	Target     string    `json:"target,omitempty"`
-	Mode       string    `json:"mode,omitempty"`
-	Kind       string    `json:"kind,omitempty"`
+	// Token identifies the execution: random, made by Acquire (not the fencing token, which
+	// Lease.Token is).
+	Token string `json:"token"`
+	// PID is the executing process's id.
+	PID int `json:"pid"`
+	// Worktree is the worktree's absolute path.
+	Worktree string `json:"worktree"`
+	// Target is what the execution works on, as the caller describes it.
+	Target string `json:"target,omitempty"`
+	// Mode is how it works on it, as the caller describes it.
+	Mode string `json:"mode,omitempty"`
+	// Kind is what sort of execution it is, as the caller describes it.
+	Kind string `json:"kind,omitempty"`
+	// AcquiredAt is when Acquire was called (local clock, UTC, millisecond precision).
 	AcquiredAt time.Time `json:"acquiredAt"`
 }
 
