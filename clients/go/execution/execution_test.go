@@ -1,0 +1,436 @@
+package execution_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/snapfence/snapfence/clients/go/coordination"
+	"github.com/snapfence/snapfence/clients/go/execution"
+	"github.com/snapfence/snapfence/clients/go/internal/testenv"
+	"github.com/snapfence/snapfence/clients/go/snapfence"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv("SF_GO_CRASH_HELPER") != "" {
+		crashingExecution()
+		return
+	}
+	os.Exit(testenv.Main(m))
+}
+
+// crashingExecution is the test binary run as a child: it takes the worktree's execution lease,
+// says so, and dies with SIGKILL half-way through its work, leaving the lease to expire.
+func crashingExecution() {
+	client, err := snapfence.NewFromEnv()
+	if err != nil {
+		fmt.Println("error:", err)
+		os.Exit(2)
+	}
+	lease, err := execution.Acquire(context.Background(), client, os.Getenv("SF_GO_WORKTREE"),
+		execution.Owner{Target: "prod", Mode: "apply", Kind: "deploy"},
+		execution.WithKey(os.Getenv("SF_GO_KEY")), execution.WithTTL(time.Second), execution.WithOwnerName("crasher"))
+	if err != nil {
+		fmt.Println("error:", err)
+		os.Exit(2)
+	}
+	fmt.Printf("acquired %d %s\n", lease.Token(), lease.Owner().Token)
+	_ = os.Stdout.Sync()
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {}
+}
+
+func newClient(t *testing.T) *snapfence.Client {
+	t.Helper()
+	c, err := snapfence.NewFromEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func worktree(t *testing.T) (string, string) {
+	dir := filepath.Join(t.TempDir(), "wt")
+	return dir, testenv.UniqueKey(t, "wt")
+}
+
+func wantConflict(t *testing.T, err error, code string) *execution.ConflictError {
+	t.Helper()
+	var c *execution.ConflictError
+	if !errors.As(err, &c) || c.Code() != code || snapfence.CodeOf(err) != code {
+		t.Fatalf("want a *ConflictError with code %s, got %T: %v", code, err, err)
+	}
+	return c
+}
+
+func TestAcquireStoresTheOwnerAsTheLeasesMetadata(t *testing.T) {
+	c := newClient(t)
+	ctx := testenv.Context(t)
+	dir, key := worktree(t)
+	before := time.Now().Add(-time.Second)
+	l, err := execution.Acquire(ctx, c, dir, execution.Owner{Token: "ignored", PID: 1, Target: "prod", Mode: "apply", Kind: "deploy"}, execution.WithKey(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	o := l.Owner()
+	if o.Token == "" || o.Token == "ignored" || o.PID != os.Getpid() || o.Worktree != dir || o.Target != "prod" ||
+		o.Mode != "apply" || o.Kind != "deploy" || o.AcquiredAt.Before(before) || o.AcquiredAt.After(time.Now()) {
+		t.Fatalf("owner %+v", o)
+	}
+	status, err := c.GetLease(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !status.Lease.CrashRecovery || status.Lease.Token != l.Token() || status.State != snapfence.StateHeld {
+		t.Fatalf("lease %+v", status.Lease)
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(status.Lease.Metadata, &fields); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for name := range fields {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	if strings.Join(names, ",") != "acquiredAt,kind,mode,pid,target,token,worktree" {
+		t.Fatalf("metadata names %v", names)
+	}
+	var stored execution.Owner
+	if err := status.Lease.Metadata.Decode(&stored); err != nil || stored != o {
+		t.Fatalf("stored owner %+v, want %+v (%v)", stored, o, err)
+	}
+
+	// Without Target, Mode and Kind, they are left out.
+	plainDir, plainKey := worktree(t)
+	plain, err := execution.Acquire(ctx, c, plainDir, execution.Owner{}, execution.WithKey(plainKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Release()
+	status, err = c.GetLease(ctx, plainKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := string(status.Lease.Metadata); strings.Contains(m, "target") || strings.Contains(m, "mode") || strings.Contains(m, "kind") {
+		t.Fatalf("empty fields stored: %s", m)
+	}
+}
+
+func TestAcquireRejectsACompetingExecutionAtOnceAndLeavesTheOwnersRecordAlone(t *testing.T) {
+	c := newClient(t)
+	ctx := testenv.Context(t)
+	dir, key := worktree(t)
+	first, err := execution.Acquire(ctx, c, dir, execution.Owner{Target: "a"}, execution.WithKey(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Release()
+	before, err := c.GetLease(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = execution.Acquire(ctx, c, dir, execution.Owner{Target: "b"}, execution.WithKey(key))
+	conflict := wantConflict(t, err, snapfence.CodeLeaseHeld)
+	if time.Since(start) > 30*time.Second {
+		t.Fatal("the competing acquire waited")
+	}
+	if conflict.Owner == nil || *conflict.Owner != first.Owner() || conflict.Holder == nil || conflict.Recovery != nil {
+		t.Fatalf("conflict %+v", conflict)
+	}
+	if !errors.Is(err, snapfence.ErrLeaseHeld) || !strings.Contains(err.Error(), fmt.Sprint(os.Getpid())) {
+		t.Fatalf("error %v", err)
+	}
+	after, err := c.GetLease(ctx, key)
+	if err != nil || after.Lease.Token != before.Lease.Token || string(after.Lease.Metadata) != string(before.Lease.Metadata) {
+		t.Fatalf("the rejection touched the owner's lease: %+v %v", after, err)
+	}
+	// The default key is the worktree's absolute path.
+	rel, err := filepath.Rel(mustGetwd(t), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byPath, err := execution.Acquire(ctx, c, rel, execution.Owner{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer byPath.Release()
+	if byPath.Key() != execution.KeyFor(dir) || byPath.Owner().Worktree != dir {
+		t.Fatalf("key %q, worktree %q for %q", byPath.Key(), byPath.Owner().Worktree, rel)
+	}
+	_, err = execution.Acquire(ctx, c, dir, execution.Owner{})
+	wantConflict(t, err, snapfence.CodeLeaseHeld)
+}
+
+func mustGetwd(t *testing.T) string {
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return wd
+}
+
+func TestReleaseClearsTheRecordAndUnlocks(t *testing.T) {
+	c := newClient(t)
+	ctx := testenv.Context(t)
+	dir, key := worktree(t)
+	l, err := execution.Acquire(ctx, c, dir, execution.Owner{}, execution.WithKey(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if l.Context().Err() == nil {
+		t.Fatal("the lease's context outlived the release")
+	}
+	status, err := c.GetLease(ctx, key)
+	if err != nil || status.State != snapfence.StateReleased || status.Recovery != nil {
+		t.Fatalf("after release: %+v %v", status, err)
+	}
+	if err := l.Release(); err != nil {
+		t.Fatalf("a second release: %v", err)
+	}
+	next, err := execution.Acquire(ctx, c, dir, execution.Owner{}, execution.WithKey(key))
+	if err != nil || next.Recovered() != nil {
+		t.Fatalf("the next execution: %v %v", next, err)
+	}
+	_ = next.Release()
+}
+
+func TestAbandonKeepsTheRecordAndAReleaseAfterItLeavesTheRecord(t *testing.T) {
+	c := newClient(t)
+	ctx := testenv.Context(t)
+	dir, key := worktree(t)
+	l, err := execution.Acquire(ctx, c, dir, execution.Owner{Kind: "migration"}, execution.WithKey(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Abandon(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(); err != nil {
+		t.Fatal(err)
+	}
+	status, err := c.GetLease(ctx, key)
+	if err != nil || status.State != snapfence.StateRecoveryPending || status.Recovery.Reason != snapfence.ReasonAbandoned {
+		t.Fatalf("after abandon and release: %+v %v", status, err)
+	}
+	_, err = execution.Acquire(ctx, c, dir, execution.Owner{}, execution.WithKey(key))
+	conflict := wantConflict(t, err, snapfence.CodeRecoveryRequired)
+	if conflict.Owner == nil || *conflict.Owner != l.Owner() || conflict.Recovery == nil || conflict.Recovery.Token != l.Token() {
+		t.Fatalf("conflict %+v", conflict)
+	}
+	if !errors.Is(err, snapfence.ErrRecoveryRequired) {
+		t.Fatalf("unwraps to %v", errors.Unwrap(err))
+	}
+	after, err := c.GetLease(ctx, key)
+	if err != nil || after.Recovery == nil || after.Recovery.Token != l.Token() {
+		t.Fatalf("the rejected acquire touched the record: %+v %v", after, err)
+	}
+}
+
+func TestRequireRecoveryKeepsHoldingStopsBorrowingAndReleaseKeepsTheRecord(t *testing.T) {
+	c := newClient(t)
+	ctx := testenv.Context(t)
+	dir, key := worktree(t)
+	l, err := execution.Acquire(ctx, c, dir, execution.Owner{}, execution.WithKey(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	borrowed := execution.NewContext(ctx, l)
+	if got, ok := execution.FromContext(borrowed); !ok || got != l {
+		t.Fatal("FromContext does not return a held lease")
+	}
+	l.RequireRecovery()
+	if _, ok := execution.FromContext(borrowed); ok {
+		t.Fatal("a lease marked for recovery can still be borrowed")
+	}
+	if l.Err() != nil {
+		t.Fatalf("the mark failed: %v", l.Err())
+	}
+	status, err := c.GetLease(ctx, key)
+	if err != nil || status.State != snapfence.StateHeld || !status.Lease.RecoveryRequired {
+		t.Fatalf("after RequireRecovery: %+v %v", status, err)
+	}
+	if err := l.Release(); err != nil {
+		t.Fatal(err)
+	}
+	status, err = c.GetLease(ctx, key)
+	if err != nil || status.State != snapfence.StateRecoveryPending || status.Recovery.Reason != snapfence.ReasonRecoveryRequired {
+		t.Fatalf("after release: %+v %v", status, err)
+	}
+	if _, ok := execution.FromContext(ctx); ok {
+		t.Fatal("FromContext found a lease in a context without one")
+	}
+}
+
+// A crash (SIGKILL of a child process holding the worktree) leaves the record; a reconcile that
+// fails replaces nothing; one that succeeds replaces it, and the audit log says so.
+func TestACrashLeavesARecordThatWithRecoveryReplacesOnlyAfterReconcileSucceeds(t *testing.T) {
+	c := newClient(t)
+	ctx := testenv.Context(t)
+	dir, key := worktree(t)
+	start := time.Now().Add(-time.Minute)
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = append(os.Environ(), "SF_GO_CRASH_HELPER=1", "SF_GO_WORKTREE="+dir, "SF_GO_KEY="+key)
+	out, err := child.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line := <-testenv.ReadLines(bufio.NewReader(out))
+	werr := child.Wait()
+	var childToken uint64
+	var ownerToken string
+	if _, err := fmt.Sscanf(line, "acquired %d %s", &childToken, &ownerToken); err != nil {
+		t.Fatalf("the child said %q (%v)", line, werr)
+	}
+	if status, ok := child.ProcessState.Sys().(syscall.WaitStatus); !ok || !status.Signaled() || status.Signal() != syscall.SIGKILL {
+		t.Fatalf("the child did not die of SIGKILL: %v", werr)
+	}
+	childPID := child.Process.Pid
+
+	testenv.Eventually(t, time.Minute, "the crashed execution's lease expires into a record", func() bool {
+		s, err := c.GetLease(ctx, key)
+		return err == nil && s.State == snapfence.StateRecoveryPending
+	})
+	_, err = execution.Acquire(ctx, c, dir, execution.Owner{}, execution.WithKey(key))
+	conflict := wantConflict(t, err, snapfence.CodeRecoveryRequired)
+	if conflict.Owner == nil || conflict.Owner.PID != childPID || conflict.Owner.Token != ownerToken ||
+		conflict.Owner.Target != "prod" || conflict.Recovery.Reason != snapfence.ReasonExpired || conflict.Recovery.Token != childToken {
+		t.Fatalf("conflict %+v, owner %+v", conflict, conflict.Owner)
+	}
+
+	// The reconcile finds the crashed deploy's leftovers still in the way: nothing is replaced.
+	errLeftovers := errors.New("the half-applied deploy still holds the load balancer")
+	var seen execution.Owner
+	_, err = execution.Acquire(ctx, c, dir, execution.Owner{}, execution.WithKey(key), execution.WithOwnerName("reconciler"),
+		execution.WithRecovery(func(ctx context.Context, previous execution.Owner) error {
+			seen = previous
+			return errLeftovers
+		}))
+	conflict = wantConflict(t, err, snapfence.CodeRecoveryRequired)
+	if !errors.Is(err, errLeftovers) || !strings.Contains(err.Error(), errLeftovers.Error()) || seen.PID != childPID || seen.Token != ownerToken {
+		t.Fatalf("failed reconcile: %v; reconcile saw %+v", err, seen)
+	}
+	status, err := c.GetLease(ctx, key)
+	if err != nil || status.State != snapfence.StateRecoveryPending || status.Recovery.Token != childToken {
+		t.Fatalf("a failed reconcile replaced the record: %+v %v", status, err)
+	}
+	page, err := c.ListRecoveries(ctx, snapfence.AuditQuery{Key: key})
+	if err != nil || len(page.Items) != 0 {
+		t.Fatalf("a failed reconcile is in the audit log: %+v %v", page, err)
+	}
+
+	// Cleaned up: the reconcile succeeds, and the record is replaced.
+	l, err := execution.Acquire(ctx, c, dir, execution.Owner{Kind: "cleanup"}, execution.WithKey(key), execution.WithOwnerName("reconciler"),
+		execution.WithRecovery(func(ctx context.Context, previous execution.Owner) error { return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := l.Recovered(); r == nil || r.Token != childToken || r.Reason != snapfence.ReasonExpired || r.Owner != "crasher" {
+		t.Fatalf("recovered %+v", r)
+	}
+	status, err = c.GetLease(ctx, key)
+	if err != nil || status.State != snapfence.StateHeld || status.Lease.Token != l.Token() || status.Recovery != nil {
+		t.Fatalf("after the reconciled acquire: %+v %v", status, err)
+	}
+	page, err = c.ListRecoveries(ctx, snapfence.AuditQuery{Key: key, Since: start})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Items) != 1 {
+		t.Fatalf("recoveries %+v", page.Items)
+	}
+	entry := page.Items[0]
+	if entry.Recovery.Token != childToken || entry.ReconciledBy != "reconciler" || entry.HighestToken != l.Token() ||
+		entry.Reason != snapfence.ReasonExpired || entry.Recovery.Owner != "crasher" {
+		t.Fatalf("audit entry %+v", entry)
+	}
+	var crashed execution.Owner
+	if err := entry.Recovery.Metadata.Decode(&crashed); err != nil || crashed.PID != childPID {
+		t.Fatalf("the audit log's record names %+v (%v)", crashed, err)
+	}
+	if err := l.Release(); err != nil {
+		t.Fatal(err)
+	}
+	status, err = c.GetLease(ctx, key)
+	if err != nil || status.State != snapfence.StateReleased {
+		t.Fatalf("after the release: %+v %v", status, err)
+	}
+}
+
+func TestTheLeasesContextIsCancelledWithRunLeaseLostWhenTheLeaseIsTakenOver(t *testing.T) {
+	c := newClient(t)
+	ctx := testenv.Context(t)
+	dir, key := worktree(t)
+	l, err := execution.Acquire(ctx, c, dir, execution.Owner{}, execution.WithKey(key), execution.WithTTL(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	borrowed := execution.NewContext(ctx, l)
+	// Someone with the token ends the lease and another execution is granted the worktree.
+	if err := c.Release(ctx, key, l.Token()); err != nil {
+		t.Fatal(err)
+	}
+	other, err := execution.Acquire(ctx, c, dir, execution.Owner{}, execution.WithKey(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Release()
+	select {
+	case <-l.Context().Done():
+	case <-time.After(time.Minute):
+		t.Fatal("the lease's context was not cancelled within a minute")
+	}
+	if !errors.Is(coordination.Cause(l.Context()), coordination.ErrRunLeaseLost) || !errors.Is(l.Err(), coordination.ErrRunLeaseLost) {
+		t.Fatalf("cause %v, err %v", coordination.Cause(l.Context()), l.Err())
+	}
+	if _, ok := execution.FromContext(borrowed); ok {
+		t.Fatal("a lost lease can still be borrowed")
+	}
+	if err := l.Release(); !errors.Is(err, coordination.ErrRunLeaseLost) {
+		t.Fatalf("release of a lost lease: %v", err)
+	}
+	status, err := c.GetLease(ctx, key)
+	if err != nil || status.Lease.Token != other.Token() || status.State != snapfence.StateHeld {
+		t.Fatalf("the other execution's lease was touched: %+v %v", status, err)
+	}
+}
+
+func TestAcquireRefusesBadOptionsBeforeSendingAnything(t *testing.T) {
+	c, err := snapfence.New("http://127.0.0.1:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testenv.Context(t)
+	for name, opts := range map[string][]execution.Option{
+		"margin above the ttl": {execution.WithTTL(time.Second), execution.WithMargin(2 * time.Second)},
+		"no ttl":               {execution.WithTTL(-time.Second)},
+	} {
+		if _, err := execution.Acquire(ctx, c, "/tmp/x", execution.Owner{}, opts...); err == nil || errors.Is(err, snapfence.ErrUnavailable) {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	if _, err := execution.Acquire(ctx, c, "", execution.Owner{}); err == nil || errors.Is(err, snapfence.ErrUnavailable) {
+		t.Fatalf("an empty worktree: %v", err)
+	}
+	if k := execution.KeyFor("/" + strings.Repeat("d", 600)); len(k) > 512 || !strings.HasPrefix(k, "worktree-sha256:") {
+		t.Fatalf("the key of a long path: %q", k)
+	}
+}

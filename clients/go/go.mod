@@ -1,0 +1,3 @@
+module github.com/snapfence/snapfence/clients/go
+
+go 1.19

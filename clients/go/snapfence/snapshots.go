@@ -1,0 +1,242 @@
+package snapfence
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// PutOptions are the optional parts of a PutSnapshot.
+type PutOptions struct {
+	// ContentType is stored with the body (application/octet-stream when "").
+	ContentType string
+	// IfMatch makes the write a compare-and-set on the current snapshot's ETag (as SnapshotMeta
+	// or Snapshot shows it, quotes included): precondition_failed when it does not match, or when
+	// the key has no current snapshot. Checked after the fencing rule.
+	IfMatch string
+}
+
+// DeleteOptions are the optional parts of a DeleteSnapshot.
+type DeleteOptions struct {
+	// IfMatch makes the delete conditional on the current snapshot's ETag, as for PutOptions.
+	IfMatch string
+}
+
+// GetOptions are the optional parts of the snapshot reads.
+type GetOptions struct {
+	// IfNoneMatch answers Snapshot.NotModified (304, no body) when the snapshot's ETag matches
+	// (weak comparison; "*" matches any).
+	IfNoneMatch string
+}
+
+func replayed(a *answer) bool {
+	return strings.EqualFold(strings.TrimSpace(a.header.Get("Idempotent-Replayed")), "true")
+}
+
+// PutSnapshot writes body as key's new current snapshot, fenced by token: accepted only when
+// token is the key's newest token and that lease was not released or abandoned (a lease that
+// merely expired, with no newer grant, may still write). Refusals are *Error values:
+// stale_token (a superseded holder: stop writing), unknown_token (a token never issued for the
+// key), both already in the audit log as AuditID; precondition_failed (IfMatch);
+// payload_too_large; token_required.
+func (c *Client) PutSnapshot(ctx context.Context, key string, token uint64, body []byte, opts PutOptions) (*Written, error) {
+	path, err := keyPath("/v1/snapshots/", key, "")
+	if err != nil {
+		return nil, err
+	}
+	h, err := tokenHeader(token)
+	if err != nil {
+		return nil, err
+	}
+	h.Set("Accept", "application/json")
+	contentType := opts.ContentType
+	if contentType == "" {
+		contentType = "application/octet-stream"
+	}
+	h.Set("Content-Type", contentType)
+	if opts.IfMatch != "" {
+		h.Set("If-Match", opts.IfMatch)
+	}
+	if body == nil {
+		body = []byte{}
+	}
+	a, err := c.send(ctx, request{method: http.MethodPut, path: path, header: h, body: body, changing: true}, http.StatusOK, http.StatusCreated)
+	if err != nil {
+		return nil, err
+	}
+	w := &Written{Created: a.status == http.StatusCreated, Replayed: replayed(a)}
+	if err := decode(a, &w.SnapshotMeta); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// DeleteSnapshot removes key's current snapshot and its retained versions, fenced by token like
+// PutSnapshot (same refusals, same audit). The version counter is kept. Deleting a key that has
+// no current snapshot succeeds (unless IfMatch is set).
+func (c *Client) DeleteSnapshot(ctx context.Context, key string, token uint64, opts DeleteOptions) error {
+	path, err := keyPath("/v1/snapshots/", key, "")
+	if err != nil {
+		return err
+	}
+	h, err := tokenHeader(token)
+	if err != nil {
+		return err
+	}
+	if opts.IfMatch != "" {
+		h.Set("If-Match", opts.IfMatch)
+	}
+	_, err = c.send(ctx, request{method: http.MethodDelete, path: path, header: h, changing: true}, http.StatusNoContent)
+	return err
+}
+
+// GetSnapshot reads key's current snapshot with its headers. not_found when it has none (never
+// written, or deleted).
+func (c *Client) GetSnapshot(ctx context.Context, key string, opts GetOptions) (*Snapshot, error) {
+	return c.readSnapshot(ctx, http.MethodGet, key, 0, opts)
+}
+
+// HeadSnapshot is GetSnapshot without the body.
+func (c *Client) HeadSnapshot(ctx context.Context, key string, opts GetOptions) (*Snapshot, error) {
+	return c.readSnapshot(ctx, http.MethodHead, key, 0, opts)
+}
+
+// GetSnapshotVersion reads one retained version of key's snapshot. not_found once it was pruned
+// (beyond the server's --keep-versions), deleted, or never written.
+func (c *Client) GetSnapshotVersion(ctx context.Context, key string, version uint64, opts GetOptions) (*Snapshot, error) {
+	if version == 0 {
+		return nil, invalid("version 0 does not exist: versions count from 1")
+	}
+	return c.readSnapshot(ctx, http.MethodGet, key, version, opts)
+}
+
+// HeadSnapshotVersion is GetSnapshotVersion without the body.
+func (c *Client) HeadSnapshotVersion(ctx context.Context, key string, version uint64, opts GetOptions) (*Snapshot, error) {
+	if version == 0 {
+		return nil, invalid("version 0 does not exist: versions count from 1")
+	}
+	return c.readSnapshot(ctx, http.MethodHead, key, version, opts)
+}
+
+func (c *Client) readSnapshot(ctx context.Context, method, key string, version uint64, opts GetOptions) (*Snapshot, error) {
+	suffix := ""
+	if version != 0 {
+		suffix = "/versions/" + strconv.FormatUint(version, 10)
+	}
+	path, err := keyPath("/v1/snapshots/", key, suffix)
+	if err != nil {
+		return nil, err
+	}
+	h := http.Header{}
+	if opts.IfNoneMatch != "" {
+		h.Set("If-None-Match", opts.IfNoneMatch)
+	}
+	a, err := c.send(ctx, request{method: method, path: path, header: h}, http.StatusOK, http.StatusNotModified)
+	if err != nil {
+		return nil, err
+	}
+	s := &Snapshot{
+		Key:         key,
+		ETag:        a.header.Get("ETag"),
+		ContentType: a.header.Get("Content-Type"),
+		Size:        -1,
+		NotModified: a.status == http.StatusNotModified,
+	}
+	s.Version, _ = strconv.ParseUint(strings.TrimSpace(a.header.Get("Snapshot-Version")), 10, 64)
+	s.Token, _ = strconv.ParseUint(strings.TrimSpace(a.header.Get("Fencing-Token")), 10, 64)
+	if n, err := strconv.ParseInt(a.header.Get("Content-Length"), 10, 64); err == nil && !s.NotModified {
+		s.Size = n
+	}
+	if t, err := http.ParseTime(a.header.Get("Last-Modified")); err == nil {
+		s.LastModified = t.UTC()
+	}
+	if method == http.MethodGet && !s.NotModified {
+		s.Body = a.body
+		if s.Size < 0 {
+			s.Size = int64(len(a.body))
+		}
+	}
+	return s, nil
+}
+
+// ListVersions lists the retained versions of key's snapshot, newest first, the current one
+// included. not_found when the key has no current snapshot.
+func (c *Client) ListVersions(ctx context.Context, key string, opts PageOptions) (*VersionPage, error) {
+	path, err := keyPath("/v1/snapshots/", key, "/versions")
+	if err != nil {
+		return nil, err
+	}
+	a, err := c.send(ctx, request{method: http.MethodGet, path: path, query: opts.values(nil)}, http.StatusOK)
+	if err != nil {
+		return nil, err
+	}
+	var p VersionPage
+	if err := decode(a, &p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// AuditQuery selects audit rows.
+type AuditQuery struct {
+	// Key selects the rows of one key ("" for all).
+	Key string
+	// Reason selects by reason: CodeStaleToken or CodeUnknownToken for rejections,
+	// ReasonAbandoned, ReasonExpired or ReasonRecoveryRequired for recoveries ("" for any).
+	Reason string
+	// Since selects rows at or after it (zero: no bound).
+	Since time.Time
+	// Until selects rows before it (zero: no bound).
+	Until time.Time
+	// Limit is the page size, 1..=1000 (0: the server's default, 100).
+	Limit int
+	// Cursor is the NextCursor of the previous page ("" for the first).
+	Cursor string
+}
+
+func (q AuditQuery) path(base string) request {
+	v := PageOptions{Limit: q.Limit, Cursor: q.Cursor}.values(nil)
+	if q.Key != "" {
+		v.Set("key", q.Key)
+	}
+	if q.Reason != "" {
+		v.Set("reason", q.Reason)
+	}
+	if !q.Since.IsZero() {
+		v.Set("since", q.Since.UTC().Format(time.RFC3339Nano))
+	}
+	if !q.Until.IsZero() {
+		v.Set("until", q.Until.UTC().Format(time.RFC3339Nano))
+	}
+	return request{method: http.MethodGet, path: base, query: v}
+}
+
+// ListRejections lists refused fenced writes and deletes, newest first, one page at a time.
+// Needs an admin key when the server has API keys.
+func (c *Client) ListRejections(ctx context.Context, q AuditQuery) (*RejectionPage, error) {
+	a, err := c.send(ctx, q.path("/v1/audit/rejections"), http.StatusOK)
+	if err != nil {
+		return nil, err
+	}
+	var p RejectionPage
+	if err := decode(a, &p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// ListRecoveries lists the recovery records replaced by reconciling acquires, newest first, one
+// page at a time. Needs an admin key when the server has API keys.
+func (c *Client) ListRecoveries(ctx context.Context, q AuditQuery) (*RecoveryPage, error) {
+	a, err := c.send(ctx, q.path("/v1/audit/recoveries"), http.StatusOK)
+	if err != nil {
+		return nil, err
+	}
+	var p RecoveryPage
+	if err := decode(a, &p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
