@@ -105,7 +105,9 @@ pub struct ServeConfig {
     #[arg(long, env = "SNAPFENCE_DB_POOL_SIZE", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub db_pool_size: u32,
 
-    /// How long a request may wait for the database before it is answered 503.
+    /// The bound on a request's database work in all, from its arrival (from its body's, for one
+    /// with a body): then it is answered 503. PostgreSQL's own statement and lock timeouts are a
+    /// fifth shorter, at most a second, so that it cancels (and says so) first.
     #[arg(long, env = "SNAPFENCE_DB_TIMEOUT", value_parser = humantime::parse_duration, default_value = "5s")]
     pub db_timeout: Duration,
 }

@@ -75,7 +75,9 @@ impl From<&Error> for Exit {
             Error::LeaseHeld { .. } | Error::RecoveryRequired { .. } => Self::Held,
             Error::LeaseLost { .. } => Self::Lost,
             Error::StaleToken { .. } | Error::UnknownToken { .. } => Self::Stale,
-            Error::Unavailable { .. } | Error::Transport { .. } => Self::Unavailable,
+            Error::Unavailable { .. } | Error::Indeterminate { .. } | Error::Transport { .. } => {
+                Self::Unavailable
+            }
             Error::Unexpected { status, .. } if matches!(status.as_u16(), 502..=504) => {
                 Self::Unavailable
             }

@@ -118,8 +118,9 @@ pub enum ApiError {
     /// 500: a bug. The cause is logged, never sent.
     #[error("internal error; it was logged with this request's x-request-id")]
     Internal,
-    /// The store failed: `503 unavailable` when the database could not be reached (nothing was
-    /// changed), `500 internal` otherwise. The cause is left on the response for [`log_errors`]
+    /// The store failed: `503 unavailable` when the database could not be reached or refused the
+    /// call (nothing was changed), `503 indeterminate` when a change was sent and its outcome is
+    /// unknown, `500 internal` otherwise. The cause is left on the response for [`log_errors`]
     /// and never sent.
     #[error("{}", database_detail(.0))]
     Database(Arc<StoreError>),
@@ -129,9 +130,15 @@ pub enum ApiError {
 fn database_detail(e: &StoreError) -> String {
     match e {
         StoreError::Unavailable(_) => ApiError::Unavailable(Unavailability::Database).to_string(),
+        StoreError::Indeterminate(_) => INDETERMINATE.to_owned(),
         StoreError::Internal(_) | StoreError::Migrate(_) => ApiError::Internal.to_string(),
     }
 }
+
+/// The detail of `503 indeterminate`.
+const INDETERMINATE: &str = "the request reached the database, but its answer did not come back \
+    in time (the link broke, or the deadline passed): it may or may not have taken effect. Read \
+    the key (GET its lease or snapshot) to see what happened before you retry";
 
 /// The cause of a failed store call, left on its response so that [`log_errors`] logs it once,
 /// inside the request's span.
@@ -146,6 +153,9 @@ pub async fn log_errors(req: axum::extract::Request, next: axum::middleware::Nex
     if let Some(ErrorCause(cause)) = response.extensions().get::<ErrorCause>() {
         match &**cause {
             StoreError::Unavailable(e) => tracing::warn!(error = %e, "database unavailable"),
+            StoreError::Indeterminate(e) => {
+                tracing::warn!(error = %e, "the outcome of a change is unknown");
+            }
             StoreError::Internal(_) | StoreError::Migrate(_) => {
                 tracing::error!(error = ?cause, "database error");
             }
@@ -204,6 +214,7 @@ impl ApiError {
             Self::Internal => ErrorCode::Internal,
             Self::Database(e) => match **e {
                 StoreError::Unavailable(_) => ErrorCode::Unavailable,
+                StoreError::Indeterminate(_) => ErrorCode::Indeterminate,
                 StoreError::Internal(_) | StoreError::Migrate(_) => ErrorCode::Internal,
             },
         }
@@ -260,7 +271,7 @@ impl IntoResponse for ApiError {
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         match code {
-            ErrorCode::Unavailable => {
+            ErrorCode::Unavailable | ErrorCode::Indeterminate => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
             ErrorCode::Unauthorized => {

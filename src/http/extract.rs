@@ -249,7 +249,8 @@ pub struct BodyLimit {
 /// arrived within `timeout` (a slow or stalled client cannot hold a request slot for ever). At
 /// most `max_bytes` are ever held, in one buffer sized up front from `Content-Length` (a large
 /// one in a memory mapping of its own). The body is
-/// read whole before any statement runs, so neither refusal can leave a change behind.
+/// read whole before any statement runs, so neither refusal can leave a change behind; the
+/// request's database deadline starts again once it is in (see [`crate::store::within`]).
 pub async fn read_limited(
     body: Body,
     content_length: Option<u64>,
@@ -276,9 +277,11 @@ pub async fn read_limited(
         }
         Ok(buf.freeze())
     };
-    tokio::time::timeout(limit.timeout, read)
+    let body = tokio::time::timeout(limit.timeout, read)
         .await
-        .map_err(|_| ApiError::RequestTimeout(limit.timeout))?
+        .map_err(|_| ApiError::RequestTimeout(limit.timeout))??;
+    crate::store::restart_deadline();
+    Ok(body)
 }
 
 /// Bodies announced at this size or more are gathered in a memory mapping of their own.

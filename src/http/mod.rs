@@ -72,6 +72,8 @@ pub fn router(state: AppState) -> Router {
     let authorize = axum::middleware::from_fn_with_state(state.clone(), auth::authorize);
     let metrics = state.metrics.clone();
     let max_header_bytes = state.rules.max_header_bytes;
+    // Every database call of a request shares one deadline, counted from its arrival.
+    let db_bound = state.db.options().get_acquire_timeout();
     // Health checks and scrapes are never shed: an overloaded instance is alive, and its metrics
     // are what shows the overload.
     api_routes()
@@ -85,6 +87,9 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::middleware::from_fn(move |req, next| {
             limit_headers(max_header_bytes, req, next)
         }))
+        .layer(axum::middleware::from_fn(
+            move |req, next: axum::middleware::Next| crate::store::within(db_bound, next.run(req)),
+        ))
         .layer(axum::middleware::from_fn_with_state(metrics, observe))
         .layer(axum::middleware::from_fn(error::log_errors))
         .layer(middleware)

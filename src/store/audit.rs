@@ -205,7 +205,7 @@ pub async fn prune(pool: &PgPool, log: Log, retention: Duration, batch: i64) -> 
         .bind(retention.as_millis() as i64)
         .bind(batch)
         .execute(pool)
-        .bounded(pool)
+        .bounded_change(pool)
         .await?;
     Ok(done.rows_affected())
 }

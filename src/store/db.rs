@@ -10,6 +10,7 @@
 //! audit log, keys, readiness) uses sqlx's own pool, which [`Db`] dereferences to.
 
 use std::ops::Deref;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use deadpool::managed::{self, Metrics, Object, PoolError, RecycleError, RecycleResult, Timeouts};
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgPool, PgRow};
@@ -17,7 +18,7 @@ use sqlx::query::QueryAs;
 use sqlx::{Connection, Executor, FromRow, PgConnection, Postgres};
 use tokio::time::Instant;
 
-use super::{CHECK_IDLE_AFTER, Result, StoreError, service_bound};
+use super::{CHECK_IDLE_AFTER, Result, StoreError, deadline, timed_out};
 
 /// Opens hot connections and checks idle ones.
 #[derive(Debug)]
@@ -40,25 +41,35 @@ impl managed::Manager for Connector {
 }
 
 /// Runs the statement `$q()` with `$fetch` on a hot connection, bounded like every call: the
-/// wait for a connection, the statement and any second try share one deadline. A statement
-/// that could not be written because the server had already closed the connection (a restart
-/// since the connection was last used) never reached it, so it is sent once more on a fresh
-/// connection: a restart costs no request an answer. (A statement that waited long for its
-/// connection has less than the server's `statement_timeout` left; cut off by the deadline, its
-/// 503 is as uncertain as a lost link's, which the README's promise 8 allows.)
+/// wait for a connection, the statement and any second try share the request's deadline. A
+/// statement that could not be written because the server had already closed the connection (a
+/// restart since the connection was last used) never reached it, so it is sent once more on a
+/// fresh connection: a restart costs no request an answer. A change that was sent and whose
+/// answer did not come back is [`StoreError::Indeterminate`]; see [`Effect`].
 macro_rules! hot {
-    ($db:ident, $q:ident, $fetch:ident) => {{
-        let deadline = Instant::now() + service_bound(&$db.pool);
+    ($db:ident, $effect:ident, $q:ident, $fetch:ident) => {{
+        let deadline = deadline(&$db.pool);
         let mut fresh = false;
         loop {
             let mut conn = $db.checkout(deadline).await?;
             let answer = tokio::time::timeout_at(deadline, $q().$fetch(conn.get())).await;
             match conn.finish(answer, &$db.pool) {
                 Err(e) if !fresh && never_sent(&e) => fresh = true,
+                Err(e) if $effect == Effect::Changes => break Err(e.after_sending()),
                 answer => break answer,
             }
         }
     }};
+}
+
+/// What a statement does, which decides what a failure after sending it means: nothing for a
+/// read, an unknown outcome for a change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Effect {
+    /// It changes nothing.
+    Reads,
+    /// It changes something and commits as it answers.
+    Changes,
 }
 
 /// Opens the upload's transaction and makes sure the connection has its upload table, in one
@@ -137,23 +148,25 @@ impl Db {
     /// Runs a statement that answers one row on a hot connection; see [`hot!`].
     pub(crate) async fn fetch_one<'q, O>(
         &self,
+        effect: Effect,
         q: impl Fn() -> QueryAs<'q, Postgres, O, PgArguments>,
     ) -> Result<O>
     where
         O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
-        hot!(self, q, fetch_one)
+        hot!(self, effect, q, fetch_one)
     }
 
     /// Runs a statement that answers at most one row on a hot connection; see [`hot!`].
     pub(crate) async fn fetch_optional<'q, O>(
         &self,
+        effect: Effect,
         q: impl Fn() -> QueryAs<'q, Postgres, O, PgArguments>,
     ) -> Result<Option<O>>
     where
         O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
-        hot!(self, q, fetch_optional)
+        hot!(self, effect, q, fetch_optional)
     }
 
     /// Runs a statement that answers one row and reads its body from
@@ -177,8 +190,11 @@ impl Db {
                 body.len()
             )))
         })?;
-        let deadline = Instant::now() + service_bound(&self.pool);
+        let deadline = deadline(&self.pool);
         let mut conn = self.checkout(deadline).await?;
+        // Until the COMMIT is sent, a failure leaves the transaction uncommitted: nothing
+        // happened. After it, the outcome is unknown until its answer comes.
+        let committing = AtomicBool::new(false);
         let work = async {
             let c = conn.get();
             c.execute(UPLOAD_BEGIN).await?;
@@ -196,17 +212,23 @@ impl Db {
             copy.send(&(-1i16).to_be_bytes()[..]).await?;
             copy.finish().await?;
             let row = q.fetch_one(&mut *c).await?;
+            committing.store(true, Ordering::Relaxed);
             c.execute("COMMIT").await?;
             Ok::<O, sqlx::Error>(row)
         };
         let answer = tokio::time::timeout_at(deadline, work).await;
         // After a failure the connection may still be inside the transaction: it is dropped
         // unfinished, which closes it.
-        match answer {
-            Ok(Ok(row)) => conn.finish(Ok(Ok(row)), &self.pool),
-            Ok(Err(e)) => Err(StoreError::from(e)),
-            Err(_) => Err(super::timed_out(service_bound(&self.pool))),
-        }
+        let failed = match answer {
+            Ok(Ok(row)) => return conn.finish(Ok(Ok(row)), &self.pool),
+            Ok(Err(e)) => StoreError::from(e),
+            Err(_) => timed_out(&self.pool),
+        };
+        Err(if committing.load(Ordering::Relaxed) {
+            failed.after_sending()
+        } else {
+            failed
+        })
     }
 
     /// A hot connection, within the pool's timeout and before `deadline`. deadpool bounds each
@@ -265,7 +287,7 @@ impl Checkout {
             },
             Err(_) => {
                 drop(Object::take(conn));
-                Err(super::timed_out(service_bound(pool)))
+                Err(timed_out(pool))
             }
         }
     }

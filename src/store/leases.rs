@@ -10,6 +10,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::{FromRow, PgPool};
 
+use super::db::Effect;
 use super::{Bounded, Db, RequestContext, Result};
 use crate::domain::{
     Cursor, FencingToken, Key, KeyPrefix, KeyStatus, Lease, LeaseState, Metadata, Owner, Page,
@@ -225,7 +226,7 @@ impl StatusRowOpt {
 pub async fn acquire(db: &Db, req: &NewLease, ctx: &RequestContext) -> Result<AcquireOutcome> {
     loop {
         let row: AcquireRow = db
-            .fetch_one(|| {
+            .fetch_one(Effect::Changes, || {
                 sqlx::query_as(ACQUIRE)
                     .bind(req.key.as_str())
                     .bind(req.owner.as_str())
@@ -281,7 +282,7 @@ pub async fn renew(
     ttl: Option<TtlMs>,
 ) -> Result<LeaseChange> {
     let row: Option<LeaseRow> = db
-        .fetch_optional(|| {
+        .fetch_optional(Effect::Changes, || {
             sqlx::query_as(RENEW)
                 .bind(key.as_str())
                 .bind(token.get())
@@ -312,7 +313,7 @@ pub async fn end(db: &Db, key: &Key, token: FencingToken, ending: Ending) -> Res
         Ending::RequireRecovery => "recovery_required",
     };
     let row: Option<LeaseRow> = db
-        .fetch_optional(|| {
+        .fetch_optional(Effect::Changes, || {
             sqlx::query_as(include_str!("sql/end.sql"))
                 .bind(key.as_str())
                 .bind(token.get())
@@ -326,7 +327,9 @@ pub async fn end(db: &Db, key: &Key, token: FencingToken, ending: Ending) -> Res
 /// state and changes nothing.
 pub async fn status(db: &Db, key: &Key) -> Result<Option<KeyStatus>> {
     let row: Option<StatusRow> = db
-        .fetch_optional(|| sqlx::query_as(include_str!("sql/status.sql")).bind(key.as_str()))
+        .fetch_optional(Effect::Reads, || {
+            sqlx::query_as(include_str!("sql/status.sql")).bind(key.as_str())
+        })
         .await?;
     Ok(row.map(StatusRow::into_status))
 }
@@ -376,7 +379,7 @@ pub async fn ensure_sequence_ahead(pool: &PgPool) -> Result<Option<i64>> {
         .fetch_optional(&mut *tx)
         .bounded(pool)
         .await?;
-    tx.commit().bounded(pool).await?;
+    tx.commit().bounded_change(pool).await?;
     if let Some(position) = moved {
         tracing::warn!(
             position,

@@ -34,6 +34,12 @@ pub enum StoreError {
     /// connections, a lost connection). Nothing was changed; retrying later is safe.
     #[error("the database is unavailable: {0}")]
     Unavailable(#[source] sqlx::Error),
+    /// A change was sent to the database and its outcome is unknown: the link broke, or the
+    /// deadline passed, after it was sent and before its answer (or its commit's) came back. It
+    /// may or may not have taken effect. Never for a read, and never for an error the database
+    /// answered (a statement the server refused was rolled back).
+    #[error("the outcome is unknown: {0}")]
+    Indeterminate(#[source] sqlx::Error),
     /// Any other database failure: a bug or a schema mismatch.
     #[error("database error: {0}")]
     Internal(#[source] sqlx::Error),
@@ -75,48 +81,116 @@ fn is_unavailable(e: &sqlx::Error) -> bool {
     }
 }
 
-/// Result of a store call.
-pub type Result<T, E = StoreError> = std::result::Result<T, E>;
-
-/// A database call bounded on the service's side: the pool's timeout (`--db-timeout`) plus
-/// [`SERVER_CANCEL_MARGIN`].
-///
-/// `statement_timeout` is enforced by the server, so it cannot end a wait for an answer that a
-/// stalled link (a partition, a frozen proxy) never delivers; without this bound such a request
-/// would hang. A call cut off here is answered `503 unavailable`; if it was a write it may have
-/// committed all the same, like any call whose connection is lost after it was sent. The
-/// connection it used is tested before it goes back to the pool and closed if it is broken.
-pub(crate) trait Bounded<T>: Future<Output = sqlx::Result<T>> + Sized {
-    async fn bounded(self, pool: &PgPool) -> Result<T> {
-        let limit = service_bound(pool);
-        match tokio::time::timeout(limit, self).await {
-            Ok(answer) => Ok(answer?),
-            Err(_) => Err(timed_out(limit)),
+impl StoreError {
+    /// This failure as it reads for a call that changes something and had been sent: a lost
+    /// link or a deadline is then [`Indeterminate`](Self::Indeterminate). What the database
+    /// answered (its refusals roll the change back) and what was never sent (no connection, a
+    /// connection its server had already closed) keep their meaning.
+    pub(crate) fn after_sending(self) -> Self {
+        match self {
+            Self::Unavailable(e) if !never_delivered(&e) => Self::Indeterminate(e),
+            other => other,
         }
     }
 }
 
-/// How long the service waits for a database call: the pool's timeout plus
-/// [`SERVER_CANCEL_MARGIN`].
-fn service_bound(pool: &PgPool) -> Duration {
-    pool.options().get_acquire_timeout() + SERVER_CANCEL_MARGIN
+/// Whether a failed call surely never reached the server: the database's own answer (it was
+/// received, and refused, so nothing changed), no connection to send it on, or a connection the
+/// server had already closed (`EPIPE` on the write).
+fn never_delivered(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
+        sqlx::Error::Io(io) => io.kind() == std::io::ErrorKind::BrokenPipe,
+        _ => false,
+    }
 }
 
-/// The error of a call that had no answer within `limit`.
-fn timed_out(limit: Duration) -> StoreError {
+/// Result of a store call.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// The deadline of the request being served, and the bound it was counted with.
+struct RequestClock {
+    bound: Duration,
+    deadline: std::cell::Cell<tokio::time::Instant>,
+}
+
+tokio::task_local! {
+    /// When the request being served must have its answer: every database call made for it,
+    /// each retry included, ends by then.
+    static REQUEST: RequestClock;
+}
+
+/// Runs `request` with every database call made for it bounded to end within `bound` of now
+/// (the request's arrival), together, retries included: the contract's 503 comes within the
+/// bound, never later.
+pub async fn within<F: Future>(bound: Duration, request: F) -> F::Output {
+    let clock = RequestClock {
+        bound,
+        deadline: std::cell::Cell::new(tokio::time::Instant::now() + bound),
+    };
+    REQUEST.scope(clock, request).await
+}
+
+/// Starts the current request's bound again from now: called once its body has arrived, since a
+/// body's upload is bounded by the body timeout of its own, not by the database's.
+pub fn restart_deadline() {
+    let _ = REQUEST.try_with(|c| c.deadline.set(tokio::time::Instant::now() + c.bound));
+}
+
+/// When a database call starting now must have its answer: the pool's timeout from now, or the
+/// request's deadline if that is sooner.
+fn deadline(pool: &PgPool) -> tokio::time::Instant {
+    let own = tokio::time::Instant::now() + pool.options().get_acquire_timeout();
+    REQUEST
+        .try_with(|c| c.deadline.get().min(own))
+        .unwrap_or(own)
+}
+
+/// A database call bounded on the service's side, by the request's deadline (see [`within`]) or
+/// the pool's timeout (`--db-timeout`).
+///
+/// `statement_timeout` is enforced by the server, so it cannot end a wait for an answer that a
+/// stalled link (a partition, a frozen proxy) never delivers; without this bound such a request
+/// would hang. The server's own timeouts are set shorter (see [`server_timeout`]), so that a
+/// healthy server cancels a slow statement, rolls it back and says so first: the 503 that
+/// follows is then certain to have changed nothing.
+pub(crate) trait Bounded<T>: Future<Output = sqlx::Result<T>> + Sized {
+    /// For a read, or a statement inside a transaction that has not committed: whatever
+    /// happens, nothing took effect.
+    async fn bounded(self, pool: &PgPool) -> Result<T> {
+        match tokio::time::timeout_at(deadline(pool), self).await {
+            Ok(answer) => Ok(answer?),
+            Err(_) => Err(timed_out(pool)),
+        }
+    }
+
+    /// For a change that commits as it answers (an autocommit statement, a `COMMIT`): once it
+    /// was sent, a lost answer leaves its outcome unknown ([`StoreError::after_sending`]).
+    async fn bounded_change(self, pool: &PgPool) -> Result<T> {
+        self.bounded(pool).await.map_err(StoreError::after_sending)
+    }
+}
+
+/// The error of a call that had no answer by its deadline.
+fn timed_out(pool: &PgPool) -> StoreError {
     StoreError::Unavailable(sqlx::Error::Io(std::io::Error::new(
         std::io::ErrorKind::TimedOut,
-        format!("no answer from the database within {limit:?}"),
+        format!(
+            "no answer from the database within the request's bound of {:?}",
+            pool.options().get_acquire_timeout()
+        ),
     )))
 }
 
 impl<T, F: Future<Output = sqlx::Result<T>>> Bounded<T> for F {}
 
-/// How much longer than the server's own timeouts the service waits before it gives up on a
-/// call. When the server cancels a statement (lock or statement timeout) it rolls it back and
-/// says so, and the 503 that follows is certain to have changed nothing; giving up first on a
-/// healthy link would leave the statement running, and perhaps committing, after the 503.
-const SERVER_CANCEL_MARGIN: Duration = Duration::from_secs(1);
+/// The server's own timeouts (`statement_timeout`, `lock_timeout`): shorter than the service's
+/// bound by a fifth of it, at most a second, so that a slow statement on a healthy server is
+/// cancelled and rolled back by the server, which says so (`503 unavailable`, certain), before
+/// the service gives up on it (`503 indeterminate`, uncertain).
+pub fn server_timeout(bound: Duration) -> Duration {
+    bound - (bound / 5).min(Duration::from_secs(1))
+}
 
 /// How long a pooled connection may sit unused before it is checked before its next use.
 pub(crate) const CHECK_IDLE_AFTER: Duration = Duration::from_secs(1);
@@ -126,8 +200,9 @@ pub(crate) const CHECK_IDLE_AFTER: Duration = Duration::from_secs(1);
 pub struct DbSettings {
     /// Connections in the pool of one instance.
     pub pool_size: u32,
-    /// How long a request waits for a connection, and how long a statement may run, before the
-    /// request is answered `503 unavailable`.
+    /// How long a request may wait for its database calls in all (a connection, its statements,
+    /// a retry) before it is answered `503`; the server's own timeouts are a little shorter
+    /// ([`server_timeout`]).
     pub timeout: Duration,
 }
 
@@ -143,7 +218,8 @@ impl Default for DbSettings {
 /// Opens a pool. Connections are made lazily, so the service starts (and answers 503) while the
 /// database is down, and recovers by itself when it comes back.
 pub fn pool(options: PgConnectOptions, settings: &DbSettings) -> PgPool {
-    let ms = settings.timeout.as_millis().to_string();
+    let ms = server_timeout(settings.timeout).as_millis().to_string();
+    let idle_ms = settings.timeout.as_millis().to_string();
     let options = options
         .application_name("snapfence")
         // A statement that waits on a lock or a slow disk is cancelled, rolled back and
@@ -152,7 +228,7 @@ pub fn pool(options: PgConnectOptions, settings: &DbSettings) -> PgPool {
             ("statement_timeout", ms.as_str()),
             ("lock_timeout", ms.as_str()),
             // No transaction may sit idle holding locks if an instance stalls mid-transaction.
-            ("idle_in_transaction_session_timeout", ms.as_str()),
+            ("idle_in_transaction_session_timeout", idle_ms.as_str()),
         ]);
     PgPoolOptions::new()
         .max_connections(settings.pool_size)

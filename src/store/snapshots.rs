@@ -14,6 +14,7 @@ use sqlx::{FromRow, PgPool};
 
 use crate::domain::{AuditOperation, RefusalReason};
 
+use super::db::Effect;
 use super::{Bounded, Db, RequestContext, Result};
 use crate::domain::Page;
 use crate::domain::{
@@ -225,7 +226,7 @@ pub async fn put(
     let row: FencedRow = if upload {
         db.fetch_one_uploading(&req.body, statement()).await?
     } else {
-        db.fetch_one(statement).await?
+        db.fetch_one(Effect::Changes, statement).await?
     };
     Ok(row.outcome(req.token, |r| Written {
         created: r.created.unwrap_or(true),
@@ -275,7 +276,7 @@ pub async fn delete(
             .bounded(pool)
             .await?;
     }
-    tx.commit().bounded(pool).await?;
+    tx.commit().bounded_change(pool).await?;
     Ok(outcome)
 }
 
@@ -366,7 +367,7 @@ pub async fn get(
     with_body: bool,
 ) -> Result<Option<Snapshot>> {
     let row: Option<BodyRow> = db
-        .fetch_optional(|| {
+        .fetch_optional(Effect::Reads, || {
             sqlx::query_as(GET)
                 .bind(key.as_str())
                 .bind(keep_versions)

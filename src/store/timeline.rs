@@ -23,7 +23,7 @@ use super::{Bounded, Result};
 pub async fn secure(pool: &PgPool) -> Result<Option<i64>> {
     let moved: Option<i64> = sqlx::query_scalar("SELECT secure_token_timeline()")
         .fetch_one(pool)
-        .bounded(pool)
+        .bounded_change(pool)
         .await?;
     if let Some(position) = moved {
         tracing::warn!(

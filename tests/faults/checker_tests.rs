@@ -407,3 +407,41 @@ fn an_internal_error_is_found() {
     );
     assert_eq!(h.broken(), vec![Property::UnexpectedAnswer]);
 }
+
+#[test]
+fn a_write_answered_unavailable_that_was_stored_is_found() {
+    let mut h = History::default();
+    h.grant(1, (0, 5), 100);
+    h.written(1, "a", (10, 15), 1);
+    h.put(1, "b", (20, 25), Outcome::NoEffect);
+    h.holds(&[(1, 1, "a"), (2, 1, "b")]);
+    assert_eq!(h.broken(), vec![Property::HonestUnavailable]);
+}
+
+#[test]
+fn a_write_answered_unavailable_that_was_audited_is_found() {
+    let mut h = History::default();
+    h.grant(1, (0, 5), 100);
+    h.grant(2, (110, 115), 100);
+    let op = h.put(1, "late", (120, 125), Outcome::NoEffect);
+    h.audit_row(7, op, 1);
+    assert_eq!(h.broken(), vec![Property::HonestUnavailable]);
+}
+
+#[test]
+fn a_write_answered_unavailable_that_left_nothing_holds() {
+    let mut h = valid();
+    h.put(2, "never", (300, 305), Outcome::NoEffect);
+    let report = check(&h.ops, &h.end);
+    assert!(report.anomalies.is_empty(), "{:#?}", report.anomalies);
+    assert_eq!(report.unavailable, 1);
+}
+
+#[test]
+fn a_release_answered_unavailable_explains_no_refusal() {
+    let mut h = History::default();
+    h.grant(1, (0, 5), 1000);
+    h.op("k", Call::Release { token: 1 }, (10, 15), Outcome::NoEffect);
+    h.refused(1, "a", (20, 25), 7);
+    assert_eq!(h.broken(), vec![Property::UnjustifiedRefusal]);
+}

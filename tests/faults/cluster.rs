@@ -134,6 +134,28 @@ impl Cluster {
             .expect("connecting to the cluster")
     }
 
+    /// SIGSTOP to the postmaster and every process it forked (each session's backend, the
+    /// background workers): the whole server freezes, with whatever statements and commits it
+    /// has in flight, as on a stalled disk or a paused VM. The postmaster cannot fork while
+    /// stopped, so no process escapes.
+    pub fn freeze(&self) {
+        self.signal_all(Signal::SIGSTOP);
+    }
+
+    /// SIGCONT to the same processes: the server goes on where it stood.
+    pub fn thaw(&self) {
+        self.signal_all(Signal::SIGCONT);
+    }
+
+    fn signal_all(&self, signal: Signal) {
+        let postmaster = self.pg.pid().expect("a running cluster");
+        kill(Pid::from_raw(postmaster), signal).expect("signalling the postmaster");
+        for child in children_of(postmaster) {
+            // A backend may have exited since it was listed.
+            kill(Pid::from_raw(child), signal).ok();
+        }
+    }
+
     /// One value of a query on the service's database, straight from the server.
     pub async fn scalar(&self, sql: &str) -> i64 {
         sqlx::query_scalar(sql)
@@ -157,6 +179,25 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         self.pg.stop_immediately().ok();
     }
+}
+
+/// The processes whose parent is `parent`, from `/proc`.
+fn children_of(parent: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            // `pid (comm) state ppid ...`: comm may hold spaces and parentheses, so the fields
+            // are counted from the last `)`.
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok())
+                    == Some(parent)
+            })
+        })
+        .collect()
 }
 
 /// A PostgreSQL URL of the service's database at a TCP address (a proxy, usually).

@@ -20,8 +20,9 @@ use snapfence_types::{ErrorCode, Holder, Problem, RefusalFields};
 /// a contract code means the server refused it and changed nothing but the audit log, and
 /// [`Error::Transport`] with `may_have_reached: false` means no byte of it reached the server.
 /// [`Error::is_indeterminate`] is true for the rest, where the write may or may not have been
-/// applied: a connection that broke or timed out after the request was sent, a 5xx answer
-/// that is not the contract's `503 unavailable`, or an answer that could not be read.
+/// applied: [`Error::Indeterminate`] (the server's own word for it), a connection that broke or
+/// timed out after the request was sent, a 5xx answer that is not one of the contract's, or an
+/// answer that could not be read.
 ///
 /// Such a write is never retried blindly. Resolve it by reading:
 /// - a put: [`Client::find_write`](super::Client::find_write) looks for a retained version with
@@ -134,6 +135,14 @@ pub enum Error {
         /// The server's explanation.
         detail: String,
     },
+    /// `503 indeterminate`: the server sent the call to its database and cannot tell whether it
+    /// committed (the link broke, or the deadline passed, after sending). A write may or may not
+    /// have taken effect: see [`Error`] for how to find out. A read changed nothing either way.
+    #[error("{detail}")]
+    Indeterminate {
+        /// The server's explanation.
+        detail: String,
+    },
     /// The request or its answer did not make it across the network: no connection, a
     /// connection that broke, or a timeout.
     #[error("{}", transport_message(*may_have_reached))]
@@ -182,7 +191,7 @@ impl Error {
                 may_have_reached, ..
             } => *may_have_reached,
             Self::Unexpected { status, .. } => status.is_server_error(),
-            Self::Protocol { .. } => true,
+            Self::Indeterminate { .. } | Self::Protocol { .. } => true,
             _ => false,
         }
     }
@@ -192,7 +201,10 @@ impl Error {
     /// [indeterminate](Self::is_indeterminate).
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::Transport { .. } | Self::Unavailable { .. } | Self::Protocol { .. } => true,
+            Self::Transport { .. }
+            | Self::Unavailable { .. }
+            | Self::Indeterminate { .. }
+            | Self::Protocol { .. } => true,
             Self::Unexpected { status, .. } => status.is_server_error(),
             _ => false,
         }
@@ -214,6 +226,7 @@ impl Error {
             Self::Unauthorized { .. } => ErrorCode::Unauthorized,
             Self::Forbidden { .. } => ErrorCode::Forbidden,
             Self::Unavailable { .. } => ErrorCode::Unavailable,
+            Self::Indeterminate { .. } => ErrorCode::Indeterminate,
             Self::Transport { .. } | Self::Unexpected { .. } | Self::Protocol { .. } => {
                 return None;
             }
@@ -364,6 +377,7 @@ fn decode(problem: Problem, status: StatusCode, request_id: Option<String>) -> O
         ErrorCode::Unauthorized => Error::Unauthorized { detail },
         ErrorCode::Forbidden => Error::Forbidden { detail },
         ErrorCode::Unavailable => Error::Unavailable { detail },
+        ErrorCode::Indeterminate => Error::Indeterminate { detail },
         _ => unexpected(),
     })
 }

@@ -17,7 +17,7 @@ use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
 
 use crate::checker::{
-    Answer, AuditRow, Call, FinalState, Micros, Op, Outcome, UNAVAILABLE, Version,
+    Answer, AuditRow, Call, FinalState, INDETERMINATE, Micros, Op, Outcome, Version,
 };
 
 /// How much load, for how long.
@@ -286,7 +286,18 @@ async fn outcome(call: &Call, answer: reqwest::Result<Response>) -> Outcome {
     };
     let status = r.status();
     if status == StatusCode::SERVICE_UNAVAILABLE {
-        return Outcome::Indeterminate(UNAVAILABLE.into());
+        // The contract's two 503s: `unavailable` promises that nothing changed, `indeterminate`
+        // does not. Anything else (a proxy's 503, a body that cannot be read) promises nothing.
+        let code = r
+            .json::<Value>()
+            .await
+            .ok()
+            .and_then(|p| p["code"].as_str().map(str::to_owned));
+        return match code.as_deref() {
+            Some("unavailable") => Outcome::NoEffect,
+            Some("indeterminate") => Outcome::Indeterminate(INDETERMINATE.into()),
+            _ => Outcome::Indeterminate(format!("503 with the code {code:?}")),
+        };
     }
     if matches!(call, Call::Get) && status == StatusCode::OK {
         let header = |name: &str| {

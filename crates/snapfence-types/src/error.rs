@@ -74,6 +74,7 @@ codes! {
     Forbidden = "forbidden", 403, "The API key may not do this, or not to this key.";
     Internal = "internal", 500, "A bug; logged with the request's `x-request-id`, never detailed.";
     Unavailable = "unavailable", 503, "The database cannot be reached and the request had no effect.";
+    Indeterminate = "indeterminate", 503, "The request was sent to the database and its outcome is unknown.";
 }
 
 impl std::fmt::Display for ErrorCode {

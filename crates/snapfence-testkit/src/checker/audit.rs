@@ -63,6 +63,18 @@ impl<'a> Checker<'a> {
                         );
                     }
                 }
+                Outcome::NoEffect => {
+                    if !found.is_empty() {
+                        self.flag(
+                            Property::HonestUnavailable,
+                            format!(
+                                "op {} was answered 503 unavailable (nothing changed) and has the \
+                                 audit rows {found:?}",
+                                op.id
+                            ),
+                        );
+                    }
+                }
                 Outcome::Ok(_) | Outcome::Unexpected(_) => {
                     if !found.is_empty() {
                         self.flag(
@@ -104,7 +116,7 @@ impl<'a> Checker<'a> {
                             r.key == op.key
                                 && r.invoked < op.completed
                                 && matches!(r.call, Call::Release { token: t } if t == *token)
-                                && !matches!(r.outcome, Outcome::Refused { .. })
+                                && !matches!(r.outcome, Outcome::Refused { .. } | Outcome::NoEffect)
                         })
                         // A grant that was indeterminate may have taken effect with a token
                         // no client learned.

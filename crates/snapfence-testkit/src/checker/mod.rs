@@ -22,8 +22,8 @@ use std::fmt;
 /// Microseconds since the Unix epoch, on the wall clock.
 pub type Micros = i64;
 
-/// The reason of an [`Outcome::Indeterminate`] that was a `503 unavailable` answer.
-pub const UNAVAILABLE: &str = "503 unavailable";
+/// The reason of an [`Outcome::Indeterminate`] that was a `503 indeterminate` answer.
+pub const INDETERMINATE: &str = "503 indeterminate";
 
 /// What a client asked for. Keys are given on the [`Op`].
 #[derive(Debug, Clone, PartialEq)]
@@ -98,8 +98,10 @@ pub enum Outcome {
         /// The `audit_id` of a refused write.
         audit_id: Option<i64>,
     },
-    /// No answer that says what happened (a timeout, a cut connection, `503`): it may or may
-    /// not have taken effect.
+    /// `503 unavailable`: the service says that nothing was changed, so nothing may have been.
+    NoEffect,
+    /// No answer that says what happened (a timeout, a cut connection, `503 indeterminate`): it
+    /// may or may not have taken effect.
     Indeterminate(String),
     /// An answer the contract does not allow for this call (a `500`, an unknown status).
     Unexpected(String),
@@ -191,6 +193,8 @@ pub enum Property {
     BothOutcomes,
     /// Every answer is one the contract allows for its call.
     UnexpectedAnswer,
+    /// A write answered `503 unavailable` took no effect: it is not stored and not audited.
+    HonestUnavailable,
 }
 
 /// One broken promise, with the operations that show it.
@@ -213,9 +217,11 @@ pub struct Report {
     pub indeterminate: usize,
     /// Indeterminate writes that the end state shows took effect.
     pub indeterminate_took_effect: usize,
-    /// Of those, the ones answered `503 unavailable` (the contract says a 503 changed nothing;
-    /// an answer lost after the commit makes that untrue, and this counts how often).
-    pub unavailable_took_effect: usize,
+    /// Of those, the ones the service answered `503 indeterminate` itself.
+    pub indeterminate_answers_took_effect: usize,
+    /// Operations answered `503 unavailable` (none of which may have taken effect: see
+    /// [`Property::HonestUnavailable`]).
+    pub unavailable: usize,
     /// Writes refused (and audited).
     pub refused_writes: usize,
     /// Writes accepted.
@@ -246,15 +252,17 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} operations ({} grants, {} writes accepted, {} refused), {} indeterminate ({} of \
-             them writes that took effect, {} of these answered 503), {} anomalies",
+            "{} operations ({} grants, {} writes accepted, {} refused), {} answered 503 \
+             unavailable, {} indeterminate ({} of them writes that took effect, {} of these \
+             answered 503 indeterminate), {} anomalies",
             self.ops,
             self.grants,
             self.accepted_writes,
             self.refused_writes,
+            self.unavailable,
             self.indeterminate,
             self.indeterminate_took_effect,
-            self.unavailable_took_effect,
+            self.indeterminate_answers_took_effect,
             self.anomalies.len()
         )?;
         let mut by_kind: BTreeMap<Property, usize> = BTreeMap::new();
@@ -304,9 +312,15 @@ pub fn check(ops: &[Op], end: &FinalState) -> Report {
             .iter()
             .filter(|w| matches!(w.op.outcome, Outcome::Indeterminate(_)))
             .count(),
-        unavailable_took_effect: effective
+        indeterminate_answers_took_effect: effective
             .iter()
-            .filter(|w| matches!(&w.op.outcome, Outcome::Indeterminate(why) if why == UNAVAILABLE))
+            .filter(
+                |w| matches!(&w.op.outcome, Outcome::Indeterminate(why) if why == INDETERMINATE),
+            )
+            .count(),
+        unavailable: ops
+            .iter()
+            .filter(|o| matches!(o.outcome, Outcome::NoEffect))
             .count(),
         refused_writes: puts()
             .filter(|o| matches!(o.outcome, Outcome::Refused { .. }))

@@ -89,6 +89,14 @@ impl<'a> Checker<'a> {
                         version: Some(v.version),
                     });
                 }
+                (Outcome::NoEffect, Some(v)) => self.flag(
+                    Property::HonestUnavailable,
+                    format!(
+                        "op {} was answered 503 unavailable (nothing changed) and is stored as \
+                         version {} of {:?}",
+                        op.id, v.version, op.key
+                    ),
+                ),
                 (Outcome::Refused { code, .. }, Some(v)) => self.flag(
                     Property::PhantomWrite,
                     format!(
