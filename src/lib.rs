@@ -87,7 +87,7 @@ async fn prune_audit_forever(state: AppState) {
     const PERIOD: Duration = Duration::from_secs(60);
     let retention = state.rules.audit_retention;
     loop {
-        for log in [store::audit::Log::Rejections, store::audit::Log::Recoveries] {
+        for log in store::audit::Log::ALL {
             loop {
                 match store::audit::prune(&state.db, log, retention, BATCH).await {
                     Ok(n) if n as i64 == BATCH => tokio::time::sleep(PAUSE).await,

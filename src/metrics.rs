@@ -37,6 +37,13 @@ pub struct RouteLabels {
     pub method: String,
 }
 
+/// The API key of a request, by its name.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PrincipalLabel {
+    /// The key's name.
+    pub principal: String,
+}
+
 /// One label, e.g. `("reason", "stale_token")`.
 pub type Label = [(&'static str, &'static str); 1];
 
@@ -58,6 +65,14 @@ pub struct Metrics {
     pub writes_accepted: Family<Label, Counter>,
     /// Fenced writes refused, by reason (`stale_token`, `unknown_token`).
     pub rejections: Family<Label, Counter>,
+    /// Fenced writes refused, by the API key that sent them (when authentication is
+    /// configured): which tenant is flooding the audit log.
+    pub rejections_by_principal: Family<PrincipalLabel, Counter>,
+    /// Rows in each audit log (`rejections`, `recoveries`), PostgreSQL's estimate read at scrape
+    /// time.
+    pub audit_rows: Family<Label, Gauge>,
+    /// Bytes on disk of each audit log with its indexes, read at scrape time.
+    pub audit_bytes: Family<Label, Gauge>,
     /// Keys whose recovery record is open, read at scrape time.
     pub recovery_records_open: Gauge,
     /// Connections of the pool the requests use, by state (`in_use`, `idle`), read at scrape
@@ -86,6 +101,9 @@ impl Metrics {
             leases_lost: Family::default(),
             writes_accepted: Family::default(),
             rejections: Family::default(),
+            rejections_by_principal: Family::default(),
+            audit_rows: Family::default(),
+            audit_bytes: Family::default(),
             recovery_records_open: Gauge::default(),
             pool_connections: Family::default(),
             pool_waiting: Gauge::default(),
@@ -124,6 +142,21 @@ impl Metrics {
             m.rejections.clone(),
         );
         registry.register(
+            "rejections_by_principal",
+            "Fenced writes refused and audited, by the API key that sent them",
+            m.rejections_by_principal.clone(),
+        );
+        registry.register(
+            "audit_rows",
+            "Rows in each audit log (rejections, recoveries), PostgreSQL's estimate at scrape time",
+            m.audit_rows.clone(),
+        );
+        registry.register(
+            "audit_bytes",
+            "Bytes on disk of each audit log with its indexes, at scrape time",
+            m.audit_bytes.clone(),
+        );
+        registry.register(
             "recovery_records_open",
             "Keys whose recovery record blocks the next grant (read at scrape time)",
             m.recovery_records_open.clone(),
@@ -155,6 +188,7 @@ impl Metrics {
         method: &str,
         status: u16,
         code: Option<ErrorCode>,
+        principal: Option<&str>,
         elapsed: Duration,
     ) {
         self.observe_request(route, method, status, elapsed);
@@ -176,7 +210,14 @@ impl Metrics {
                 Self::inc(&self.writes_accepted, "operation", "delete")
             }
             (_, _, Some(code @ (ErrorCode::StaleToken | ErrorCode::UnknownToken))) => {
-                Self::inc(&self.rejections, "reason", code.as_str())
+                Self::inc(&self.rejections, "reason", code.as_str());
+                if let Some(principal) = principal {
+                    self.rejections_by_principal
+                        .get_or_create(&PrincipalLabel {
+                            principal: principal.to_owned(),
+                        })
+                        .inc();
+                }
             }
             _ => {}
         }

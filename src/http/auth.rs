@@ -77,8 +77,11 @@ pub async fn authorize(
     if !principal.prefix.is_empty() {
         check_prefix(&principal, &mut parts, &state).await?;
     }
-    parts.extensions.insert(principal);
-    Ok(next.run(Request::from_parts(parts, body)).await)
+    parts.extensions.insert(principal.clone());
+    let mut response = next.run(Request::from_parts(parts, body)).await;
+    // Left on the answer for the metrics, which count refusals by the key that sent them.
+    response.extensions_mut().insert(principal);
+    Ok(response)
 }
 
 /// A key confined to a prefix may name only keys under it: in the path (`{key}`), in a list's

@@ -28,7 +28,7 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
-use crate::domain::ErrorCode;
+use crate::domain::{ErrorCode, Principal};
 use crate::metrics::Metrics;
 use crate::state::AppState;
 use error::{ApiError, Unavailability};
@@ -181,11 +181,16 @@ async fn observe(
     let started = Instant::now();
     let response = next.run(req).await;
     let code = response.extensions().get::<ErrorCode>().copied();
+    let principal = response
+        .extensions()
+        .get::<Principal>()
+        .map(|p| p.name.as_str());
     metrics.observe(
         &route,
         method.as_str(),
         response.status().as_u16(),
         code,
+        principal,
         started.elapsed(),
     );
     response

@@ -47,6 +47,17 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         .set(hot.idle as i64);
     m.pool_waiting.set(hot.waiting as i64);
     m.pool_max.set(hot.max as i64);
+    match store::audit::sizes(&state.db).await {
+        Ok(sizes) => {
+            for (log, rows, bytes) in sizes {
+                m.audit_rows.get_or_create(&[("log", log.name())]).set(rows);
+                m.audit_bytes
+                    .get_or_create(&[("log", log.name())])
+                    .set(bytes);
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "audit log gauges not refreshed"),
+    }
     match store::leases::count_recovery_pending(&state.db).await {
         Ok(n) => {
             m.recovery_records_open.set(n);

@@ -24,12 +24,40 @@ pub enum Log {
 }
 
 impl Log {
+    /// Both logs.
+    pub const ALL: [Log; 2] = [Log::Rejections, Log::Recoveries];
+
     fn table(self) -> &'static str {
         match self {
             Self::Rejections => "rejections",
             Self::Recoveries => "recoveries",
         }
     }
+
+    /// The log's name, as the metrics label it.
+    pub fn name(self) -> &'static str {
+        self.table()
+    }
+}
+
+/// How large each audit log is: (log, rows, bytes with indexes). The rows are PostgreSQL's
+/// statistics (`n_live_tup`, updated within about a second of each commit), not a count: one
+/// small statement over the catalogue, however large the logs grow.
+pub async fn sizes(pool: &PgPool) -> Result<Vec<(Log, i64, i64)>> {
+    let rows: Vec<(String, i64, i64)> = sqlx::query_as(include_str!("sql/audit_sizes.sql"))
+        .fetch_all(pool)
+        .bounded(pool)
+        .await?;
+    Ok(Log::ALL
+        .into_iter()
+        .map(|log| {
+            let (rows, bytes) = rows
+                .iter()
+                .find(|(t, ..)| t == log.table())
+                .map_or((0, 0), |r| (r.1, r.2));
+            (log, rows, bytes)
+        })
+        .collect())
 }
 
 /// The filters of an audit page. `reason` was checked by the caller against the log's reasons.

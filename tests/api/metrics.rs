@@ -151,3 +151,62 @@ async fn requests_waiting_for_a_database_connection_are_counted() {
     assert_eq!(sample(&scrape(&app).await, waiting), 0.0);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn refused_writes_are_counted_by_the_api_key_that_sent_them() {
+    let app = TestApp::spawn().await;
+    let noisy = app
+        .make_key("noisy", snapfence::domain::Scope::Write, "")
+        .await;
+    // A second key that sends nothing: counted apart, so not at all.
+    app.make_key("quiet", snapfence::domain::Scope::Write, "")
+        .await;
+    let put = |key: &str, token: i64| {
+        app.request(Method::PUT, &format!("/v1/snapshots/{token}"))
+            .header("Authorization", format!("Bearer {key}"))
+            .header("Fencing-Token", token.to_string())
+            .body("x")
+            .send()
+    };
+    for token in 1..=3 {
+        assert_eq!(
+            put(&noisy, token).await.unwrap().status(),
+            StatusCode::CONFLICT
+        );
+    }
+    let text = scrape(&app).await;
+    let by = |who: &str| {
+        sample(
+            &text,
+            &format!(r#"snapfence_rejections_by_principal_total{{principal="{who}"}}"#),
+        )
+    };
+    assert_eq!((by("noisy"), by("quiet")), (3.0, 0.0), "{text}");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_audit_logs_size_is_exported() {
+    let app = TestApp::spawn().await;
+    for token in 1..=4 {
+        app.put(&format!("never-leased-{token}"), token, "x").await;
+    }
+    // PostgreSQL's statistics reach the catalogue within seconds of the commits: a generous
+    // ceiling on waiting for them, not a speed expectation.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = scrape(&app).await;
+        let rows = sample(&text, r#"snapfence_audit_rows{log="rejections"}"#);
+        let bytes = sample(&text, r#"snapfence_audit_bytes{log="rejections"}"#);
+        if rows >= 4.0 {
+            assert!(bytes > 0.0, "{text}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the audit rows gauge reached 4 within 60 s: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    app.stop().await;
+}
