@@ -59,7 +59,17 @@ fn cluster() -> &'static Cluster {
             ],
             ..Settings::default()
         };
-        let pg = EmbeddedPostgres::start(&dir, &settings).expect("starting the test cluster");
+        // No watchdog yet to remove the directory if the start fails: say what PostgreSQL
+        // said, then remove it here.
+        let pg = EmbeddedPostgres::start(&dir, &settings).unwrap_or_else(|e| {
+            for log in ["tools.log", "postgres.log"] {
+                if let Ok(text) = std::fs::read_to_string(dir.join(log)) {
+                    eprintln!("{log}:\n{text}");
+                }
+            }
+            std::fs::remove_dir_all(&dir).ok();
+            panic!("starting the test cluster: {e}")
+        });
         pg.remove_when_process_exits(std::process::id())
             .expect("starting the cluster watchdog");
         Cluster::Embedded(pg)
