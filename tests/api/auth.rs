@@ -429,7 +429,10 @@ async fn keys_create_on_a_new_database_makes_it_and_says_so() {
 
 #[test]
 fn keys_list_refuses_a_data_directory_without_a_cluster_and_makes_none() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("sf-tmp-")
+        .tempdir()
+        .unwrap();
     let missing = dir.path().join("snapfence-data");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_snapfence"))
         .args(["keys", "list", "--data-dir"])
