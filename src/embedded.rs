@@ -339,6 +339,12 @@ impl EmbeddedPostgres {
     /// For throwaway clusters: once the process `pid` has exited, however it exits, a detached
     /// watchdog stops this cluster's server (whatever its process id is by then: it may have
     /// been restarted) and removes the data directory.
+    ///
+    /// The directory is removed only once the server has exited (an immediate shutdown, waited
+    /// for up to a minute, then SIGKILL), so that a slow shutdown on a loaded machine cannot
+    /// write into it while it is being removed. The process named in `postmaster.pid` is
+    /// signalled only if it is a `postgres` process: after an immediate stop the file outlives
+    /// the server, and its number may have been reused.
     #[allow(
         clippy::zombie_processes,
         reason = "the watchdog must outlive this process; init reaps it"
@@ -346,7 +352,13 @@ impl EmbeddedPostgres {
     pub fn remove_when_process_exits(&self, pid: u32) -> std::io::Result<()> {
         let watchdog = format!(
             "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; \
-             kill -QUIT \"$(head -n 1 '{dir}/pg/postmaster.pid')\" 2>/dev/null; sleep 1; rm -rf '{dir}'",
+             pm=$(head -n 1 '{dir}/pg/postmaster.pid' 2>/dev/null); \
+             if [ -n \"$pm\" ] && [ \"$(cat /proc/$pm/comm 2>/dev/null || echo postgres)\" = postgres ] \
+                && kill -QUIT \"$pm\" 2>/dev/null; then \
+               i=0; while kill -0 \"$pm\" 2>/dev/null && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; \
+               kill -KILL \"$pm\" 2>/dev/null; \
+             fi; \
+             rm -rf '{dir}'",
             dir = self.dir.display()
         );
         Command::new("sh")

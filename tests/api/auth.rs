@@ -226,8 +226,9 @@ async fn the_first_key_closes_an_open_server_on_every_instance_once_create_retur
 }
 
 /// How long an instance that lost its listening connection may take to notice and check
-/// requests against the table: the connection's end reaching it.
-const A_LOST_LISTENER_IS_NOTICED: Duration = Duration::from_secs(5);
+/// requests against the table: the connection's end reaching it. A ceiling, generous for a
+/// loaded machine: it is noticed in milliseconds.
+const A_LOST_LISTENER_IS_NOTICED: Duration = Duration::from_secs(30);
 
 #[tokio::test]
 async fn an_instance_whose_key_listener_was_cut_still_learns_of_a_revocation() {
@@ -431,7 +432,10 @@ async fn keys_create_on_a_new_database_makes_it_and_says_so() {
 
 #[test]
 fn keys_list_refuses_a_data_directory_without_a_cluster_and_makes_none() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("sf-tmp-")
+        .tempdir()
+        .unwrap();
     let missing = dir.path().join("snapfence-data");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_snapfence"))
         .args(["keys", "list", "--data-dir"])

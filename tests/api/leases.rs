@@ -105,7 +105,7 @@ async fn an_expired_lease_is_taken_over_with_a_greater_token() {
 #[tokio::test]
 async fn renew_keeps_the_token_and_moves_the_expiry() {
     let app = TestApp::spawn().await;
-    let g = app.acquire("k", "a", 1000).await;
+    let g = app.acquire("k", "a", 30000).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     let r = renew(&app, "k", json!({"token": token(&g), "ttl_ms": 60000})).await;
     assert_eq!(r.status(), StatusCode::OK);
@@ -120,13 +120,13 @@ async fn renew_keeps_the_token_and_moves_the_expiry() {
 #[tokio::test]
 async fn renew_without_ttl_keeps_the_lease_ttl() {
     let app = TestApp::spawn().await;
-    let g = app.acquire("k", "a", 5000).await;
+    let g = app.acquire("k", "a", 30000).await;
     let renewed: Value = renew(&app, "k", json!({"token": token(&g)}))
         .await
         .json()
         .await
         .unwrap();
-    assert_eq!(renewed["ttl_ms"], 5000);
+    assert_eq!(renewed["ttl_ms"], 30000);
     assert!(time(&renewed["expires_at"]) >= time(&g["expires_at"]));
     app.stop().await;
 }

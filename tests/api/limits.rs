@@ -23,16 +23,41 @@ async fn a_burst_above_the_concurrency_cap_is_shed_with_503_and_changes_nothing(
     r.max_concurrent_requests = 2;
     let app = TestApp::spawn_with(r).await;
     let t = token(&app.acquire("slow", "w", 30000).await);
-    let uploads: Vec<_> = (0..2)
-        .map(|_| {
-            let put = app
-                .request(Method::PUT, "/v1/snapshots/slow")
-                .header("Fencing-Token", t.to_string())
-                .body(slow_body(8, Duration::from_millis(100)));
-            tokio::spawn(put.send())
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    // Two uploads that send their first part at once and the rest only once `finish` says so,
+    // so that they hold both slots for as long as the test needs.
+    let (finish, finished) = tokio::sync::watch::channel(false);
+    let upload = || {
+        let finished = finished.clone();
+        let body = stream::iter(0..8u32).then(move |i| {
+            let mut finished = finished.clone();
+            async move {
+                if i > 0 {
+                    let _ = finished.wait_for(|go| *go).await;
+                }
+                Ok::<_, std::io::Error>(format!("{i};"))
+            }
+        });
+        let put = app
+            .request(Method::PUT, "/v1/snapshots/slow")
+            .header("Fencing-Token", t.to_string())
+            .body(Body::wrap_stream(body));
+        tokio::spawn(put.send())
+    };
+    let mut uploads = vec![upload(), upload()];
+    // Both are being served once a probe is shed, however long they took to arrive. A probe
+    // served meanwhile held a slot for a moment: an upload it pushed out (the only way one
+    // answers before `finish`) is sent again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while app.get("/v1/leases/probe").await.status() != StatusCode::SERVICE_UNAVAILABLE {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the uploads never took both slots"
+        );
+        for u in uploads.iter_mut().filter(|u| u.is_finished()) {
+            *u = upload();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let shed = app
         .acquire_with("shed", json!({"owner": "w", "ttl_ms": 30000}))
         .await;
@@ -48,6 +73,7 @@ async fn a_burst_above_the_concurrency_cap_is_shed_with_503_and_changes_nothing(
         StatusCode::OK,
         "health checks are never shed"
     );
+    let _ = finish.send(true);
     for upload in uploads {
         let r = upload.await.unwrap().unwrap();
         assert!(

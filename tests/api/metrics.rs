@@ -32,10 +32,16 @@ async fn lease_write_and_refusal_counters_move_as_requests_are_served() {
     let before = scrape(&app).await;
     assert_eq!(sample(&before, "snapfence_leases_granted_total"), 0.0);
 
-    let a = token(&app.acquire("k", "a", 150).await);
+    let a = token(&app.acquire("k", "a", 30000).await);
     app.acquire_with("k", json!({"owner": "b", "ttl_ms": 1000}))
         .await;
     app.put("k", a, "x").await;
+    // Only now shortened to expire: the calls above find it live however loaded the machine.
+    app.request(Method::POST, "/v1/leases/k/renew")
+        .json(&json!({"token": a, "ttl_ms": 150}))
+        .send()
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     app.acquire("k", "b", 30000).await;
     app.put("k", a, "late").await;

@@ -163,13 +163,23 @@ async fn require_recovery_then_release_keeps_a_record() {
 #[tokio::test]
 async fn require_recovery_then_expiry_keeps_a_record() {
     let app = TestApp::spawn().await;
-    let g = app.acquire("k", "a", 150).await;
+    let g = app.acquire("k", "a", 30000).await;
     fenced_post(&app, "k", "require-recovery", token(&g)).await;
+    // Shortened to expire only once marked, so that the mark finds it live on a loaded machine.
+    let renewed: Value = app
+        .request(Method::POST, "/v1/leases/k/renew")
+        .json(&json!({"token": token(&g), "ttl_ms": 150}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     expire().await;
     let s = status(&app, "k").await;
     assert_eq!(s["state"], "recovery_pending");
     assert_eq!(s["recovery"]["reason"], "recovery_required");
-    assert_eq!(s["recovery"]["ended_at"], g["expires_at"]);
+    assert_eq!(s["recovery"]["ended_at"], renewed["expires_at"]);
     app.stop().await;
 }
 

@@ -23,23 +23,22 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn short_tempdir() -> std::path::PathBuf {
+fn short_tempdir() -> tempfile::TempDir {
     tempfile::Builder::new()
         .prefix("sf-serve-")
         .tempdir_in("/tmp")
         .unwrap()
-        .keep()
 }
 
 struct Served {
-    child: Child,
+    child: Option<Child>,
     base: String,
 }
 
 /// Starts the binary on a data directory and waits until `/readyz` says it is ready.
 #[allow(
     clippy::zombie_processes,
-    reason = "the child is waited on by `Served::wait`; a failed start fails the test"
+    reason = "the child is waited on by `Served::wait`, or stopped when a failing test drops it"
 )]
 async fn serve(data_dir: &Path, stderr: &Path) -> Served {
     let port = free_port();
@@ -53,16 +52,22 @@ async fn serve(data_dir: &Path, stderr: &Path) -> Served {
         .arg(data_dir)
         .env_remove("DATABASE_URL")
         .env("RUST_LOG", "info")
+        // One request at a time, so that a test can tell when its request is being served.
+        .env("SNAPFENCE_MAX_CONCURRENT_REQUESTS", "1")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(stderr).unwrap())
         .spawn()
         .expect("starting snapfence serve");
     let base = format!("http://127.0.0.1:{port}");
+    let served = Served {
+        child: Some(child),
+        base,
+    };
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        if let Ok(r) = reqwest::get(format!("{base}/readyz")).await {
+        if let Ok(r) = reqwest::get(format!("{}/readyz", served.base)).await {
             if r.status() == StatusCode::OK {
-                return Served { child, base };
+                return served;
             }
         }
         assert!(
@@ -76,21 +81,40 @@ async fn serve(data_dir: &Path, stderr: &Path) -> Served {
 
 impl Served {
     fn terminate(&self) {
-        kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM).unwrap();
+        let child = self.child.as_ref().expect("a running server");
+        kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
     }
 
     async fn wait(mut self) -> std::process::ExitStatus {
-        tokio::task::spawn_blocking(move || self.child.wait().unwrap())
+        let mut child = self.child.take().expect("a running server");
+        tokio::task::spawn_blocking(move || child.wait().unwrap())
             .await
             .unwrap()
+    }
+}
+
+/// A test that fails half-way stops its server as a user would (SIGTERM, which stops the
+/// embedded PostgreSQL too; SIGKILL if that takes over 30 s), so that nothing is left running.
+impl Drop for Served {
+    fn drop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_keeps_its_embedded_data_across_restarts_and_shuts_down_gracefully() {
     let dir = short_tempdir();
-    let data = dir.join("data");
-    let log = dir.join("serve.log");
+    let data = dir.path().join("data");
+    let log = dir.path().join("serve.log");
     let http = reqwest::Client::new();
 
     let first = serve(&data, &log).await;
@@ -105,20 +129,50 @@ async fn serve_keeps_its_embedded_data_across_restarts_and_shuts_down_gracefully
         .unwrap();
     let t = token(&grant);
 
-    // A slow upload is in flight when SIGTERM arrives; it still completes.
-    let chunks = stream::iter(0..5).then(|i| async move {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        Ok::<_, std::io::Error>(format!("part{i};"))
-    });
-    let upload = http
-        .put(format!("{}/v1/snapshots/jobs%2F1", first.base))
-        .header("Fencing-Token", t.to_string())
-        .body(Body::wrap_stream(chunks))
-        .send();
-    let upload = tokio::spawn(upload);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A slow upload is in flight when SIGTERM arrives; it still completes. Its first part is
+    // sent at once, the rest (slowly) only after SIGTERM.
+    let (terminated, sigterm) = tokio::sync::watch::channel(false);
+    let upload = || {
+        let sigterm = sigterm.clone();
+        let chunks = stream::iter(0..5).then(move |i| {
+            let mut sigterm = sigterm.clone();
+            async move {
+                if i > 0 {
+                    let _ = sigterm.wait_for(|sent| *sent).await;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Ok::<_, std::io::Error>(format!("part{i};"))
+            }
+        });
+        let put = http
+            .put(format!("{}/v1/snapshots/jobs%2F1", first.base))
+            .header("Fencing-Token", t.to_string())
+            .body(Body::wrap_stream(chunks))
+            .send();
+        tokio::spawn(put)
+    };
+    let mut upload_task = upload();
+    // The instance serves one request at a time: once a probe is shed, the upload is in flight.
+    // A probe served meanwhile held the slot for a moment: an upload it pushed out (the only
+    // way one answers before SIGTERM) is sent again.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while http
+        .get(format!("{}/v1/leases/probe", first.base))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        != StatusCode::SERVICE_UNAVAILABLE
+    {
+        assert!(Instant::now() < deadline, "the upload never reached serve");
+        if upload_task.is_finished() {
+            upload_task = upload();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     first.terminate();
-    let r = upload.await.unwrap().unwrap();
+    let _ = terminated.send(true);
+    let r = upload_task.await.unwrap().unwrap();
     assert_eq!(
         r.status(),
         StatusCode::CREATED,
@@ -153,17 +207,19 @@ async fn serve_keeps_its_embedded_data_across_restarts_and_shuts_down_gracefully
     assert!(token(&later) > t, "tokens keep increasing across restarts");
     second.terminate();
     assert!(second.wait().await.success());
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_database_answers_503_quickly_and_the_service_recovers_by_itself() {
-    let dir = short_tempdir();
+    // Kept past a failing test: the watchdog removes it with the cluster once the test process
+    // has exited.
+    let dir = short_tempdir().keep();
     let start = {
         let dir = dir.clone();
         move || EmbeddedPostgres::start(&dir, &Settings::default()).unwrap()
     };
     let pg = tokio::task::spawn_blocking(start.clone()).await.unwrap();
+    pg.remove_when_process_exits(std::process::id()).unwrap();
     pg.ensure_database("outage").await.unwrap();
     let options = pg.connect_options("outage");
     let instance = Instance::start(options, rules()).await;

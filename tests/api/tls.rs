@@ -8,7 +8,10 @@ use crate::harness::{Instance, migrated_database, rules};
 #[tokio::test]
 async fn the_service_answers_over_tls_with_the_configured_certificate_only() {
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("sf-tmp-")
+        .tempdir()
+        .unwrap();
     let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
     std::fs::write(&cert_path, cert.cert.pem()).unwrap();
     std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();

@@ -585,7 +585,10 @@ async fn an_api_key_is_sent_with_every_call_and_names_the_principal() {
 #[tokio::test]
 async fn the_client_speaks_https_to_a_server_whose_certificate_it_was_given() {
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("sf-tmp-")
+        .tempdir()
+        .unwrap();
     let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
     std::fs::write(&cert_path, cert.cert.pem()).unwrap();
     std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();

@@ -180,7 +180,10 @@ async fn snapshot_get_writes_the_body_to_a_file_and_prints_its_metadata() {
     c.put_snapshot(&key("k"), t, "v1", &PutOptions::default())
         .await
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("sf-tmp-")
+        .tempdir()
+        .unwrap();
     let out = dir.path().join("body");
     let args = ["snapshot", "get", "k", "--out", out.to_str().unwrap()];
     json_golden(&app.instance.base, &args, b"", "snapshot-get").await;
@@ -369,7 +372,10 @@ async fn payload_too_large_says_the_limit() {
         .lease
         .token
         .to_string();
-    let big = tempfile::NamedTempFile::new().unwrap();
+    let big = tempfile::Builder::new()
+        .prefix("sf-tmp-")
+        .tempfile()
+        .unwrap();
     std::fs::write(big.path(), [b'x'; 17]).unwrap();
     let file = big.path().to_str().unwrap();
     let args = ["snapshot", "put", "k", "--token", &t, "--file", file];

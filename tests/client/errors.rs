@@ -310,8 +310,8 @@ async fn a_stalled_answer_is_a_transport_timeout_that_may_have_reached_it() {
         .await
         .unwrap_err();
     assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "the timeout held"
+        started.elapsed() < Duration::from_secs(10),
+        "the timeout held (the stall never ends)"
     );
     let Error::Transport {
         may_have_reached,

@@ -72,7 +72,8 @@ async fn a_write_is_retried_while_the_connection_is_refused() {
     });
     let late = snapfence_client::Client::builder(format!("http://127.0.0.1:{port}"))
         .retry(snapfence_client::RetryPolicy {
-            max_attempts: 20,
+            // Retries for about 20 s: the port opens well before, however loaded the machine.
+            max_attempts: 200,
             initial_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_millis(100),
         })

@@ -141,8 +141,10 @@ async fn crash_restarts_of_postgres_lose_no_acknowledged_write_and_never_reissue
     let mut db = Cluster::primary(dir.path(), &unix_only()).await;
     let services = two_services(&db.url(), dir.path(), false).await;
     let crashes = 3 * scale() as usize;
+    // Each crash takes 1.3 s of pauses plus the crash and the restart (recovery from the WAL):
+    // 4 s each leaves time for a slow restart on a loaded machine.
     let plan = Plan {
-        duration: Duration::from_secs(2 * crashes as u64 + 2),
+        duration: Duration::from_secs(4 * crashes as u64 + 2),
         ..plan(0)
     };
     let load = Load::start(plan, &[&services[0], &services[1]]);

@@ -93,6 +93,7 @@ async fn bench_counts_refused_writes_by_their_code_and_fails_its_check() {
         if let Some(token) = token {
             break token;
         }
+        assert!(!run.is_finished(), "the run ended without writing to r/0");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     };
     assert_eq!(app.release("r/0", token).await.status(), 204);
