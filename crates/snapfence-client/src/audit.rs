@@ -2,6 +2,8 @@
 
 use snapfence_types::{Health, Page, Recovery, RecoveryReason, RefusalReason, Rejection};
 
+#[cfg(doc)]
+use crate::Error;
 use crate::{AuditFilter, Client, Result};
 
 impl Client {

@@ -8,6 +8,8 @@ use snapfence_types::{
     AcquireRequest, FencingToken, Grant, Key, KeyStatus, Lease, Page, RenewRequest,
 };
 
+#[cfg(doc)]
+use crate::Error;
 use crate::retry::Idempotency;
 use crate::transport::{Call, segment};
 use crate::{Client, LeaseFilter, Result};
