@@ -1,6 +1,6 @@
 //! The HTTP face of the contract in `docs/api.md`: one module per resource, each with its
 //! `router()`, request and response types and thin handlers; [`error`] turns every failure into
-//! problem+json; [`extract`] validates every input.
+//! problem+json; [`extract`] validates every input; [`ui`] serves the operator page's files.
 
 pub mod audit;
 pub mod auth;
@@ -9,6 +9,7 @@ pub mod extract;
 pub mod leases;
 pub mod ops;
 pub mod snapshots;
+pub mod ui;
 
 use std::any::Any;
 use std::sync::Arc;
@@ -75,12 +76,14 @@ pub fn router(state: AppState) -> Router {
     // Every database call of a request shares one deadline, counted from its arrival.
     let db_bound = state.db.options().get_acquire_timeout();
     // Health checks and scrapes are never shed: an overloaded instance is alive, and its metrics
-    // are what shows the overload.
+    // are what shows the overload. The operator page's files are public and static: no key, no
+    // shedding (its calls to /v1 carry the key and are shed like any other).
     api_routes()
         .router
         .layer(authorize)
         .layer(shed)
         .merge(ops::routes().router)
+        .merge(ui::routes().router)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -159,7 +162,7 @@ fn api_routes() -> Routes {
 }
 
 fn routes() -> Routes {
-    api_routes().merge(ops::routes())
+    api_routes().merge(ops::routes()).merge(ui::routes())
 }
 
 /// Every path the API routes, in axum's `{param}` syntax (which is also OpenAPI's).

@@ -442,6 +442,9 @@ async fn answers_conform_to_the_spec_across_every_operation_and_error_code() {
             .await;
     }
     c.check("get", "/healthz", app.get("/healthz").await).await;
+    for asset in snapfence::http::ui::ASSETS {
+        c.check("get", asset.path, app.get(asset.path).await).await;
+    }
     c.check("get", "/readyz", app.get("/readyz").await).await;
     c.check("get", "/metrics", app.get("/metrics").await).await;
 
@@ -530,4 +533,24 @@ fn the_spec_lists_exactly_the_error_codes_the_service_answers_with() {
         listed, known,
         "openapi.yaml's ProblemCode and ErrorCode::ALL"
     );
+}
+
+#[test]
+fn the_operator_pages_headers_in_the_spec_are_the_ones_served() {
+    let spec = spec();
+    let headers = &spec["components"]["headers"];
+    assert_eq!(
+        headers["ContentSecurityPolicy"]["schema"]["const"],
+        snapfence::http::ui::CONTENT_SECURITY_POLICY
+    );
+    assert_eq!(headers["ContentTypeOptions"]["schema"]["const"], "nosniff");
+    for asset in snapfence::http::ui::ASSETS {
+        let content = &spec["paths"][asset.path]["get"]["responses"]["200"]["content"];
+        assert!(
+            content.get(asset.content_type).is_some(),
+            "{} is documented as {}",
+            asset.path,
+            asset.content_type
+        );
+    }
 }

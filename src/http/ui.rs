@@ -1,0 +1,88 @@
+//! `/ui`: the operator page. Plain HTML, CSS and JavaScript from `ui/` at the top of the
+//! repository, compiled into the binary, so the page never fetches anything from elsewhere and
+//! needs no build step. The assets are public and need no API key: the page asks the operator
+//! for one and sends it, as `Authorization: Bearer`, on each of its calls to the public `/v1` API,
+//! which decides what the key may see. Every asset is served with a Content-Security-Policy
+//! that allows only this origin's scripts, styles, images and API calls, and none inline.
+
+use axum::http::{HeaderName, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+
+use super::Routes;
+
+/// One compiled-in file of the page.
+#[derive(Debug, Clone, Copy)]
+pub struct Asset {
+    /// The path it is served at.
+    pub path: &'static str,
+    /// Its media type, as sent in `Content-Type`.
+    pub content_type: &'static str,
+    /// Its bytes.
+    pub body: &'static [u8],
+}
+
+macro_rules! asset {
+    ($path:literal, $file:literal, $content_type:literal) => {
+        Asset {
+            path: $path,
+            content_type: $content_type,
+            body: include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/ui/", $file)),
+        }
+    };
+}
+
+/// Every file of the page. The page names the others relative to `/ui` (`ui/app.js`), and the
+/// API as `v1/…`, so it also works behind a proxy that mounts the service under a path.
+pub const ASSETS: [Asset; 4] = [
+    asset!("/ui", "index.html", "text/html; charset=utf-8"),
+    asset!("/ui/app.js", "app.js", "text/javascript; charset=utf-8"),
+    asset!("/ui/app.css", "app.css", "text/css; charset=utf-8"),
+    asset!("/ui/favicon.svg", "favicon.svg", "image/svg+xml"),
+];
+
+/// The policy every asset is served with: this origin only, nothing inline, no frames, no
+/// plugins, no `<base>`, and forms submitted only to this origin (the page's forms are handled by
+/// its script and never submitted).
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
+     style-src 'self'; img-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'none'; \
+     form-action 'self'; frame-ancestors 'none'";
+
+/// The page's routes. They are merged outside authentication and load shedding, like `/healthz`:
+/// the files are the same for everyone and cost nothing to serve.
+pub(super) fn routes() -> Routes {
+    ASSETS.iter().fold(Routes::new(), |routes, asset| {
+        let asset = *asset;
+        routes.route(asset.path, get(move || async move { serve(asset) }))
+    })
+}
+
+fn serve(asset: Asset) -> Response {
+    let headers = [
+        (
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(asset.content_type),
+        ),
+        (
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+        ),
+        (
+            header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
+        ),
+        (header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY")),
+        (
+            header::REFERRER_POLICY,
+            HeaderValue::from_static("no-referrer"),
+        ),
+        // The files change only with the binary; `no-cache` has the browser ask again on each
+        // load, so an upgraded server never runs with the old script.
+        (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+        (
+            HeaderName::from_static("cross-origin-resource-policy"),
+            HeaderValue::from_static("same-origin"),
+        ),
+    ];
+    (headers, asset.body).into_response()
+}

@@ -1,0 +1,702 @@
+//! The operator page in a headless Chromium against a real server that the test fills: what it
+//! shows in each view, what a read-scope key may not do, and a screenshot of each view in
+//! `target/ui-screenshots/`. The tests take turns (one browser at a time on a small machine);
+//! each waits for what it expects with a ceiling of [`CEILING`], never for a fixed time.
+
+use std::time::{Duration, Instant};
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use snapfence::domain::Scope;
+use tokio::sync::Mutex;
+
+use crate::harness::{TestApp, enc, token};
+use crate::webdriver::{Browser, CEILING};
+
+/// One browser at a time: Chromium is heavy on two cores, and the tests stay independent.
+static ONE_BROWSER: Mutex<()> = Mutex::const_new(());
+
+/// The text of the lease row of `arguments[0]` once its holder is `arguments[1]`.
+const LEASE_ROW: &str = "
+    const [key, holder] = arguments;
+    const row = [...document.querySelectorAll('#lease-table tbody tr')]
+        .find((r) => r.dataset.key === key);
+    return row && row.querySelector('.holder').textContent === holder ? row.innerText : null;";
+
+/// The keys of the lease table's rows, once it has been loaded.
+const LEASE_KEYS: &str = "
+    if (!document.querySelector('#view-leases').dataset.loaded) return null;
+    return [...document.querySelectorAll('#lease-table tbody tr')].map((r) => r.dataset.key).join(' ');";
+
+/// The chart's refusals by reason (the sum of its bars' counts), once it has any bar.
+const CHART_COUNTS: &str = "
+    const counts = {};
+    for (const bar of document.querySelectorAll('#chart rect.bar')) {
+        counts[bar.dataset.reason] = (counts[bar.dataset.reason] || 0) + Number(bar.dataset.count);
+    }
+    return counts;";
+
+/// The ids of the audit table's rows.
+const AUDIT_IDS: &str = "
+    return [...document.querySelectorAll('#audit-table tbody tr')].map((r) => Number(r.dataset.id));";
+
+async fn acquire_as(app: &TestApp, api_key: &str, key: &str, body: Value) -> Value {
+    let r = app
+        .request(Method::POST, &format!("/v1/leases/{}", enc(key)))
+        .bearer_auth(api_key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED, "acquire {key}");
+    r.json().await.unwrap()
+}
+
+async fn put_as(app: &TestApp, api_key: &str, key: &str, token: i64) -> reqwest::Response {
+    app.request(Method::PUT, &format!("/v1/snapshots/{}", enc(key)))
+        .bearer_auth(api_key)
+        .header("Fencing-Token", token.to_string())
+        .body("late")
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Waits until the API, asked with `api_key` if given, says `key` is in `state` (an expiry is
+/// the database clock's to decide).
+async fn api_state_is(app: &TestApp, api_key: Option<&str>, key: &str, state: &str) {
+    let deadline = Instant::now() + CEILING;
+    loop {
+        let mut request = app.request(Method::GET, &format!("/v1/leases/{}", enc(key)));
+        if let Some(api_key) = api_key {
+            request = request.bearer_auth(api_key);
+        }
+        let status: Value = request.send().await.unwrap().json().await.unwrap();
+        if status["state"] == state {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{key} is not {state}: {status}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn ui(app: &TestApp, view: &str) -> String {
+    format!("{}/ui#{view}", app.instance.base)
+}
+
+#[tokio::test]
+async fn a_lease_made_by_the_test_appears_with_its_holder_token_metadata_and_a_live_countdown() {
+    let _turn = ONE_BROWSER.lock().await;
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let app = TestApp::spawn().await;
+    // Keys in every state, as an operator finds them.
+    let grant = app
+        .acquire_with(
+            "jobs/7",
+            json!({"owner": "worker-7", "ttl_ms": 600_000,
+                   "metadata": {"pid": 4242, "host": "build-3", "target": "nightly"}}),
+        )
+        .await
+        .json::<Value>()
+        .await
+        .unwrap();
+    app.acquire_with(
+        "jobs/8",
+        json!({"owner": "worker-8", "ttl_ms": 90_000, "metadata": {"pid": 17}}),
+    )
+    .await;
+    let done = app.acquire("jobs/6", "worker-6", 60_000).await;
+    app.release("jobs/6", token(&done)).await;
+    app.acquire_with(
+        "reports/daily",
+        json!({"owner": "cron-1", "ttl_ms": 3_600_000, "metadata": {"schedule": "0 3 * * *"}}),
+    )
+    .await;
+    app.acquire_with(
+        "jobs/9",
+        json!({"owner": "worker-9", "ttl_ms": 100, "crash_recovery": true,
+               "metadata": {"pid": 99, "step": "upload"}}),
+    )
+    .await;
+    api_state_is(&app, None, "jobs/9", "recovery_pending").await;
+
+    browser.goto(&ui(&app, "leases")).await;
+    let row = browser
+        .wait_for(
+            "jobs/7 is listed with its holder",
+            LEASE_ROW,
+            json!(["jobs/7", "worker-7"]),
+        )
+        .await;
+    let row = row.as_str().unwrap();
+    assert!(row.contains("held"), "{row}");
+    assert!(
+        row.contains(&token(&grant).to_string()),
+        "the token in {row}"
+    );
+    assert!(
+        row.contains("\"host\":\"build-3\""),
+        "the metadata in {row}"
+    );
+    // On loopback with no API key configured the page, like the API, needs no key.
+    assert_eq!(
+        browser
+            .eval("return document.body.dataset.access;", json!([]))
+            .await,
+        "admin"
+    );
+    let countdown = "
+        const [key, before] = arguments;
+        const cell = document.querySelector(`#lease-table tr[data-key=\"${key}\"] .countdown`);
+        const text = cell && cell.textContent;
+        return text && text.startsWith('in ') && text !== before ? text : null;";
+    let first = browser
+        .wait_for("a countdown to expiry", countdown, json!(["jobs/7", ""]))
+        .await;
+    browser
+        .wait_for(
+            "the countdown moves between two reads",
+            countdown,
+            json!(["jobs/7", first]),
+        )
+        .await;
+    assert_eq!(
+        browser
+            .wait_for("every key listed", LEASE_KEYS, json!([]))
+            .await,
+        "jobs/6 jobs/7 jobs/8 jobs/9 reports/daily"
+    );
+    browser.screenshot("leases").await;
+
+    // Filters: by prefix, then also by state.
+    browser
+        .type_into("#lease-filter input[name=\"prefix\"]", "jobs/")
+        .await;
+    browser.click("#lease-filter button[type=\"submit\"]").await;
+    let only = "
+        const want = arguments[0];
+        const keys = [...document.querySelectorAll('#lease-table tbody tr')].map((r) => r.dataset.key).join(' ');
+        return keys === want ? keys : null;";
+    browser
+        .wait_for(
+            "only the keys under jobs/",
+            only,
+            json!(["jobs/6 jobs/7 jobs/8 jobs/9"]),
+        )
+        .await;
+    browser
+        .select("#lease-filter select[name=\"state\"]", "held")
+        .await;
+    browser
+        .wait_for(
+            "only the held keys under jobs/",
+            only,
+            json!(["jobs/7 jobs/8"]),
+        )
+        .await;
+    browser
+        .select("#lease-filter select[name=\"state\"]", "recovery_pending")
+        .await;
+    browser
+        .wait_for("only the key waiting for recovery", only, json!(["jobs/9"]))
+        .await;
+    browser.assert_no_console_errors().await;
+    browser.close().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_stale_write_appears_in_the_audit_table_and_as_a_bar_of_the_chart_at_its_time() {
+    let _turn = ONE_BROWSER.lock().await;
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let app = TestApp::spawn().await;
+    // worker-a gives its lease up, worker-b takes the key, and worker-a writes late.
+    let a = app.acquire("jobs/42", "worker-a", 60_000).await;
+    app.release("jobs/42", token(&a)).await;
+    app.acquire("jobs/42", "worker-b", 60_000).await;
+    let r = app.put("jobs/42", token(&a), "late").await;
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    let refusal: Value = r.json().await.unwrap();
+    assert_eq!(refusal["code"], "stale_token");
+    let audit_id = refusal["audit_id"].as_i64().unwrap();
+    // And a token never issued, on another key.
+    let c = app.acquire("reports/daily", "cron-1", 60_000).await;
+    let r = app.put("reports/daily", token(&c) + 100, "x").await;
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    let logged: Value = app
+        .get("/v1/audit/rejections?key=jobs%2F42")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let at = logged["items"][0]["at"].as_str().unwrap().to_string();
+
+    browser.goto(&ui(&app, "refused")).await;
+    let row = browser
+        .wait_for(
+            "the stale write is a row of the audit table",
+            "const row = document.querySelector(`#audit-table tr[data-id=\"${arguments[0]}\"]`);
+             return row ? row.innerText : null;",
+            json!([audit_id]),
+        )
+        .await;
+    let row = row.as_str().unwrap();
+    for shown in [
+        "jobs/42",
+        "stale_token",
+        "worker-b",
+        "put",
+        &token(&a).to_string(),
+    ] {
+        assert!(row.contains(shown), "{shown} in {row}");
+    }
+    let counts = browser
+        .wait_for(
+            "the chart draws both refusals",
+            &format!(
+                "{CHART_COUNTS} return counts.stale_token && counts.unknown_token ? counts : null;"
+            ),
+            json!([]),
+        )
+        .await;
+    assert_eq!(counts, json!({"stale_token": 1, "unknown_token": 1}));
+    // The stale write's bar covers the time the audit log gives it.
+    let start = browser
+        .eval(
+            "return document.querySelector('#chart rect.bar[data-reason=\"stale_token\"]').dataset.start;",
+            json!([]),
+        )
+        .await;
+    let start = chrono::DateTime::parse_from_rfc3339(start.as_str().unwrap()).unwrap();
+    let at = chrono::DateTime::parse_from_rfc3339(&at).unwrap();
+    assert!(
+        start <= at && at < start + chrono::Duration::minutes(1),
+        "the bar of {start} holds the refusal at {at}"
+    );
+    browser.screenshot("refused").await;
+
+    // The chart by key prefix: only jobs/, then nothing.
+    browser
+        .type_into("#chart-filter input[name=\"prefix\"]", "jobs/")
+        .await;
+    browser
+        .wait_for(
+            "only the refusal under jobs/ is drawn",
+            &format!("{CHART_COUNTS} return counts.stale_token === 1 && !counts.unknown_token;"),
+            json!([]),
+        )
+        .await;
+    browser
+        .type_into("#chart-filter input[name=\"prefix\"]", "nothing/")
+        .await;
+    browser
+        .wait_for(
+            "no bar for a prefix without refusals",
+            "return document.querySelectorAll('#chart rect.bar').length === 0;",
+            json!([]),
+        )
+        .await;
+    // The table by the audit API's own filters.
+    browser
+        .select("#audit-filter select[name=\"reason\"]", "unknown_token")
+        .await;
+    browser.click("#audit-filter button[type=\"submit\"]").await;
+    browser
+        .wait_for(
+            "only the unknown token is listed",
+            "const rows = [...document.querySelectorAll('#audit-table tbody tr')];
+             return rows.length === 1 && rows[0].dataset.key === 'reports/daily';",
+            json!([]),
+        )
+        .await;
+    browser.assert_no_console_errors().await;
+    browser.close().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_audit_table_pages_by_next_cursor_and_the_chart_selects_a_principal() {
+    let _turn = ONE_BROWSER.lock().await;
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let app = TestApp::spawn().await;
+    let admin = app.make_key("ops", Scope::Admin, "").await;
+    let writer_a = app.make_key("writer-a", Scope::Write, "").await;
+    let writer_b = app.make_key("writer-b", Scope::Write, "").await;
+    let old = acquire_as(
+        &app,
+        &writer_a,
+        "jobs/1",
+        json!({"owner": "a", "ttl_ms": 100}),
+    )
+    .await;
+    api_state_is(&app, Some(&admin), "jobs/1", "expired").await;
+    acquire_as(
+        &app,
+        &writer_b,
+        "jobs/1",
+        json!({"owner": "b", "ttl_ms": 60_000}),
+    )
+    .await;
+    for (writer, n) in [(&writer_a, 20), (&writer_b, 10)] {
+        for _ in 0..n {
+            let r = put_as(&app, writer, "jobs/1", token(&old)).await;
+            assert_eq!(r.status(), StatusCode::CONFLICT);
+        }
+    }
+
+    browser.goto(&ui(&app, "refused")).await;
+    browser.type_into("#api-key", &admin).await;
+    browser.click("#key-form button[type=\"submit\"]").await;
+    browser
+        .select("#audit-filter select[name=\"limit\"]", "25")
+        .await;
+    browser.click("#audit-filter button[type=\"submit\"]").await;
+    let first = browser
+        .wait_for(
+            "a first page of 25",
+            &format!(
+                "const ids = (() => {{ {AUDIT_IDS} }})(); return ids.length === 25 ? ids : null;"
+            ),
+            json!([]),
+        )
+        .await;
+    let first: Vec<i64> = serde_json::from_value(first).unwrap();
+    browser
+        .click(".pager[data-for=\"refused\"] [data-page=\"next\"]")
+        .await;
+    let second = browser
+        .wait_for(
+            "an older page of 5",
+            &format!(
+                "const ids = (() => {{ {AUDIT_IDS} }})(); return ids.length === 5 ? ids : null;"
+            ),
+            json!([]),
+        )
+        .await;
+    let second: Vec<i64> = serde_json::from_value(second).unwrap();
+    let oldest_first = first.iter().min().unwrap();
+    assert!(
+        second.iter().all(|id| id < oldest_first),
+        "the older page {second:?} comes after {first:?}"
+    );
+    assert_eq!(
+        browser
+            .eval(
+                "return document.querySelector('.pager[data-for=\"refused\"] [data-page=\"next\"]').disabled;",
+                json!([])
+            )
+            .await,
+        true,
+        "no page after the last"
+    );
+
+    // The chart by principal: the names of the keys that wrote.
+    browser
+        .wait_for(
+            "both writers are principals to choose from",
+            "return document.querySelectorAll('#chart-filter select[name=\"principal\"] option[value^=\"writer-\"]').length === 2;",
+            json!([]),
+        )
+        .await;
+    for (name, n) in [("writer-a", 20), ("writer-b", 10)] {
+        browser
+            .select("#chart-filter select[name=\"principal\"]", name)
+            .await;
+        browser
+            .wait_for(
+                &format!("the chart counts {n} refusals of {name}"),
+                &format!("{CHART_COUNTS} return counts.stale_token === arguments[0];"),
+                json!([n]),
+            )
+            .await;
+    }
+    browser.assert_no_console_errors().await;
+    browser.close().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_read_scope_key_sees_no_admin_actions_and_an_admin_key_may_abandon() {
+    let _turn = ONE_BROWSER.lock().await;
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let app = TestApp::spawn().await;
+    let admin = app.make_key("ops", Scope::Admin, "").await;
+    let reader = app.make_key("viewer", Scope::Read, "").await;
+    let writer = app.make_key("worker", Scope::Write, "").await;
+    acquire_as(
+        &app,
+        &writer,
+        "jobs/7",
+        json!({"owner": "worker-7", "ttl_ms": 600_000, "metadata": {"pid": 4242}}),
+    )
+    .await;
+
+    // Without a key the page loads and says that the API wants one.
+    browser.goto(&ui(&app, "leases")).await;
+    browser
+        .wait_for(
+            "the page asks for a key",
+            "return document.body.dataset.access === 'none' && !document.querySelector('#view-leases .error').hidden;",
+            json!([]),
+        )
+        .await;
+
+    browser.type_into("#api-key", &reader).await;
+    browser.click("#key-form button[type=\"submit\"]").await;
+    browser
+        .wait_for(
+            "the lease, read with the read key",
+            LEASE_ROW,
+            json!(["jobs/7", "worker-7"]),
+        )
+        .await;
+    assert_eq!(
+        browser
+            .eval("return document.body.dataset.access;", json!([]))
+            .await,
+        "reader"
+    );
+    let visible_actions = "
+        const visible = (el) => el.offsetParent !== null;
+        return [...document.querySelectorAll('[data-action], .admin-only, .admin-data')].filter(visible).length;";
+    assert_eq!(
+        browser.eval(visible_actions, json!([])).await,
+        0,
+        "no admin action for a read key"
+    );
+    assert_eq!(
+        browser
+            .eval(
+                "return document.querySelectorAll('[data-action]').length;",
+                json!([])
+            )
+            .await,
+        0
+    );
+    browser.screenshot("read-only").await;
+    // The refused writes are the audit log's: an admin key's alone.
+    browser.click(".tabs a[data-view=\"refused\"]").await;
+    browser
+        .wait_for(
+            "the refused writes say they need an admin key",
+            "const n = document.querySelector('.needs-admin');
+             return !n.hidden && n.textContent.includes('admin') && document.querySelector('#chart-card').hidden;",
+            json!([]),
+        )
+        .await;
+    assert_eq!(browser.eval(visible_actions, json!([])).await, 0);
+    // The key is in the session's storage and nowhere in the address.
+    assert!(!browser.url().await.contains(&reader));
+    assert_eq!(
+        browser
+            .eval(
+                "return sessionStorage.getItem('snapfence.apiKey');",
+                json!([])
+            )
+            .await,
+        reader.as_str()
+    );
+    assert_eq!(
+        browser
+            .eval(
+                "return document.querySelector('#api-key').value;",
+                json!([])
+            )
+            .await,
+        "",
+        "the key is not left in the input"
+    );
+
+    // An admin key sees the action, which asks before it abandons.
+    browser.click(".tabs a[data-view=\"leases\"]").await;
+    browser.click("#forget-key").await;
+    browser.type_into("#api-key", &admin).await;
+    browser.click("#key-form button[type=\"submit\"]").await;
+    browser
+        .click("#lease-table tr[data-key=\"jobs/7\"] [data-action=\"abandon\"]")
+        .await;
+    browser
+        .click("#lease-table tr[data-key=\"jobs/7\"] [data-action=\"confirm-abandon\"]")
+        .await;
+    api_state_is(&app, Some(&admin), "jobs/7", "recovery_pending").await;
+    browser
+        .wait_for(
+            "the abandoned lease waits for recovery",
+            "const row = document.querySelector('#lease-table tr[data-key=\"jobs/7\"]');
+             return row && row.dataset.state === 'recovery_pending' && !document.querySelector('#recovery-count').hidden;",
+            json!([]),
+        )
+        .await;
+    let status: Value = app
+        .request(Method::GET, "/v1/leases/jobs%2F7")
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["recovery"]["reason"], "abandoned");
+    assert_eq!(status["recovery"]["owner"], "worker-7");
+    browser.assert_no_console_errors().await;
+    browser.close().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn recovery_records_pending_show_the_previous_holders_metadata() {
+    let _turn = ONE_BROWSER.lock().await;
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let app = TestApp::spawn().await;
+    app.acquire_with(
+        "jobs/9",
+        json!({"owner": "worker-9", "ttl_ms": 100, "crash_recovery": true,
+               "metadata": {"pid": 99, "step": "upload", "worktree": "/srv/w/9"}}),
+    )
+    .await;
+    let held = app
+        .acquire_with(
+            "deploy/web",
+            json!({"owner": "deployer", "ttl_ms": 60_000, "metadata": {"release": "v2.4.1"}}),
+        )
+        .await
+        .json::<Value>()
+        .await
+        .unwrap();
+    let r = app
+        .request(Method::POST, "/v1/leases/deploy%2Fweb/abandon")
+        .header("Fencing-Token", token(&held).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    app.acquire("jobs/10", "worker-10", 60_000).await;
+    api_state_is(&app, None, "jobs/9", "recovery_pending").await;
+
+    browser.goto(&ui(&app, "recovery")).await;
+    let rows = browser
+        .wait_for(
+            "both records are listed",
+            "const rows = [...document.querySelectorAll('#recovery-table tbody tr')];
+             return rows.length === 2 ? rows.map((r) => [r.dataset.key, r.innerText]) : null;",
+            json!([]),
+        )
+        .await;
+    let rows: Vec<(String, String)> = serde_json::from_value(rows).unwrap();
+    assert_eq!(rows[0].0, "deploy/web");
+    for shown in ["abandoned", "deployer", "\"release\": \"v2.4.1\""] {
+        assert!(rows[0].1.contains(shown), "{shown} in {}", rows[0].1);
+    }
+    assert_eq!(rows[1].0, "jobs/9");
+    for shown in ["expired", "worker-9", "\"worktree\": \"/srv/w/9\""] {
+        assert!(rows[1].1.contains(shown), "{shown} in {}", rows[1].1);
+    }
+    browser
+        .wait_for(
+            "the tab counts the two records",
+            "return document.querySelector('#recovery-count').textContent === '2';",
+            json!([]),
+        )
+        .await;
+    browser.screenshot("recovery").await;
+    browser.assert_no_console_errors().await;
+    browser.close().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_keys_snapshot_versions_are_listed_and_each_downloads_as_stored() {
+    let _turn = ONE_BROWSER.lock().await;
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let app = TestApp::spawn().await;
+    let grant = app.acquire("jobs/7", "worker-7", 60_000).await;
+    let t = token(&grant);
+    let mut written = Vec::new();
+    for body in [
+        "first body\n",
+        "{\"step\": 2, \"done\": false}",
+        "{\"step\": 3, \"done\": true}",
+    ] {
+        let r = app
+            .request(Method::PUT, "/v1/snapshots/jobs%2F7")
+            .header("Fencing-Token", t.to_string())
+            .header(
+                "Content-Type",
+                if body.starts_with('{') {
+                    "application/json"
+                } else {
+                    "text/plain"
+                },
+            )
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success());
+        written.push(r.json::<Value>().await.unwrap());
+    }
+
+    browser.goto(&ui(&app, "snapshots")).await;
+    browser
+        .type_into("#snapshot-form input[name=\"key\"]", "jobs/7")
+        .await;
+    browser
+        .click("#snapshot-form button[type=\"submit\"]")
+        .await;
+    let rows = browser
+        .wait_for(
+            "the three versions, newest first",
+            "const rows = [...document.querySelectorAll('#version-table tbody tr')];
+             return rows.length === 3 ? rows.map((r) => [r.dataset.version, r.innerText, r.cells[3].title]) : null;",
+            json!([]),
+        )
+        .await;
+    let rows: Vec<(String, String, String)> = serde_json::from_value(rows).unwrap();
+    for ((version, text, etag), meta) in rows.iter().zip(written.iter().rev()) {
+        assert_eq!(version, &meta["version"].to_string());
+        assert_eq!(etag, meta["etag"].as_str().unwrap(), "the full ETag");
+        for shown in [
+            format!("{} B", meta["size"]),
+            t.to_string(),
+            meta["content_type"].as_str().unwrap().to_string(),
+        ] {
+            assert!(text.contains(&shown), "{shown} in {text}");
+        }
+    }
+    assert!(browser.url().await.ends_with("#snapshots/jobs%2F7"));
+    browser.screenshot("snapshots").await;
+
+    // The oldest version downloads, fetched with the page's key, as it was stored.
+    browser
+        .click("#version-table tr[data-version=\"1\"] [data-action=\"download\"]")
+        .await;
+    let file = browser.downloads().join("jobs_7.v1.txt");
+    let deadline = Instant::now() + CEILING;
+    while !file.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "no download in {}: {:?}",
+            browser.downloads().display(),
+            std::fs::read_dir(browser.downloads())
+                .unwrap()
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "first body\n");
+    browser.assert_no_console_errors().await;
+    browser.close().await;
+    app.stop().await;
+}
