@@ -65,17 +65,13 @@ pub async fn create(
     prefix: &KeyPrefix,
 ) -> Result<Option<(ApiKey, String, Change)>> {
     let secret = NewSecret::generate();
-    let row = sqlx::query(
-        "INSERT INTO api_keys (name, scope, prefix, secret_sha256) VALUES ($1, $2, $3, $4)
-         ON CONFLICT (name) WHERE revoked_at IS NULL DO NOTHING
-         RETURNING id, name, scope, prefix, created_at, revoked_at, txid_current() AS change",
-    )
-    .bind(name.as_str())
-    .bind(scope.as_str())
-    .bind(prefix.as_str())
-    .bind(&secret.sha256)
-    .fetch_optional(pool)
-    .await?;
+    let row = sqlx::query(include_str!("sql/keys_create.sql"))
+        .bind(name.as_str())
+        .bind(scope.as_str())
+        .bind(prefix.as_str())
+        .bind(&secret.sha256)
+        .fetch_optional(pool)
+        .await?;
     let Some(row) = row else { return Ok(None) };
     let key = ApiKey::from_row(&row)?;
     let token = secret.token(key.id);
@@ -84,24 +80,19 @@ pub async fn create(
 
 /// Every key, live and revoked, oldest first.
 pub async fn list(pool: &PgPool) -> Result<Vec<ApiKey>> {
-    Ok(sqlx::query_as(
-        "SELECT id, name, scope, prefix, created_at, revoked_at FROM api_keys ORDER BY id",
-    )
-    .fetch_all(pool)
-    .await?)
+    Ok(sqlx::query_as(include_str!("sql/keys_list.sql"))
+        .fetch_all(pool)
+        .await?)
 }
 
 /// Revokes the live key of this name and returns the change to confirm; `None` when there is
 /// no live key of that name.
 pub async fn revoke(pool: &PgPool, name: &KeyName) -> Result<Option<Change>> {
-    Ok(sqlx::query_scalar(
-        "UPDATE api_keys SET revoked_at = now() WHERE name = $1 AND revoked_at IS NULL
-         RETURNING txid_current()",
-    )
-    .bind(name.as_str())
-    .fetch_optional(pool)
-    .await?
-    .map(Change))
+    Ok(sqlx::query_scalar(include_str!("sql/keys_revoke.sql"))
+        .bind(name.as_str())
+        .fetch_optional(pool)
+        .await?
+        .map(Change))
 }
 
 /// The `application_name` each instance gives its listening connection once it listens, by
@@ -133,14 +124,11 @@ impl Confirmations {
     pub async fn listen(pool: &PgPool) -> Result<Self> {
         let mut listener = PgListener::connect_with(pool).await?;
         listener.listen(APPLIED).await?;
-        let followers = sqlx::query_scalar(
-            "SELECT pid FROM pg_stat_activity
-             WHERE datname = current_database() AND application_name = $1",
-        )
-        .bind(FOLLOWER)
-        .fetch_all(pool)
-        .bounded(pool)
-        .await?;
+        let followers = sqlx::query_scalar(include_str!("sql/keys_followers.sql"))
+            .bind(FOLLOWER)
+            .fetch_all(pool)
+            .bounded(pool)
+            .await?;
         Ok(Self {
             listener,
             followers,
@@ -219,16 +207,11 @@ pub async fn authenticate(
 
 /// One statement: whether live keys exist, and the presented key if it is live.
 async fn lookup(pool: &PgPool, presented: Option<&Presented>) -> Result<Lookup> {
-    let row: LookupRow = sqlx::query_as(
-        "SELECT EXISTS (SELECT 1 FROM api_keys WHERE revoked_at IS NULL) AS any_live,
-                k.name, k.scope, k.prefix, k.secret_sha256
-         FROM (VALUES (1)) AS one
-         LEFT JOIN api_keys k ON k.id = $1 AND k.revoked_at IS NULL",
-    )
-    .bind(presented.map(|p| p.id))
-    .fetch_one(pool)
-    .bounded(pool)
-    .await?;
+    let row: LookupRow = sqlx::query_as(include_str!("sql/keys_lookup.sql"))
+        .bind(presented.map(|p| p.id))
+        .fetch_one(pool)
+        .bounded(pool)
+        .await?;
     let principal = match (
         presented,
         row.name,
@@ -358,11 +341,9 @@ struct LiveRow {
 
 /// Every live key.
 async fn load(pool: &PgPool) -> sqlx::Result<LiveKeys> {
-    let rows: Vec<LiveRow> = sqlx::query_as(
-        "SELECT id, name, scope, prefix, secret_sha256 FROM api_keys WHERE revoked_at IS NULL",
-    )
-    .fetch_all(pool)
-    .await?;
+    let rows: Vec<LiveRow> = sqlx::query_as(include_str!("sql/keys_live.sql"))
+        .fetch_all(pool)
+        .await?;
     Ok(rows
         .into_iter()
         .map(|r| {

@@ -1,10 +1,13 @@
 //! Every SQL statement of the service, one function each, grouped by table family: `leases`
 //! (leases, tokens and recovery records), `snapshots` (fenced writes and reads), `audit`
-//! (rejections and recoveries, and their retention), `keys` (API keys). The statements of the
-//! leases and snapshots live in files of their own (`src/store/sql/*.sql`, compiled in with
-//! `include_str!`), each with its parameters, the rows it locks and why it is race-free under
-//! READ COMMITTED with any number of service instances on one database written beside it;
-//! `bench/compare.sh` runs the same files with pgbench.
+//! (rejections and recoveries, and their retention), `keys` (API keys). Each statement lives in a
+//! file of its own (`src/store/sql/*.sql`, compiled in with `include_str!`), with its
+//! parameters, the rows it locks and why it is race-free under READ COMMITTED with any number of
+//! service instances on one database written beside it; `bench/compare.sh` runs the same files
+//! with pgbench. Two are built in code because their shape is data: the audit log's page query
+//! (one prepared statement per combination of filters) and its retention's batch delete (per
+//! table); and a few one-call statements stay inline (`set_config`, `pg_notify`, the timeline's
+//! function).
 //!
 //! Every statement is also bounded on the service's side (the `Bounded` trait): the server's timeouts
 //! end a slow statement, but not a wait on a connection that stalled on the way.
@@ -275,7 +278,7 @@ pub async fn prepare(pool: &PgPool) -> Result<()> {
 /// Whether the database holds snapfence's tables, of any version: one without them is not a
 /// service's database (yet), which `snapfence keys` tells apart from an empty key table.
 pub async fn has_schema(pool: &PgPool) -> Result<bool> {
-    sqlx::query_scalar("SELECT to_regclass('leases') IS NOT NULL")
+    sqlx::query_scalar(include_str!("sql/schema.sql"))
         .fetch_one(pool)
         .bounded(pool)
         .await
@@ -284,15 +287,10 @@ pub async fn has_schema(pool: &PgPool) -> Result<bool> {
 /// Whether the database answers and has every migration this build knows of.
 pub async fn ready(pool: &PgPool) -> Result<bool> {
     let latest = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
-    // to_regclass: a database that was never migrated has no migrations table, which is
-    // "not ready", not an error.
-    let applied: Option<i64> = sqlx::query_scalar(
-        "SELECT CASE WHEN to_regclass('_sqlx_migrations') IS NOT NULL
-                THEN (SELECT max(version) FROM _sqlx_migrations WHERE success) END",
-    )
-    .fetch_one(pool)
-    .bounded(pool)
-    .await?;
+    let applied: Option<i64> = sqlx::query_scalar(include_str!("sql/migrated.sql"))
+        .fetch_one(pool)
+        .bounded(pool)
+        .await?;
     Ok(applied.is_some_and(|v| v >= latest))
 }
 
