@@ -271,7 +271,7 @@ pub async fn acquire(db: &Db, req: &NewLease, ctx: &RequestContext) -> Result<Ac
 /// The renew statement ([`renew`]); its race-freedom argument is in `sql/renew.sql`.
 const RENEW: &str = include_str!("sql/renew.sql");
 
-/// Renews a live lease: one `UPDATE` ([`RENEW`]) that changes it only while the token is the
+/// Renews a live lease: one `UPDATE` (`sql/renew.sql`) that changes it only while the token is the
 /// key's live lease.
 #[tracing::instrument(level = "debug", skip_all, fields(key = %key))]
 pub async fn renew(

@@ -8,7 +8,7 @@ use rand::Rng;
 
 use crate::Error;
 
-/// How failed attempts are retried (see the [module docs](self) for which ones are).
+/// How failed attempts are retried (see the [crate docs](crate) for which ones are).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Attempts in all, the first included; 1 never retries.
@@ -30,7 +30,7 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// One attempt, no retries: for callers that retry on their own terms, as [`LeaseKeeper`]
+    /// One attempt, no retries: for callers that retry on their own terms, as [`LeaseKeeper`](crate::LeaseKeeper)
     /// does against the lease's deadline.
     pub fn none() -> Self {
         Self {
