@@ -136,3 +136,36 @@ impl ServeConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::{ArgAction, Args, Command};
+
+    use super::ServeConfig;
+
+    /// The row of the README's configuration table that documents `--flag`.
+    fn readme_row(flag: &str) -> Option<&'static str> {
+        let readme = include_str!("../README.md");
+        let name = format!("`--{flag}`");
+        readme
+            .lines()
+            .filter(|l| l.starts_with("| `--"))
+            .find(|l| l.split(" | ").next().is_some_and(|f| f.contains(&name)))
+    }
+
+    #[test]
+    fn every_serve_option_is_in_the_readme_table_with_its_default() {
+        let command = ServeConfig::augment_args(Command::new("serve"));
+        for arg in command.get_arguments() {
+            let Some(flag) = arg.get_long() else { continue };
+            let row = readme_row(flag).unwrap_or_else(|| panic!("--{flag} is not in the README"));
+            if arg.is_hide_default_value_set() || matches!(arg.get_action(), ArgAction::SetTrue) {
+                continue;
+            }
+            for default in arg.get_default_values() {
+                let default = format!("`{}`", default.to_string_lossy());
+                assert!(row.contains(&default), "--{flag}: {default} not in {row}");
+            }
+        }
+    }
+}
