@@ -34,10 +34,12 @@ use crate::state::AppState;
 use error::{ApiError, Unavailability};
 use extract::REQUEST_ID;
 
-/// The whole API with its middleware: request ids (taken or made, echoed on every answer), a
-/// tracing span per request named by its matched route, and panics turned into a 500 problem.
+/// The whole API with its middleware: request ids (taken when usable, else made, echoed on
+/// every answer), a tracing span per request named by its matched route, and panics turned
+/// into a 500 problem.
 pub fn router(state: AppState) -> Router {
     let middleware = ServiceBuilder::new()
+        .map_request(drop_unusable_request_id)
         .layer(SetRequestIdLayer::new(REQUEST_ID.clone(), MakeRequestUuid))
         .layer(
             TraceLayer::new_for_http()
@@ -88,6 +90,29 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::middleware::from_fn_with_state(metrics, observe))
         .layer(axum::middleware::from_fn(error::log_errors))
         .layer(middleware)
+}
+
+/// The longest `x-request-id` kept from a client.
+pub const MAX_REQUEST_ID_BYTES: usize = 128;
+
+/// Removes a client's `x-request-id` unless it is one value of 1..=[`MAX_REQUEST_ID_BYTES`]
+/// visible ASCII characters, so that the service makes one instead: an id is echoed, logged
+/// and stored in audit rows, where a 15 KB one or one with control characters does harm. Two
+/// values are removed too, since neither is the request's id.
+fn drop_unusable_request_id<B>(mut req: Request<B>) -> Request<B> {
+    let mut ids = req.headers().get_all(&REQUEST_ID).iter();
+    let usable = match (ids.next(), ids.next()) {
+        (Some(id), None) => {
+            (1..=MAX_REQUEST_ID_BYTES).contains(&id.len())
+                && id.as_bytes().iter().all(u8::is_ascii_graphic)
+        }
+        (None, _) => true,
+        (Some(_), Some(_)) => false,
+    };
+    if !usable {
+        req.headers_mut().remove(&REQUEST_ID);
+    }
+    req
 }
 
 /// Refuses a request whose headers, as sent, total more than `limit` bytes.

@@ -1,11 +1,11 @@
 //! Request limits: concurrent requests shed with 503, slow bodies answered 408, oversized
-//! headers answered 431; each refusal changes nothing.
+//! headers answered 431; each refusal changes nothing. Request ids are kept only when usable.
 
 use std::time::Duration;
 
 use futures_util::{StreamExt, stream};
 use reqwest::{Body, Method, StatusCode};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::harness::{TestApp, problem, rules, token};
 
@@ -110,5 +110,71 @@ async fn headers_over_the_limit_are_answered_431_and_change_nothing() {
         "not_found",
     )
     .await;
+    app.stop().await;
+}
+
+/// The `x-request-id` an answer carries, for a request that sent `id`.
+async fn echoed_request_id(app: &TestApp, id: &str) -> String {
+    let r = app
+        .request(Method::GET, "/healthz")
+        .header("x-request-id", id)
+        .send()
+        .await
+        .unwrap();
+    r.headers()["x-request-id"].to_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn a_request_id_of_128_visible_characters_is_kept() {
+    let app = TestApp::spawn().await;
+    let id = "~!".repeat(64);
+    assert_eq!(echoed_request_id(&app, &id).await, id);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_request_id_over_128_characters_is_replaced_in_the_answer_and_the_audit_row() {
+    let app = TestApp::spawn().await;
+    let sent = "r".repeat(200);
+    let r = app
+        .request(Method::PUT, "/v1/snapshots/never-leased")
+        .header("Fencing-Token", "7")
+        .header("x-request-id", &sent)
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    let made = r.headers()["x-request-id"].to_str().unwrap().to_owned();
+    problem(r, StatusCode::CONFLICT, "unknown_token").await;
+    assert_ne!(made, sent);
+    assert_eq!(made.len(), 36, "a UUID: {made}");
+    let page: Value = app.get("/v1/audit/rejections").await.json().await.unwrap();
+    assert_eq!(page["items"][0]["request_id"], made.as_str());
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_request_id_with_a_space_or_a_control_character_is_replaced() {
+    let app = TestApp::spawn().await;
+    for id in ["two words", "tab\there"] {
+        let echoed = echoed_request_id(&app, id).await;
+        assert_ne!(echoed, id);
+        assert_eq!(echoed.len(), 36, "a UUID: {echoed}");
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_request_id_sent_twice_is_replaced() {
+    let app = TestApp::spawn().await;
+    let r = app
+        .request(Method::GET, "/healthz")
+        .header("x-request-id", "one")
+        .header("x-request-id", "two")
+        .send()
+        .await
+        .unwrap();
+    let echoed = r.headers()["x-request-id"].to_str().unwrap();
+    assert_eq!(echoed.len(), 36, "a UUID: {echoed}");
     app.stop().await;
 }
