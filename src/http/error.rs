@@ -115,6 +115,16 @@ pub enum ApiError {
         /// The limit.
         limit: usize,
     },
+    /// 414: the request target is over the limit.
+    #[error(
+        "the request target is {size} bytes, over this server's limit of {limit} bytes; a key is at most 512 bytes (1536 percent-encoded), so send a shorter path and query"
+    )]
+    UriTooLong {
+        /// Its size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// 500: a bug. The cause is logged, never sent.
     #[error("internal error; it was logged with this request's x-request-id")]
     Internal,
@@ -174,10 +184,12 @@ fn refusal_detail(key: &Key, r: &Refusal) -> String {
 }
 
 impl ApiError {
-    /// The HTTP status: the code's (the one table in `snapfence-types`), except for headers
-    /// over the limit, which are an `invalid_request` answered 431 as HTTP says.
+    /// The HTTP status: the code's (the one table in `snapfence-types`), except for a target
+    /// or headers over the limit, which are an `invalid_request` answered 414 or 431 as HTTP
+    /// says.
     pub fn status(&self) -> StatusCode {
         match self {
+            Self::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
             Self::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             other => StatusCode::from_u16(other.code().status())
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
@@ -187,7 +199,9 @@ impl ApiError {
     /// The contract's stable machine-readable code.
     pub fn code(&self) -> ErrorCode {
         match self {
-            Self::InvalidRequest(_) | Self::HeadersTooLarge { .. } => ErrorCode::InvalidRequest,
+            Self::InvalidRequest(_) | Self::UriTooLong { .. } | Self::HeadersTooLarge { .. } => {
+                ErrorCode::InvalidRequest
+            }
             Self::TokenRequired => ErrorCode::TokenRequired,
             Self::LeaseHeld { .. } => ErrorCode::LeaseHeld,
             Self::RecoveryRequired { .. } => ErrorCode::RecoveryRequired,

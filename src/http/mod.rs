@@ -85,7 +85,7 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
         .layer(axum::middleware::from_fn(move |req, next| {
-            limit_headers(max_header_bytes, req, next)
+            limit_head(max_header_bytes, req, next)
         }))
         .layer(axum::middleware::from_fn_with_state(metrics, observe))
         .layer(axum::middleware::from_fn(error::log_errors))
@@ -115,12 +115,31 @@ fn drop_unusable_request_id<B>(mut req: Request<B>) -> Request<B> {
     req
 }
 
-/// Refuses a request whose headers, as sent, total more than `limit` bytes.
-async fn limit_headers(
+/// The longest request target (path and query) served; longer is answered 414. The longest a
+/// call needs is a list or audit query naming a key of 512 bytes percent-encoded (1536 bytes)
+/// with every other parameter; 8 KiB is nginx's default too.
+pub const MAX_URI_BYTES: usize = 8 * 1024;
+
+/// Refuses a request whose target is over [`MAX_URI_BYTES`] (414), or whose headers, as sent,
+/// total more than `limit` bytes (431).
+async fn limit_head(
     limit: usize,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    let uri = req.uri();
+    // Origin form (`/v1/...?q`) as clients send it; an absolute form's scheme and authority
+    // count too.
+    let target = uri.path_and_query().map_or(0, |p| p.as_str().len())
+        + uri.authority().map_or(0, |a| a.as_str().len())
+        + uri.scheme_str().map_or(0, |s| s.len() + "://".len());
+    if target > MAX_URI_BYTES {
+        return ApiError::UriTooLong {
+            size: target,
+            limit: MAX_URI_BYTES,
+        }
+        .into_response();
+    }
     // Each header line is `name: value\r\n`.
     let size: usize = req
         .headers()

@@ -1,5 +1,6 @@
 //! Request limits: concurrent requests shed with 503, slow bodies answered 408, oversized
-//! headers answered 431; each refusal changes nothing. Request ids are kept only when usable.
+//! targets and headers answered 414 and 431; each refusal changes nothing. Request ids are
+//! kept only when usable.
 
 use std::time::Duration;
 
@@ -110,6 +111,17 @@ async fn headers_over_the_limit_are_answered_431_and_change_nothing() {
         "not_found",
     )
     .await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_target_over_the_limit_is_answered_414_problem_json_with_a_request_id() {
+    let app = TestApp::spawn().await;
+    let prefix = "p".repeat(snapfence::http::MAX_URI_BYTES);
+    let r = app.get(&format!("/v1/leases?prefix={prefix}")).await;
+    assert!(r.headers().contains_key("x-request-id"));
+    let body = problem(r, StatusCode::URI_TOO_LONG, "invalid_request").await;
+    assert!(body["detail"].as_str().unwrap().contains("8192"), "{body}");
     app.stop().await;
 }
 
