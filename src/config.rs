@@ -97,6 +97,23 @@ pub struct ServeConfig {
     #[arg(long, env = "SNAPFENCE_MAX_HEADER_BYTES", default_value_t = 16 * 1024)]
     pub max_header_bytes: usize,
 
+    /// How long a request's head (request line and headers) may take to arrive, counted from
+    /// the connection's accept (TLS handshake included) or from the first byte of a later
+    /// request on a keep-alive connection; a head that has not arrived by then has its
+    /// connection closed.
+    #[arg(long, env = "SNAPFENCE_HEAD_TIMEOUT", value_parser = positive_duration, default_value = "10s")]
+    pub head_timeout: Duration,
+
+    /// How long a keep-alive connection may idle (no request in flight, nothing sent or
+    /// received) before it is closed.
+    #[arg(long, env = "SNAPFENCE_IDLE_TIMEOUT", value_parser = positive_duration, default_value = "60s")]
+    pub idle_timeout: Duration,
+
+    /// Connections one instance keeps open at once; one more waits in the listen queue, not
+    /// accepted, until another closes.
+    #[arg(long, env = "SNAPFENCE_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+
     /// Serve requests without an API key on a non-loopback address while no key exists.
     #[arg(long, env = "SNAPFENCE_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
@@ -124,6 +141,9 @@ impl ServeConfig {
             body_timeout: self.body_timeout,
             max_concurrent_requests: self.max_concurrent_requests as usize,
             max_header_bytes: self.max_header_bytes,
+            head_timeout: self.head_timeout,
+            idle_timeout: self.idle_timeout,
+            max_connections: self.max_connections as usize,
             anonymous_without_keys: self.listen.ip().is_loopback() || self.insecure_no_auth,
         }
     }
@@ -134,6 +154,15 @@ impl ServeConfig {
             pool_size: self.db_pool_size,
             timeout: self.db_timeout,
         }
+    }
+}
+
+/// A duration above zero: a zero head or idle timeout would close every connection at once.
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(d) if d.is_zero() => Err("must be above zero".into()),
+        Ok(d) => Ok(d),
+        Err(e) => Err(e.to_string()),
     }
 }
 
