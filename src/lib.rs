@@ -7,7 +7,7 @@
 //!
 //! This crate is the server and the `snapfence` command. Layout: [`domain`] (the contract's
 //! vocabulary from `snapfence-types`, and API keys), [`store`] (all SQL), [`http`] (routes,
-//! extractors, errors), [`conn`] (connections: their cap and timeouts),
+//! extractors, errors), [`conn`] (connections: their cap, timeouts and hyper's limits),
 //! [`config`], [`embedded`] (a private PostgreSQL), [`cli`] (which calls a server through
 //! `snapfence-client`).
 
@@ -57,21 +57,21 @@ pub async fn run(
     let served = match tls {
         None => {
             let acceptor = conn::Acceptor::new(DefaultAcceptor::new(), &rules);
-            axum_server::Server::from_listener(listener)
+            let mut server = axum_server::Server::from_listener(listener)
                 .acceptor(acceptor)
-                .handle(handle)
-                .serve(app)
-                .await
+                .handle(handle);
+            conn::tune(&mut server, &rules);
+            server.serve(app).await
         }
         Some(tls) => {
             // The handshake counts against the head timeout, which runs from the accept.
             let handshake = RustlsAcceptor::new(tls).handshake_timeout(rules.head_timeout);
             let acceptor = conn::Acceptor::new(handshake, &rules);
-            axum_server::Server::from_listener(listener)
+            let mut server = axum_server::Server::from_listener(listener)
                 .acceptor(acceptor)
-                .handle(handle)
-                .serve(app)
-                .await
+                .handle(handle);
+            conn::tune(&mut server, &rules);
+            server.serve(app).await
         }
     };
     pruner.abort();

@@ -135,7 +135,7 @@ async fn limit_head(
         + uri.scheme_str().map_or(0, |s| s.len() + "://".len());
     if target > MAX_URI_BYTES {
         return ApiError::UriTooLong {
-            size: target,
+            size: Some(target),
             limit: MAX_URI_BYTES,
         }
         .into_response();

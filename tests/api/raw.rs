@@ -1,9 +1,10 @@
-//! HTTP/1.1 on a bare TCP socket, for what no HTTP library does: send a head a byte at a
-//! time, connect and send nothing, keep a connection to watch for its close.
+//! HTTP/1.1 on a bare TCP socket, for what no HTTP library sends: malformed heads, conflicting
+//! lengths, heads a byte at a time, connections that send nothing.
 
 use std::time::Duration;
 
-use tokio::io::AsyncReadExt;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// A generous ceiling on anything the server is expected to do at once.
@@ -13,6 +14,40 @@ const CEILING: Duration = Duration::from_secs(30);
 pub struct Answer {
     /// The status code.
     pub status: u16,
+    /// The headers, names lower-case.
+    pub headers: Vec<(String, String)>,
+    /// The body.
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    /// The value of a header sent once.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let mut values = self.headers.iter().filter(|(n, _)| n == name);
+        let value = values.next().map(|(_, v)| v.as_str());
+        assert!(values.next().is_none(), "{name} sent twice");
+        value
+    }
+
+    /// Asserts a problem+json answer of `status` and `code` with an `x-request-id`; returns its
+    /// body.
+    pub fn problem(&self, status: u16, code: &str) -> Value {
+        assert_eq!(self.status, status, "status");
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json")
+        );
+        let id = self.header("x-request-id").expect("an x-request-id");
+        assert!(!id.is_empty());
+        let body: Value = serde_json::from_slice(&self.body).expect("a JSON body");
+        assert_eq!(
+            (body["code"].as_str(), body["status"].as_u64()),
+            (Some(code), Some(u64::from(status))),
+            "{body}"
+        );
+        assert!(body["detail"].as_str().is_some_and(|d| !d.is_empty()));
+        body
+    }
 }
 
 /// `127.0.0.1:PORT` of an instance's `http://127.0.0.1:PORT`.
@@ -51,17 +86,30 @@ pub async fn read_answer(stream: &mut TcpStream) -> Answer {
             .iter()
             .find(|(n, _)| n == "content-length")
             .map_or(0, |(_, v)| v.parse().unwrap());
-        let mut body = bytes.len() - head_end;
-        while body < length {
+        let mut body = bytes[head_end..].to_vec();
+        while body.len() < length {
             let n = stream.read(&mut chunk).await.expect("reading a body");
             assert!(n > 0, "closed within a body");
-            body += n;
+            body.extend_from_slice(&chunk[..n]);
         }
-        Answer { status }
+        Answer {
+            status,
+            headers,
+            body,
+        }
     };
     tokio::time::timeout(CEILING, read)
         .await
         .expect("an answer within the ceiling")
+}
+
+/// Sends `request` on a new connection and reads the answer.
+pub async fn exchange(base: &str, request: &[u8]) -> Answer {
+    let mut stream = connect(base).await;
+    // The server may answer and close before it has read everything (a head over its limit):
+    // what could not be sent does not matter.
+    let _ = stream.write_all(request).await;
+    read_answer(&mut stream).await
 }
 
 /// Waits until the server closes `stream` (an end of file or a reset), within `ceiling`; the
