@@ -110,7 +110,7 @@ pub struct ServeConfig {
     pub idle_timeout: Duration,
 
     /// Connections one instance keeps open at once; one more waits in the listen queue, not
-    /// accepted, until another closes.
+    /// accepted, until another closes (lowered at start to what the open-file limit allows).
     #[arg(long, env = "SNAPFENCE_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
 
