@@ -97,6 +97,23 @@ pub struct ServeConfig {
     #[arg(long, env = "SNAPFENCE_MAX_HEADER_BYTES", default_value_t = 16 * 1024)]
     pub max_header_bytes: usize,
 
+    /// How long a request's head (request line and headers) may take to arrive, counted from
+    /// the connection's accept (TLS handshake included) or from the first byte of a later
+    /// request on a keep-alive connection; a head that has not arrived by then has its
+    /// connection closed.
+    #[arg(long, env = "SNAPFENCE_HEAD_TIMEOUT", value_parser = positive_duration, default_value = "10s")]
+    pub head_timeout: Duration,
+
+    /// How long a keep-alive connection may idle (no request in flight, nothing sent or
+    /// received) before it is closed.
+    #[arg(long, env = "SNAPFENCE_IDLE_TIMEOUT", value_parser = positive_duration, default_value = "60s")]
+    pub idle_timeout: Duration,
+
+    /// Connections one instance keeps open at once; one more waits in the listen queue, not
+    /// accepted, until another closes (lowered at start to what the open-file limit allows).
+    #[arg(long, env = "SNAPFENCE_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+
     /// Serve requests without an API key on a non-loopback address while no key exists.
     #[arg(long, env = "SNAPFENCE_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
@@ -126,6 +143,9 @@ impl ServeConfig {
             body_timeout: self.body_timeout,
             max_concurrent_requests: self.max_concurrent_requests as usize,
             max_header_bytes: self.max_header_bytes,
+            head_timeout: self.head_timeout,
+            idle_timeout: self.idle_timeout,
+            max_connections: self.max_connections as usize,
             anonymous_without_keys: self.listen.ip().is_loopback() || self.insecure_no_auth,
         }
     }
@@ -135,6 +155,48 @@ impl ServeConfig {
         DbSettings {
             pool_size: self.db_pool_size,
             timeout: self.db_timeout,
+        }
+    }
+}
+
+/// A duration above zero: a zero head or idle timeout would close every connection at once.
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(d) if d.is_zero() => Err("must be above zero".into()),
+        Ok(d) => Ok(d),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{ArgAction, Args, Command};
+
+    use super::ServeConfig;
+
+    /// The row of the README's configuration table that documents `--flag`.
+    fn readme_row(flag: &str) -> Option<&'static str> {
+        let readme = include_str!("../README.md");
+        let name = format!("`--{flag}`");
+        readme
+            .lines()
+            .filter(|l| l.starts_with("| `--"))
+            .find(|l| l.split(" | ").next().is_some_and(|f| f.contains(&name)))
+    }
+
+    #[test]
+    fn every_serve_option_is_in_the_readme_table_with_its_default() {
+        let command = ServeConfig::augment_args(Command::new("serve"));
+        for arg in command.get_arguments() {
+            let Some(flag) = arg.get_long() else { continue };
+            let row = readme_row(flag).unwrap_or_else(|| panic!("--{flag} is not in the README"));
+            if arg.is_hide_default_value_set() || matches!(arg.get_action(), ArgAction::SetTrue) {
+                continue;
+            }
+            for default in arg.get_default_values() {
+                let default = format!("`{}`", default.to_string_lossy());
+                assert!(row.contains(&default), "--{flag}: {default} not in {row}");
+            }
         }
     }
 }

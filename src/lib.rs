@@ -7,11 +7,13 @@
 //!
 //! This crate is the server and the `snapfence` command. Layout: [`domain`] (the contract's
 //! vocabulary from `snapfence-types`, and API keys), [`store`] (all SQL), [`http`] (routes,
-//! extractors, errors), [`config`], [`embedded`] (a private PostgreSQL), [`cli`] (which calls a
-//! server through `snapfence-client`).
+//! extractors, errors), [`conn`] (connections: their cap, timeouts and hyper's limits),
+//! [`config`], [`embedded`] (a private PostgreSQL), [`cli`] (which calls a server through
+//! `snapfence-client`).
 
 pub mod cli;
 pub mod config;
+pub mod conn;
 pub mod domain;
 pub mod embedded;
 pub mod http;
@@ -24,7 +26,8 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use axum_server::tls_rustls::RustlsConfig;
+use axum_server::accept::DefaultAcceptor;
+use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 use tokio::net::TcpListener;
 
 pub use http::router;
@@ -32,7 +35,7 @@ pub use state::{AppState, Rules};
 
 /// Serves the API on `listener` (over TLS when `tls` is given) until `shutdown` resolves, then
 /// finishes the requests in flight and returns. Also runs the audit retention pruner for as long
-/// as it serves.
+/// as it serves. Connections are capped and timed as [`conn`] says.
 pub async fn run(
     listener: TcpListener,
     state: AppState,
@@ -40,7 +43,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let pruner = tokio::spawn(prune_audit_forever(state.clone()));
-    let handle = axum_server::Handle::new();
+    let handle = axum_server::Handle::<conn::Peer>::new();
     let stopper = handle.clone();
     tokio::spawn(async move {
         shutdown.await;
@@ -48,20 +51,27 @@ pub async fn run(
         // (the database bounds that); idle keep-alive connections are closed at once.
         stopper.graceful_shutdown(None);
     });
+    let rules = state.rules.clone();
     let app = router(state).into_make_service_with_connect_info::<SocketAddr>();
-    let listener = listener.into_std()?;
+    let listener = conn::Listener::new(listener, rules.max_connections);
     let served = match tls {
         None => {
-            axum_server::from_tcp(listener)?
-                .handle(handle)
-                .serve(app)
-                .await
+            let acceptor = conn::Acceptor::new(DefaultAcceptor::new(), &rules);
+            let mut server = axum_server::Server::from_listener(listener)
+                .acceptor(acceptor)
+                .handle(handle);
+            conn::tune(&mut server, &rules);
+            server.serve(app).await
         }
         Some(tls) => {
-            axum_server::tls_rustls::from_tcp_rustls(listener, tls)?
-                .handle(handle)
-                .serve(app)
-                .await
+            // The handshake counts against the head timeout, which runs from the accept.
+            let handshake = RustlsAcceptor::new(tls).handshake_timeout(rules.head_timeout);
+            let acceptor = conn::Acceptor::new(handshake, &rules);
+            let mut server = axum_server::Server::from_listener(listener)
+                .acceptor(acceptor)
+                .handle(handle);
+            conn::tune(&mut server, &rules);
+            server.serve(app).await
         }
     };
     pruner.abort();

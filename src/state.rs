@@ -27,6 +27,12 @@ pub struct Rules {
     pub max_concurrent_requests: usize,
     /// The largest total size of a request's headers, in bytes.
     pub max_header_bytes: usize,
+    /// How long a request head may take to arrive (see [`crate::conn`]).
+    pub head_timeout: Duration,
+    /// How long a keep-alive connection may idle before it is closed.
+    pub idle_timeout: Duration,
+    /// The most connections one instance keeps open; one more waits in the listen queue.
+    pub max_connections: usize,
     /// Whether requests without credentials are served while no live API key exists. True for
     /// a loopback listener (or with `--insecure-no-auth`); false means every request needs a key.
     pub anonymous_without_keys: bool,
@@ -42,6 +48,9 @@ impl Default for Rules {
             body_timeout: Duration::from_secs(30),
             max_concurrent_requests: 1024,
             max_header_bytes: 16 * 1024,
+            head_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 4096,
             anonymous_without_keys: true,
         }
     }

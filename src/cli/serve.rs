@@ -112,13 +112,55 @@ async fn serve_on(config: &ServeConfig, options: PgConnectOptions) -> Result<(),
         })?),
         _ => None,
     };
-    let state = AppState::new(pool.clone(), config.rules());
+    let mut rules = config.rules();
+    rules.max_connections = connections_within_file_limit(config, rules.max_connections);
+    let state = AppState::new(pool.clone(), rules);
     crate::run(listener, state, tls, shutdown_signal())
         .await
         .map_err(|e| format!("the server failed: {e}"))?;
     tracing::info!("shut down; requests in flight were finished");
     pool.close().await;
     Ok(())
+}
+
+/// Files an instance keeps open besides its connections and its database pools: the runtime's,
+/// the logs, the embedded cluster's pipes, a TLS key being reloaded. Generous, since running out
+/// of files would fail the next database connection, not only the next client.
+const OTHER_FILES: u64 = 128;
+
+/// Raises the soft limit on open files to the hard one, as Go's runtime does at start: every
+/// connection is a file, and the usual soft limit (1024) is below the default
+/// `--max-connections`. Returns the cap on connections that leaves room for everything else
+/// within the limit, with a warning when that is below `--max-connections`.
+fn connections_within_file_limit(config: &ServeConfig, wanted: usize) -> usize {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return wanted;
+    };
+    // Linux refuses an unlimited soft limit on files; 2^20 is its usual ceiling (nr_open).
+    let raised = hard.min(1 << 20);
+    let files = if raised > soft && setrlimit(Resource::RLIMIT_NOFILE, raised, hard).is_ok() {
+        raised
+    } else {
+        soft
+    };
+    let reserve = OTHER_FILES + 2 * u64::from(config.db_pool_size) + 1;
+    let allowed = connections_allowed(files, reserve, wanted);
+    if allowed < wanted {
+        tracing::warn!(
+            open_file_limit = files,
+            max_connections = allowed,
+            "the open-file limit leaves room for {allowed} connections, not --max-connections {wanted}; \
+             more wait in the listen queue. Raise the limit (ulimit -n, LimitNOFILE=) to serve more"
+        );
+    }
+    allowed
+}
+
+/// The connections that fit in `files` open files once `reserve` are set aside; at least one.
+fn connections_allowed(files: u64, reserve: u64, wanted: usize) -> usize {
+    let room = usize::try_from(files.saturating_sub(reserve)).unwrap_or(usize::MAX);
+    wanted.min(room).max(1)
 }
 
 /// Resolves on SIGTERM or SIGINT.
@@ -155,5 +197,17 @@ async fn check_exposure(config: &ServeConfig, pool: &sqlx::PgPool) -> Result<(),
              --scope admin`), listen on 127.0.0.1, or pass --insecure-no-auth to accept the risk",
             config.listen
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_are_capped_below_the_file_limit_less_the_reserve() {
+        assert_eq!(connections_allowed(1024, 161, 4096), 863);
+        assert_eq!(connections_allowed(1 << 20, 161, 4096), 4096);
+        assert_eq!(connections_allowed(100, 161, 4096), 1);
     }
 }

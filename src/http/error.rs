@@ -115,6 +115,25 @@ pub enum ApiError {
         /// The limit.
         limit: usize,
     },
+    /// 414: the request target is over the limit (`size` is unknown when hyper measured it).
+    #[error("{}", uri_detail(*size, *limit))]
+    UriTooLong {
+        /// Its size, when known.
+        size: Option<usize>,
+        /// The limit.
+        limit: usize,
+    },
+    /// 431: the request head is over hyper's own limits, which are set above the service's
+    /// (see `crate::conn::HeadLimits`), so only a head far over the service's is refused so.
+    #[error(
+        "the request head (request line and headers) is over this server's limit of {bytes} bytes or {fields} header fields; send fewer or smaller headers"
+    )]
+    HeadTooLarge {
+        /// The limit in bytes.
+        bytes: usize,
+        /// The limit in header fields.
+        fields: usize,
+    },
     /// 500: a bug. The cause is logged, never sent.
     #[error("internal error; it was logged with this request's x-request-id")]
     Internal,
@@ -124,6 +143,13 @@ pub enum ApiError {
     /// and never sent.
     #[error("{}", database_detail(.0))]
     Database(Arc<StoreError>),
+}
+
+fn uri_detail(size: Option<usize>, limit: usize) -> String {
+    let size = size.map_or_else(String::new, |n| format!("{n} bytes, "));
+    format!(
+        "the request target is {size}over this server's limit of {limit} bytes; a key is at most 512 bytes (1536 percent-encoded), so send a shorter path and query"
+    )
 }
 
 /// The detail of a store failure: the one of the answer it becomes.
@@ -184,11 +210,15 @@ fn refusal_detail(key: &Key, r: &Refusal) -> String {
 }
 
 impl ApiError {
-    /// The HTTP status: the code's (the one table in `snapfence-types`), except for headers
-    /// over the limit, which are an `invalid_request` answered 431 as HTTP says.
+    /// The HTTP status: the code's (the one table in `snapfence-types`), except for a target
+    /// or headers over the limit, which are an `invalid_request` answered 414 or 431 as HTTP
+    /// says.
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Self::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
+            Self::HeadersTooLarge { .. } | Self::HeadTooLarge { .. } => {
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+            }
             other => StatusCode::from_u16(other.code().status())
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         }
@@ -197,7 +227,10 @@ impl ApiError {
     /// The contract's stable machine-readable code.
     pub fn code(&self) -> ErrorCode {
         match self {
-            Self::InvalidRequest(_) | Self::HeadersTooLarge { .. } => ErrorCode::InvalidRequest,
+            Self::InvalidRequest(_)
+            | Self::UriTooLong { .. }
+            | Self::HeadersTooLarge { .. }
+            | Self::HeadTooLarge { .. } => ErrorCode::InvalidRequest,
             Self::TokenRequired => ErrorCode::TokenRequired,
             Self::LeaseHeld { .. } => ErrorCode::LeaseHeld,
             Self::RecoveryRequired { .. } => ErrorCode::RecoveryRequired,
@@ -245,6 +278,11 @@ impl ApiError {
         }
         problem
     }
+
+    /// The problem+json body as sent; also for an answer written below axum (`crate::conn`).
+    pub(crate) fn problem_json(&self) -> String {
+        serde_json::to_string(&self.problem()).expect("a problem serializes")
+    }
 }
 
 impl From<InvalidInput> for ApiError {
@@ -261,8 +299,7 @@ impl From<StoreError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = serde_json::to_string(&self.problem()).expect("a problem serializes");
-        let mut response = (self.status(), body).into_response();
+        let mut response = (self.status(), self.problem_json()).into_response();
         let code = self.code();
         response.extensions_mut().insert(code);
         if let Self::Database(cause) = &self {

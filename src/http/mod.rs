@@ -35,10 +35,12 @@ use crate::state::AppState;
 use error::{ApiError, Unavailability};
 use extract::REQUEST_ID;
 
-/// The whole API with its middleware: request ids (taken or made, echoed on every answer), a
-/// tracing span per request named by its matched route, and panics turned into a 500 problem.
+/// The whole API with its middleware: request ids (taken when usable, else made, echoed on
+/// every answer), a tracing span per request named by its matched route, and panics turned
+/// into a 500 problem.
 pub fn router(state: AppState) -> Router {
     let middleware = ServiceBuilder::new()
+        .map_request(drop_unusable_request_id)
         .layer(SetRequestIdLayer::new(REQUEST_ID.clone(), MakeRequestUuid))
         .layer(
             TraceLayer::new_for_http()
@@ -88,7 +90,7 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
         .layer(axum::middleware::from_fn(move |req, next| {
-            limit_headers(max_header_bytes, req, next)
+            limit_head(max_header_bytes, req, next)
         }))
         .layer(axum::middleware::from_fn(
             move |req, next: axum::middleware::Next| crate::store::within(db_bound, next.run(req)),
@@ -98,12 +100,54 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware)
 }
 
-/// Refuses a request whose headers, as sent, total more than `limit` bytes.
-async fn limit_headers(
+/// The longest `x-request-id` kept from a client.
+pub const MAX_REQUEST_ID_BYTES: usize = 128;
+
+/// Removes a client's `x-request-id` unless it is one value of 1..=[`MAX_REQUEST_ID_BYTES`]
+/// visible ASCII characters, so that the service makes one instead: an id is echoed, logged
+/// and stored in audit rows, where a 15 KB one or one with control characters does harm. Two
+/// values are removed too, since neither is the request's id.
+fn drop_unusable_request_id<B>(mut req: Request<B>) -> Request<B> {
+    let mut ids = req.headers().get_all(&REQUEST_ID).iter();
+    let usable = match (ids.next(), ids.next()) {
+        (Some(id), None) => {
+            (1..=MAX_REQUEST_ID_BYTES).contains(&id.len())
+                && id.as_bytes().iter().all(u8::is_ascii_graphic)
+        }
+        (None, _) => true,
+        (Some(_), Some(_)) => false,
+    };
+    if !usable {
+        req.headers_mut().remove(&REQUEST_ID);
+    }
+    req
+}
+
+/// The longest request target (path and query) served; longer is answered 414. The longest a
+/// call needs is a list or audit query naming a key of 512 bytes percent-encoded (1536 bytes)
+/// with every other parameter; 8 KiB is nginx's default too.
+pub const MAX_URI_BYTES: usize = 8 * 1024;
+
+/// Refuses a request whose target is over [`MAX_URI_BYTES`] (414), or whose headers, as sent,
+/// total more than `limit` bytes (431).
+async fn limit_head(
     limit: usize,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    let uri = req.uri();
+    // Origin form (`/v1/...?q`) as clients send it; an absolute form's scheme and authority
+    // count too.
+    let target = uri.path_and_query().map_or(0, |p| p.as_str().len())
+        + uri.authority().map_or(0, |a| a.as_str().len())
+        + uri.scheme_str().map_or(0, |s| s.len() + "://".len());
+    if target > MAX_URI_BYTES {
+        return ApiError::UriTooLong {
+            size: Some(target),
+            limit: MAX_URI_BYTES,
+        }
+        .into_response();
+    }
     // Each header line is `name: value\r\n`.
     let size: usize = req
         .headers()

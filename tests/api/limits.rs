@@ -1,13 +1,17 @@
 //! Request limits: concurrent requests shed with 503, slow bodies answered 408, oversized
-//! headers answered 431; each refusal changes nothing.
+//! targets and headers answered 414 and 431, and every head hyper refuses by itself answered
+//! problem+json with an `x-request-id` too; each refusal changes nothing. Request ids are kept
+//! only when usable.
 
 use std::time::Duration;
 
 use futures_util::{StreamExt, stream};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Body, Method, StatusCode};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::harness::{TestApp, problem, rules, token};
+use crate::raw;
 
 /// A body that sends `parts` small chunks, one every `every`.
 fn slow_body(parts: u64, every: Duration) -> Body {
@@ -136,5 +140,175 @@ async fn headers_over_the_limit_are_answered_431_and_change_nothing() {
         "not_found",
     )
     .await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn many_small_headers_within_the_limit_are_served() {
+    let app = TestApp::spawn().await;
+    // More fields than hyper takes by default (100), in far fewer bytes than the limit.
+    let headers: HeaderMap = (0..300)
+        .map(|i| {
+            let name = HeaderName::try_from(format!("x-f{i}")).unwrap();
+            (name, HeaderValue::from_static("v"))
+        })
+        .collect();
+    let r = app
+        .request(Method::GET, "/healthz")
+        .headers(headers)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn many_small_headers_over_the_limit_are_answered_431_problem_json_with_a_request_id() {
+    let app = TestApp::spawn().await;
+    let fields: String = (0..3000).map(|i| format!("x-f{i}: v\r\n")).collect();
+    let request = format!("GET /healthz HTTP/1.1\r\nhost: x\r\n{fields}connection: close\r\n\r\n");
+    let answer = raw::exchange(&app.instance.base, request.as_bytes()).await;
+    let body = answer.problem(431, "invalid_request");
+    assert!(body["detail"].as_str().unwrap().contains("16384"), "{body}");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_head_over_hyper_s_buffer_is_answered_431_problem_json_with_a_request_id() {
+    let app = TestApp::spawn().await;
+    let request = format!(
+        "GET /healthz HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n",
+        "b".repeat(200 * 1024)
+    );
+    let answer = raw::exchange(&app.instance.base, request.as_bytes()).await;
+    answer.problem(431, "invalid_request");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_target_over_the_limit_is_answered_414_problem_json_with_a_request_id() {
+    let app = TestApp::spawn().await;
+    let prefix = "p".repeat(snapfence::http::MAX_URI_BYTES);
+    let r = app.get(&format!("/v1/leases?prefix={prefix}")).await;
+    assert!(r.headers().contains_key("x-request-id"));
+    let body = problem(r, StatusCode::URI_TOO_LONG, "invalid_request").await;
+    assert!(body["detail"].as_str().unwrap().contains("8192"), "{body}");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn conflicting_content_lengths_are_answered_400_problem_json_with_a_request_id() {
+    let app = TestApp::spawn().await;
+    let body = r#"{"owner":"w","ttl_ms":30000}"#;
+    let request = format!(
+        "POST /v1/leases/k HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len(),
+        body.len() + 1
+    );
+    let answer = raw::exchange(&app.instance.base, request.as_bytes()).await;
+    answer.problem(400, "invalid_request");
+    problem(
+        app.get("/v1/leases/k").await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+    )
+    .await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_malformed_request_line_is_answered_400_problem_json_with_a_request_id() {
+    let app = TestApp::spawn().await;
+    let answer = raw::exchange(&app.instance.base, b"NOT HTTP AT ALL\r\n\r\n").await;
+    answer.problem(400, "invalid_request");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_head_refused_after_an_answered_request_on_the_same_connection_is_problem_json_too() {
+    let app = TestApp::spawn().await;
+    let mut stream = raw::connect(&app.instance.base).await;
+    use tokio::io::AsyncWriteExt;
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(raw::read_answer(&mut stream).await.status, 200);
+    stream
+        .write_all(
+            b"GET /healthz HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    raw::read_answer(&mut stream)
+        .await
+        .problem(400, "invalid_request");
+    app.stop().await;
+}
+
+/// The `x-request-id` an answer carries, for a request that sent `id`.
+async fn echoed_request_id(app: &TestApp, id: &str) -> String {
+    let r = app
+        .request(Method::GET, "/healthz")
+        .header("x-request-id", id)
+        .send()
+        .await
+        .unwrap();
+    r.headers()["x-request-id"].to_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn a_request_id_of_128_visible_characters_is_kept() {
+    let app = TestApp::spawn().await;
+    let id = "~!".repeat(64);
+    assert_eq!(echoed_request_id(&app, &id).await, id);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_request_id_over_128_characters_is_replaced_in_the_answer_and_the_audit_row() {
+    let app = TestApp::spawn().await;
+    let sent = "r".repeat(200);
+    let r = app
+        .request(Method::PUT, "/v1/snapshots/never-leased")
+        .header("Fencing-Token", "7")
+        .header("x-request-id", &sent)
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    let made = r.headers()["x-request-id"].to_str().unwrap().to_owned();
+    problem(r, StatusCode::CONFLICT, "unknown_token").await;
+    assert_ne!(made, sent);
+    assert_eq!(made.len(), 36, "a UUID: {made}");
+    let page: Value = app.get("/v1/audit/rejections").await.json().await.unwrap();
+    assert_eq!(page["items"][0]["request_id"], made.as_str());
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_request_id_with_a_space_or_a_control_character_is_replaced() {
+    let app = TestApp::spawn().await;
+    for id in ["two words", "tab\there"] {
+        let echoed = echoed_request_id(&app, id).await;
+        assert_ne!(echoed, id);
+        assert_eq!(echoed.len(), 36, "a UUID: {echoed}");
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_request_id_sent_twice_is_replaced() {
+    let app = TestApp::spawn().await;
+    let r = app
+        .request(Method::GET, "/healthz")
+        .header("x-request-id", "one")
+        .header("x-request-id", "two")
+        .send()
+        .await
+        .unwrap();
+    let echoed = r.headers()["x-request-id"].to_str().unwrap();
+    assert_eq!(echoed.len(), 36, "a UUID: {echoed}");
     app.stop().await;
 }

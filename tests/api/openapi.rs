@@ -260,6 +260,11 @@ async fn answers_conform_to_the_spec_across_every_operation_and_error_code() {
         .await;
     c.check("get", "/v1/leases", app.get("/v1/leases?limit=0").await)
         .await;
+    let long = format!(
+        "/v1/leases?prefix={}",
+        "p".repeat(snapfence::http::MAX_URI_BYTES)
+    );
+    c.check("get", "/v1/leases", app.get(&long).await).await;
 
     // Snapshots: created, updated, read, 304, versions, 412, 428, 400, stale, unknown, 413, delete.
     let put = |token: i64, body: &'static str| {

@@ -147,6 +147,49 @@ async fn if_none_match_with_the_current_etag_answers_304() {
 }
 
 #[tokio::test]
+async fn a_weak_if_none_match_of_the_current_etag_answers_304_on_get_and_head_of_snapshot_and_version()
+ {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("k", "a", 30000).await);
+    let etag = app.put("k", t, "x").await.headers()["etag"].clone();
+    let weak = format!("W/{}", etag.to_str().unwrap());
+    for method in [Method::GET, Method::HEAD] {
+        for path in ["/v1/snapshots/k", "/v1/snapshots/k/versions/1"] {
+            let r = app
+                .request(method.clone(), path)
+                .header("If-None-Match", &weak)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::NOT_MODIFIED, "{method} {path}");
+            assert_eq!(r.headers()["etag"], etag);
+        }
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_weak_if_match_never_matches_the_current_etag() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("k", "a", 30000).await);
+    let etag = app.put("k", t, "one").await.headers()["etag"].clone();
+    let r = app
+        .request(Method::PUT, "/v1/snapshots/k")
+        .header("Fencing-Token", t.to_string())
+        .header("If-Match", format!("W/{}", etag.to_str().unwrap()))
+        .body("two")
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::PRECONDITION_FAILED, "precondition_failed").await;
+    assert_eq!(
+        app.get("/v1/snapshots/k").await.text().await.unwrap(),
+        "one"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn if_match_writes_on_a_match_and_answers_412_otherwise_changing_nothing() {
     let app = TestApp::spawn().await;
     let t = token(&app.acquire("k", "a", 30000).await);

@@ -3,28 +3,14 @@
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::harness::{Instance, migrated_database, rules};
+use crate::harness::{https_instance, rules};
 
 #[tokio::test]
 async fn the_service_answers_over_tls_with_the_configured_certificate_only() {
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let dir = tempfile::Builder::new()
-        .prefix("sf-tmp-")
-        .tempdir()
-        .unwrap();
-    let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    std::fs::write(&cert_path, cert.cert.pem()).unwrap();
-    std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();
-    let tls = snapfence::tls_config(&cert_path, &key_path).await.unwrap();
-    let instance = {
-        let database = migrated_database().await;
-        Instance::start_with_tls(database.options().clone(), rules(), Some(tls))
-            .await
-            .owning(database)
-    };
+    let (instance, cert) = https_instance(rules()).await;
 
     let trusting = reqwest::Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(cert.cert.pem().as_bytes()).unwrap())
+        .add_root_certificate(reqwest::Certificate::from_pem(cert.as_bytes()).unwrap())
         .build()
         .unwrap();
     let r = trusting

@@ -14,7 +14,7 @@ use snapfence_client::{
     AcquireRequest, AuditFilter, AuditOperation, Client, LeaseFilter, PageRequest, PutOptions,
 };
 
-use crate::harness::{Instance, TestApp, migrated_database, rules};
+use crate::harness::{TestApp, https_instance, rules};
 use crate::support::{client, grant, key, owner};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -584,24 +584,10 @@ async fn an_api_key_is_sent_with_every_call_and_names_the_principal() {
 
 #[tokio::test]
 async fn the_client_speaks_https_to_a_server_whose_certificate_it_was_given() {
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let dir = tempfile::Builder::new()
-        .prefix("sf-tmp-")
-        .tempdir()
-        .unwrap();
-    let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    std::fs::write(&cert_path, cert.cert.pem()).unwrap();
-    std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();
-    let tls = snapfence::tls_config(&cert_path, &key_path).await.unwrap();
-    let instance = {
-        let database = migrated_database().await;
-        Instance::start_with_tls(database.options().clone(), rules(), Some(tls))
-            .await
-            .owning(database)
-    };
+    let (instance, cert) = https_instance(rules()).await;
 
     let trusting = Client::builder(instance.base.clone())
-        .root_certificates_pem(cert.cert.pem())
+        .root_certificates_pem(cert)
         .build()
         .unwrap();
     assert_eq!(trusting.readyz().await.unwrap().status, "ready");

@@ -294,6 +294,29 @@ impl Instance {
     }
 }
 
+/// An instance serving HTTPS with a fresh self-signed certificate for `localhost`, on a
+/// database of its own; returned with the certificate's PEM, for a client to trust.
+pub async fn https_instance(rules: Rules) -> (Instance, String) {
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()])
+        .expect("a self-signed certificate");
+    let dir = tempfile::Builder::new()
+        .prefix("sf-tmp-")
+        .tempdir()
+        .expect("a temporary directory");
+    let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert_path, cert.cert.pem()).expect("writing the certificate");
+    std::fs::write(&key_path, cert.signing_key.serialize_pem()).expect("writing the key");
+    // Read at once: the files may go with `dir`.
+    let tls = snapfence::tls_config(&cert_path, &key_path)
+        .await
+        .expect("loading the certificate");
+    let database = migrated_database().await;
+    let instance = Instance::start_with_tls(database.options().clone(), rules, Some(tls))
+        .await
+        .owning(database);
+    (instance, cert.cert.pem())
+}
+
 /// A test's service: its database, one instance (more on demand) and an HTTP client. The
 /// database is dropped with the app.
 pub struct TestApp {

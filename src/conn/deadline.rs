@@ -1,0 +1,190 @@
+//! The two clocks of a connection: the head timeout (a request's head must have arrived within
+//! it) and the idle timeout (a keep-alive connection with nothing to do is closed after it).
+//!
+//! hyper's own `header_read_timeout` cannot be both: hyper arms it the moment a keep-alive
+//! connection goes idle, so an idle connection would be closed at the head timeout and the
+//! longer idle timeout could never be reached. These clocks tell the two apart by what the
+//! connection is doing.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::time::{Instant, Sleep};
+
+/// What a connection is doing, as far as its clocks are concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for a request's head: since the accept, or since the first byte of the next
+    /// request on a keep-alive connection. The head timeout runs.
+    Head,
+    /// At least one request is in flight: no clock runs (the body timeout and the database's
+    /// bound the request itself).
+    Busy,
+    /// No request in flight: the idle timeout runs from the last byte sent (the tail of the
+    /// last answer may still be on its way to a slow reader) or received.
+    Idle,
+}
+
+/// The clocks of one connection, driven by its reads and writes.
+pub(super) struct Deadlines {
+    head: Duration,
+    idle: Duration,
+    phase: Phase,
+    /// How many requests had begun at the last observation: one may begin and be answered
+    /// between two reads, unseen as in flight.
+    begun: u64,
+    timer: Pin<Box<Sleep>>,
+}
+
+impl Deadlines {
+    /// The clocks of a connection accepted at `accepted`: its first head is due `head` later.
+    pub(super) fn new(accepted: Instant, head: Duration, idle: Duration) -> Self {
+        Self {
+            head,
+            idle,
+            phase: Phase::Head,
+            begun: 0,
+            timer: Box::pin(tokio::time::sleep_until(accepted + head)),
+        }
+    }
+
+    /// Takes note, before each read and write, of whether a request is in flight and of how
+    /// many have begun on the connection.
+    pub(super) fn observe(&mut self, busy: bool, begun: u64) {
+        let answered_unseen = begun != self.begun;
+        self.begun = begun;
+        match (busy, self.phase) {
+            (true, _) => self.phase = Phase::Busy,
+            (false, Phase::Busy) => self.enter(Phase::Idle),
+            (false, Phase::Head | Phase::Idle) if answered_unseen => self.enter(Phase::Idle),
+            (false, Phase::Head | Phase::Idle) => {}
+        }
+    }
+
+    /// Bytes arrived. On an idle HTTP/1 connection they begin the next request's head, whose
+    /// clock starts now and is not moved by later bytes (a head sent a byte at a time is still
+    /// due on time). On HTTP/2, bytes between requests are frames of the connection (pings,
+    /// settings), which only show it is alive.
+    pub(super) fn received(&mut self, http2: bool) {
+        match (self.phase, http2) {
+            (Phase::Idle, false) => self.enter(Phase::Head),
+            (Phase::Idle, true) => self.enter(Phase::Idle),
+            (Phase::Head | Phase::Busy, _) => {}
+        }
+    }
+
+    /// Bytes were sent: an idle connection still delivering an answer is not idle yet.
+    pub(super) fn sent(&mut self) {
+        if self.phase == Phase::Idle {
+            self.enter(Phase::Idle);
+        }
+    }
+
+    /// Ready with the error that closes the connection once the running clock has passed;
+    /// otherwise pending, with the task woken when it passes.
+    pub(super) fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        if self.phase == Phase::Busy {
+            return Poll::Pending;
+        }
+        self.timer.as_mut().poll(cx).map(|()| {
+            let (what, after) = match self.phase {
+                Phase::Head => ("no request head arrived", self.head),
+                Phase::Busy | Phase::Idle => ("the connection idled", self.idle),
+            };
+            tracing::debug!(?after, "closing a connection: {what} within its timeout");
+            io::Error::new(io::ErrorKind::TimedOut, format!("{what} within {after:?}"))
+        })
+    }
+
+    fn enter(&mut self, phase: Phase) {
+        self.phase = phase;
+        let after = match phase {
+            Phase::Head => self.head,
+            Phase::Idle => self.idle,
+            Phase::Busy => return,
+        };
+        self.timer.as_mut().reset(Instant::now() + after);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEAD: Duration = Duration::from_secs(10);
+    const IDLE: Duration = Duration::from_secs(60);
+
+    fn expired(d: &mut Deadlines) -> bool {
+        let waker = std::task::Waker::noop();
+        d.poll_expired(&mut Context::from_waker(waker)).is_ready()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_connection_has_the_head_timeout_from_its_accept() {
+        let mut d = Deadlines::new(Instant::now(), HEAD, IDLE);
+        tokio::time::advance(HEAD - Duration::from_millis(1)).await;
+        assert!(!expired(&mut d));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(expired(&mut d));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_clock_runs_while_a_request_is_in_flight() {
+        let mut d = Deadlines::new(Instant::now(), HEAD, IDLE);
+        d.observe(true, 1);
+        tokio::time::advance(IDLE * 10).await;
+        assert!(!expired(&mut d));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_has_the_idle_timeout_not_the_head_timeout() {
+        let mut d = Deadlines::new(Instant::now(), HEAD, IDLE);
+        d.observe(true, 1);
+        d.observe(false, 1);
+        tokio::time::advance(HEAD * 2).await;
+        assert!(!expired(&mut d));
+        tokio::time::advance(IDLE - HEAD * 2).await;
+        assert!(expired(&mut d));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_begun_and_answered_between_two_observations_starts_the_idle_clock() {
+        let mut d = Deadlines::new(Instant::now(), HEAD, IDLE);
+        tokio::time::advance(HEAD / 2).await;
+        d.observe(false, 1);
+        tokio::time::advance(HEAD).await;
+        assert!(!expired(&mut d));
+        tokio::time::advance(IDLE - HEAD).await;
+        assert!(expired(&mut d));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_byte_on_an_idle_http1_connection_starts_a_head_that_later_bytes_do_not_extend()
+     {
+        let mut d = Deadlines::new(Instant::now(), HEAD, IDLE);
+        d.observe(true, 1);
+        d.observe(false, 1);
+        d.received(false);
+        tokio::time::advance(HEAD / 2).await;
+        d.received(false);
+        tokio::time::advance(HEAD / 2).await;
+        assert!(expired(&mut d));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bytes_sent_or_http2_frames_received_keep_an_idle_connection_alive() {
+        let mut d = Deadlines::new(Instant::now(), HEAD, IDLE);
+        d.observe(true, 1);
+        d.observe(false, 1);
+        tokio::time::advance(IDLE - Duration::from_secs(1)).await;
+        d.sent();
+        tokio::time::advance(IDLE - Duration::from_secs(1)).await;
+        d.received(true);
+        tokio::time::advance(IDLE - Duration::from_secs(1)).await;
+        assert!(!expired(&mut d));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(expired(&mut d));
+    }
+}

@@ -1,0 +1,449 @@
+//! Connections, below the requests: the cap on open connections, the head and idle timeouts,
+//! hyper's limits set above the service's, and hyper's own answers made problem+json.
+//!
+//! The pieces, in the order a connection meets them: [`Listener`] accepts only while fewer than
+//! `max_connections` are open (one more waits in the kernel's listen queue, as with Go's
+//! `netutil.LimitListener` or nginx at `worker_connections`, rather than being accepted and
+//! closed: a client that waits is served, one that is closed must retry); [`Acceptor`] wraps
+//! the stream (after the TLS handshake, when there is one) in a [`Watched`] that runs the
+//! clocks of `deadline.rs` and replaces hyper's bare answers (`answer.rs`), and the service in
+//! a [`Tracked`] that tells the stream when requests are in flight.
+
+mod answer;
+mod deadline;
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use axum::extract::connect_info::Connected;
+use axum_server::accept::Accept;
+use axum_server::{AddrListener, Address, Server};
+use futures_util::future::BoxFuture;
+use futures_util::task::AtomicWaker;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use crate::http::MAX_URI_BYTES;
+use crate::state::Rules;
+use deadline::Deadlines;
+
+/// A client's address, as the [`Listener`] hands it over (a type of its own, since axum-server
+/// names a listener by the address type it yields).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer(pub SocketAddr);
+
+impl Address for Peer {
+    type Stream = Admitted;
+    type Listener = Listener;
+}
+
+/// Handlers see a client's address as `ConnectInfo<SocketAddr>`, as with a plain listener.
+impl Connected<Peer> for SocketAddr {
+    fn connect_info(peer: Peer) -> Self {
+        peer.0
+    }
+}
+
+/// An accepted connection and its place under the cap, which it gives back when dropped.
+pub struct Admitted {
+    stream: TcpStream,
+    slot: OwnedSemaphorePermit,
+    accepted: Instant,
+}
+
+/// A listener that accepts a connection only while fewer than its cap are open.
+pub struct Listener {
+    listener: TcpListener,
+    slots: Arc<Semaphore>,
+}
+
+impl Listener {
+    /// Accepts from `listener`, keeping at most `max_connections` open.
+    pub fn new(listener: TcpListener, max_connections: usize) -> Self {
+        Self {
+            listener,
+            slots: Arc::new(Semaphore::new(max_connections)),
+        }
+    }
+}
+
+impl AddrListener<Admitted, Peer> for Listener {
+    async fn bind_to(_: Peer) -> io::Result<Self> {
+        // axum-server binds only a `Server::bind`, which `crate::run` never uses: it serves a
+        // listener the caller bound, so that tests can bind port 0.
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "bind a TcpListener and wrap it in conn::Listener",
+        ))
+    }
+
+    async fn accept_stream(&self) -> io::Result<(Admitted, Peer)> {
+        // The slot comes first: while none is free, nothing is accepted, and connections
+        // wait in the kernel's listen queue.
+        let slot = Arc::clone(&self.slots)
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        let (stream, addr) = self.listener.accept().await?;
+        let admitted = Admitted {
+            stream,
+            slot,
+            accepted: Instant::now(),
+        };
+        Ok((admitted, Peer(addr)))
+    }
+
+    fn get_local_addr(&self) -> io::Result<Peer> {
+        self.listener.local_addr().map(Peer)
+    }
+}
+
+/// The limits hyper enforces on a request head, derived from the service's so that hyper
+/// refuses only what the service would refuse too (and the service answers everything below).
+#[derive(Debug, Clone, Copy)]
+pub struct HeadLimits {
+    /// hyper's read buffer, which bounds a head: twice the service's target and header limits
+    /// together, so that whitespace around header values (not counted by the service) still
+    /// fits. At least hyper's minimum of 8192.
+    pub buffer_bytes: usize,
+    /// hyper's limit on header fields: one more than fit within the service's header limit
+    /// (each field counts at least 5 bytes there), so hyper refuses by number only what the
+    /// service would refuse by size.
+    pub fields: usize,
+    /// hyper's limit on an HTTP/2 header list, which counts 32 bytes more per field than the
+    /// service does.
+    pub http2_list_bytes: u32,
+}
+
+impl HeadLimits {
+    /// The limits for the service's rules.
+    pub fn for_rules(rules: &Rules) -> Self {
+        let service = MAX_URI_BYTES + rules.max_header_bytes;
+        Self {
+            buffer_bytes: (2 * service).max(8192),
+            fields: rules.max_header_bytes / 5 + 1,
+            http2_list_bytes: u32::try_from(8 * service).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+/// Sets hyper's limits above the service's ([`HeadLimits`]). hyper's `header_read_timeout` is
+/// left off: [`Watched`] runs the head timeout, since hyper's would also close idle
+/// keep-alive connections at it.
+pub fn tune<A>(server: &mut Server<Peer, A>, rules: &Rules) {
+    let head = HeadLimits::for_rules(rules);
+    let builder = server.http_builder();
+    builder
+        .http1()
+        .max_buf_size(head.buffer_bytes)
+        .max_headers(head.fields)
+        .header_read_timeout(None::<Duration>);
+    builder.http2().max_header_list_size(head.http2_list_bytes);
+}
+
+/// What a connection's stream and its service share.
+#[derive(Default)]
+struct Activity {
+    /// Requests begun and not yet answered.
+    in_flight: AtomicUsize,
+    /// Requests begun on the connection so far.
+    begun: AtomicU64,
+    /// Bytes arrived while no request was in flight and no request has begun since: hyper is
+    /// reading a head, and if it writes before a request begins, it is refusing that head.
+    head_unanswered: AtomicBool,
+    /// The connection's task, woken when the last request in flight is answered, so that the
+    /// stream starts the idle clock.
+    reader: AtomicWaker,
+}
+
+/// A request in flight on a connection, for as long as this lives.
+struct InFlight(Arc<Activity>);
+
+impl InFlight {
+    fn begin(activity: &Arc<Activity>) -> Self {
+        activity.in_flight.fetch_add(1, Ordering::AcqRel);
+        activity.begun.fetch_add(1, Ordering::AcqRel);
+        activity.head_unanswered.store(false, Ordering::Release);
+        Self(Arc::clone(activity))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.reader.wake();
+        }
+    }
+}
+
+/// A connection's service, counting its requests in flight from the call until the answer is
+/// handed to hyper (or the request is dropped, when its client goes away).
+#[derive(Clone)]
+pub struct Tracked<S> {
+    inner: S,
+    activity: Arc<Activity>,
+}
+
+impl<S, R> tower::Service<R> for Tracked<S>
+where
+    S: tower::Service<R>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<S::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: R) -> Self::Future {
+        let in_flight = InFlight::begin(&self.activity);
+        let answer = self.inner.call(req);
+        Box::pin(async move {
+            let answer = answer.await;
+            drop(in_flight);
+            answer
+        })
+    }
+}
+
+/// The limits of one connection, as an [`Acceptor`] hands them to each.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    head: HeadLimits,
+    head_timeout: Duration,
+    idle_timeout: Duration,
+}
+
+/// Wraps each accepted connection (after `inner`, the TLS handshake or nothing) in a
+/// [`Watched`] stream and its service in a [`Tracked`] one.
+#[derive(Debug, Clone)]
+pub struct Acceptor<A> {
+    inner: A,
+    limits: Limits,
+}
+
+impl<A> Acceptor<A> {
+    /// An acceptor that runs `inner` first, with the rules' limits.
+    pub fn new(inner: A, rules: &Rules) -> Self {
+        let limits = Limits {
+            head: HeadLimits::for_rules(rules),
+            head_timeout: rules.head_timeout,
+            idle_timeout: rules.idle_timeout,
+        };
+        Self { inner, limits }
+    }
+}
+
+impl<A, S> Accept<Admitted, S> for Acceptor<A>
+where
+    A: Accept<TcpStream, S>,
+    A::Future: Send + 'static,
+    A::Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    A::Service: Send + 'static,
+{
+    type Stream = Watched<A::Stream>;
+    type Service = Tracked<A::Service>;
+    type Future = BoxFuture<'static, io::Result<(Self::Stream, Self::Service)>>;
+
+    fn accept(&self, admitted: Admitted, service: S) -> Self::Future {
+        let Admitted {
+            stream,
+            slot,
+            accepted,
+        } = admitted;
+        let handshake = self.inner.accept(stream, service);
+        let limits = self.limits;
+        Box::pin(async move {
+            let (stream, service) = handshake.await?;
+            let activity = Arc::new(Activity::default());
+            let watched = Watched {
+                inner: stream,
+                activity: Arc::clone(&activity),
+                deadlines: Deadlines::new(accepted, limits.head_timeout, limits.idle_timeout),
+                http2: None,
+                head: limits.head,
+                replacing: None,
+                _slot: slot,
+            };
+            let tracked = Tracked {
+                inner: service,
+                activity,
+            };
+            Ok((watched, tracked))
+        })
+    }
+}
+
+/// A connection's stream: closes it when its head or idle clock passes (`deadline.rs`),
+/// replaces hyper's own answers (`answer.rs`), and holds the connection's slot under the cap.
+pub struct Watched<S> {
+    inner: S,
+    activity: Arc<Activity>,
+    deadlines: Deadlines,
+    /// Whether the client speaks HTTP/2, known from its first bytes.
+    http2: Option<bool>,
+    head: HeadLimits,
+    /// The answer written in place of hyper's, and how much of it is sent.
+    replacing: Option<(Vec<u8>, usize)>,
+    _slot: OwnedSemaphorePermit,
+}
+
+/// The start of HTTP/2's connection preface, which an HTTP/2 client sends first (over TLS as
+/// well as in the clear).
+const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
+
+impl<S: AsyncWrite + Unpin> Watched<S> {
+    fn busy(&self) -> bool {
+        self.activity.in_flight.load(Ordering::Acquire) > 0
+    }
+
+    /// Lets the clocks see what the connection's requests did since the last look; returns
+    /// whether one is in flight.
+    fn observe(&mut self) -> bool {
+        // In this order: a request that begins between the two loads is seen as in flight.
+        let begun = self.activity.begun.load(Ordering::Acquire);
+        let busy = self.busy();
+        self.deadlines.observe(busy, begun);
+        busy
+    }
+
+    /// Sends what is left of a replacement answer; ready once all of it is sent.
+    fn poll_replacement(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while let Some((bytes, sent)) = &mut self.replacing {
+            if *sent == bytes.len() {
+                break;
+            }
+            let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &bytes[*sent..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            *sent += n;
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Takes `bytes` as written when they are hyper's own answer to a head it refused, and
+    /// starts sending the service's answer in their place.
+    fn replace(&mut self, cx: &mut Context<'_>, bytes: &[u8]) -> Option<io::Result<usize>> {
+        let head_unanswered = self.activity.head_unanswered.load(Ordering::Acquire);
+        if self.http2 == Some(true) || !head_unanswered || self.busy() {
+            return None;
+        }
+        let answer = answer::recognise(bytes)?;
+        self.replacing = Some((answer::replacement(&answer, &self.head), 0));
+        // What cannot be sent now is sent by the flush and the shutdown hyper does next.
+        match self.poll_replacement(cx) {
+            Poll::Ready(Err(e)) => Some(Err(e)),
+            Poll::Ready(Ok(())) | Poll::Pending => Some(Ok(bytes.len())),
+        }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        // Registered before `busy` is read, so that an answer handed over in between wakes us.
+        this.activity.reader.register(cx.waker());
+        let busy = this.observe();
+        let before = buf.filled().len();
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                let got = &buf.filled()[before..];
+                if !got.is_empty() {
+                    let http2 = *this
+                        .http2
+                        .get_or_insert_with(|| got.starts_with(HTTP2_PREFACE));
+                    this.deadlines.received(http2);
+                    if !busy {
+                        this.activity.head_unanswered.store(true, Ordering::Release);
+                    }
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => this.deadlines.poll_expired(cx).map(Err),
+        }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        ready!(this.poll_replacement(cx))?;
+        if let Some(replaced) = this.replace(cx, buf) {
+            return Poll::Ready(replaced);
+        }
+        this.observe();
+        let written = ready!(Pin::new(&mut this.inner).poll_write(cx, buf))?;
+        this.deadlines.sent();
+        Poll::Ready(Ok(written))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        ready!(this.poll_replacement(cx))?;
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        if total <= answer::LONGEST {
+            let joined: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
+            if let Some(replaced) = this.replace(cx, &joined) {
+                return Poll::Ready(replaced);
+            }
+        }
+        this.observe();
+        let written = ready!(Pin::new(&mut this.inner).poll_write_vectored(cx, bufs))?;
+        this.deadlines.sent();
+        Poll::Ready(Ok(written))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_replacement(cx))?;
+        Pin::new(&mut this.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_replacement(cx))?;
+        Pin::new(&mut this.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hyper_refuses_by_number_of_fields_only_heads_the_service_refuses_by_size() {
+        let rules = Rules::default();
+        let head = HeadLimits::for_rules(&rules);
+        // The smallest field the service counts is `a: \r\n` without a value: 5 bytes.
+        let most_fields_within_the_limit = rules.max_header_bytes / 5;
+        assert!(head.fields > most_fields_within_the_limit);
+        assert!(head.buffer_bytes > MAX_URI_BYTES + rules.max_header_bytes);
+    }
+}
