@@ -24,7 +24,7 @@ impl Client {
         self.get_json("/healthz", |r| r).await
     }
 
-    /// `GET /readyz`: the database answers and is migrated; [`Error::Unavailable`](crate::Error::Unavailable) otherwise.
+    /// `GET /readyz`: the database answers and is migrated; [`Error::Unavailable`] otherwise.
     pub async fn readyz(&self) -> Result<Health> {
         self.get_json("/readyz", |r| r).await
     }

@@ -16,7 +16,7 @@ use crate::{Client, LeaseFilter, Result};
 
 impl Client {
     /// `POST /v1/leases/{key}`: acquire. Never waits: a live lease of anyone answers
-    /// [`Error::LeaseHeld`](crate::Error::LeaseHeld), a retained recovery record [`Error::RecoveryRequired`](crate::Error::RecoveryRequired).
+    /// [`Error::LeaseHeld`], a retained recovery record [`Error::RecoveryRequired`].
     pub async fn acquire(&self, key: &Key, request: &AcquireRequest) -> Result<Grant> {
         let path = format!("/v1/leases/{}", segment(key)?);
         self.send_json(
@@ -32,7 +32,7 @@ impl Client {
     }
 
     /// `POST /v1/leases/{key}/renew`: extends the live lease of `token` by `ttl`, or by its own
-    /// TTL when `None`. [`Error::LeaseLost`](crate::Error::LeaseLost) when the token is not the key's live lease.
+    /// TTL when `None`. [`Error::LeaseLost`] when the token is not the key's live lease.
     pub async fn renew(
         &self,
         key: &Key,
@@ -89,7 +89,7 @@ impl Client {
     }
 
     /// `GET /v1/leases/{key}`: the key's state, newest lease and recovery record.
-    /// [`Error::NotFound`](crate::Error::NotFound) for a key never leased.
+    /// [`Error::NotFound`] for a key never leased.
     pub async fn lease_status(&self, key: &Key) -> Result<KeyStatus> {
         let path = format!("/v1/leases/{}", segment(key)?);
         self.get_json(&path, |r| r).await
