@@ -85,6 +85,11 @@ pub struct ServeConfig {
     #[arg(long, env = "SNAPFENCE_AUDIT_RETENTION", value_parser = humantime::parse_duration, default_value = "30days")]
     pub audit_retention: Duration,
 
+    /// How long the answer of a changing call sent with an Idempotency-Key is kept (and so how
+    /// long a retry with the same key finds it); at least this long, pruned soon after.
+    #[arg(long, env = "SNAPFENCE_IDEMPOTENCY_RETENTION", value_parser = humantime::parse_duration, default_value = "24h")]
+    pub idempotency_retention: Duration,
+
     /// How long a request body may take to arrive before the request is answered 408.
     #[arg(long, env = "SNAPFENCE_BODY_TIMEOUT", value_parser = humantime::parse_duration, default_value = "30s")]
     pub body_timeout: Duration,
@@ -140,6 +145,7 @@ impl ServeConfig {
             keep_versions: self.keep_versions,
             max_snapshot_bytes: self.max_snapshot_bytes,
             audit_retention: self.audit_retention,
+            idempotency_retention: self.idempotency_retention,
             body_timeout: self.body_timeout,
             max_concurrent_requests: self.max_concurrent_requests as usize,
             max_header_bytes: self.max_header_bytes,

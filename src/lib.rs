@@ -34,7 +34,7 @@ pub use http::router;
 pub use state::{AppState, Rules};
 
 /// Serves the API on `listener` (over TLS when `tls` is given) until `shutdown` resolves, then
-/// finishes the requests in flight and returns. Also runs the audit retention pruner for as long
+/// finishes the requests in flight and returns. Also runs the retention pruner (audit rows, Idempotency-Key records) for as long
 /// as it serves. Connections are capped and timed as [`conn`] says.
 pub async fn run(
     listener: TcpListener,
@@ -42,7 +42,7 @@ pub async fn run(
     tls: Option<RustlsConfig>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let pruner = tokio::spawn(prune_audit_forever(state.clone()));
+    let pruner = tokio::spawn(prune_forever(state.clone()));
     let handle = axum_server::Handle::<conn::Peer>::new();
     let stopper = handle.clone();
     tokio::spawn(async move {
@@ -89,26 +89,44 @@ pub async fn tls_config(
     RustlsConfig::from_pem_file(cert, key).await
 }
 
-/// Deletes audit rows past their retention, a small batch at a time with a pause between
-/// batches, so that pruning a large backlog never crowds out the requests.
-async fn prune_audit_forever(state: AppState) {
+/// Deletes audit rows and Idempotency-Key records past their retention, a small batch at a
+/// time with a pause between batches, so that pruning a large backlog never crowds out the
+/// requests.
+async fn prune_forever(state: AppState) {
     const BATCH: i64 = 1000;
     const PAUSE: Duration = Duration::from_millis(50);
     const PERIOD: Duration = Duration::from_secs(60);
-    let retention = state.rules.audit_retention;
+    let rules = state.rules.clone();
     loop {
         for log in store::audit::Log::ALL {
-            loop {
-                match store::audit::prune(&state.db, log, retention, BATCH).await {
-                    Ok(n) if n as i64 == BATCH => tokio::time::sleep(PAUSE).await,
-                    Ok(_) => break,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "audit pruning skipped");
-                        break;
-                    }
-                }
+            prune_in_batches(log.name(), BATCH, PAUSE, || {
+                store::audit::prune(&state.db, log, rules.audit_retention, BATCH)
+            })
+            .await;
+        }
+        prune_in_batches("idempotency_records", BATCH, PAUSE, || {
+            store::idempotency::prune(&state.db, rules.idempotency_retention, BATCH)
+        })
+        .await;
+        tokio::time::sleep(PERIOD).await;
+    }
+}
+
+/// Runs `prune` until it deletes less than a full batch (or fails, which the next period
+/// retries), pausing between batches.
+async fn prune_in_batches<F, Fut>(table: &str, batch: i64, pause: Duration, mut prune: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = store::Result<u64>>,
+{
+    loop {
+        match prune().await {
+            Ok(n) if n as i64 == batch => tokio::time::sleep(pause).await,
+            Ok(_) => break,
+            Err(e) => {
+                tracing::debug!(error = %e, table, "pruning skipped");
+                break;
             }
         }
-        tokio::time::sleep(PERIOD).await;
     }
 }

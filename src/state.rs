@@ -21,6 +21,8 @@ pub struct Rules {
     pub max_snapshot_bytes: usize,
     /// How long audit rows are kept.
     pub audit_retention: Duration,
+    /// How long Idempotency-Key records are kept.
+    pub idempotency_retention: Duration,
     /// How long a request body may take to arrive.
     pub body_timeout: Duration,
     /// The most requests one instance serves at once; more are shed with 503.
@@ -45,6 +47,7 @@ impl Default for Rules {
             keep_versions: 10,
             max_snapshot_bytes: 8 * 1024 * 1024,
             audit_retention: Duration::from_secs(30 * 86_400),
+            idempotency_retention: Duration::from_secs(86_400),
             body_timeout: Duration::from_secs(30),
             max_concurrent_requests: 1024,
             max_header_bytes: 16 * 1024,

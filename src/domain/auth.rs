@@ -147,6 +147,8 @@ impl NewSecret {
 /// Who made a request, once authenticated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
+    /// The key's id (its row of `api_keys`), which each changing statement checks is still live.
+    pub id: i64,
     /// The key's name.
     pub name: String,
     /// What it may do.

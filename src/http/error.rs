@@ -11,7 +11,8 @@ use axum::response::{IntoResponse, Response};
 use crate::domain::RefusalReason;
 use crate::domain::headers::PROBLEM_JSON;
 use crate::domain::{
-    AuditId, ErrorCode, Holder, InvalidInput, Key, Problem, RecoveryRecord, RefusalFields,
+    AuditId, ErrorCode, Holder, IdempotencyKey, InvalidInput, Key, Problem, RecoveryRecord,
+    RefusalFields,
 };
 use crate::store::StoreError;
 use crate::store::snapshots::Refusal;
@@ -134,6 +135,28 @@ pub enum ApiError {
         /// The limit in header fields.
         fields: usize,
     },
+    /// 422: the Idempotency-Key was used before for another request; nothing changed.
+    #[error(
+        "Idempotency-Key {0:?} was used before for a different request (another key, token, body or precondition); nothing was changed. Send a new key for a new request"
+    )]
+    IdempotencyKeyReused(IdempotencyKey),
+    /// 409: another request with this Idempotency-Key is running; nothing changed.
+    #[error(
+        "a request with Idempotency-Key {0:?} is still running; nothing was changed by this one. Retry after Retry-After to get its answer"
+    )]
+    RequestInProgress(IdempotencyKey),
+    /// 503 indeterminate for a call sent with an Idempotency-Key: as
+    /// [`Database`](Self::Database) with [`StoreError::Indeterminate`], with the key to retry.
+    #[error(
+        "{}. Send it again with the same Idempotency-Key {key:?}: the answer then says what happened, and nothing is done twice",
+        INDETERMINATE_OUTCOME
+    )]
+    IndeterminateRetry {
+        /// The failure.
+        cause: Arc<StoreError>,
+        /// The request's Idempotency-Key.
+        key: IdempotencyKey,
+    },
     /// 500: a bug. The cause is logged, never sent.
     #[error("internal error; it was logged with this request's x-request-id")]
     Internal,
@@ -156,15 +179,18 @@ fn uri_detail(size: Option<usize>, limit: usize) -> String {
 fn database_detail(e: &StoreError) -> String {
     match e {
         StoreError::Unavailable(_) => ApiError::Unavailable(Unavailability::Database).to_string(),
-        StoreError::Indeterminate(_) => INDETERMINATE.to_owned(),
+        StoreError::Indeterminate(_) => format!("{INDETERMINATE_OUTCOME}. {INDETERMINATE_NEXT}"),
         StoreError::Internal(_) | StoreError::Migrate(_) => ApiError::Internal.to_string(),
     }
 }
 
-/// The detail of `503 indeterminate`.
-const INDETERMINATE: &str = "the request reached the database, but its answer did not come back \
-    in time (the link broke, or the deadline passed): it may or may not have taken effect. Read \
-    the key (GET its lease or snapshot) to see what happened before you retry";
+/// What `503 indeterminate` says happened.
+const INDETERMINATE_OUTCOME: &str = "the request reached the database, but its answer did not \
+    come back in time (the link broke, or the deadline passed): it may or may not have taken effect";
+
+/// What `503 indeterminate` without an Idempotency-Key says to do next.
+const INDETERMINATE_NEXT: &str = "Read the key (GET its lease or snapshot) to see what happened \
+    before you retry, or send changing calls with an Idempotency-Key, which makes a retry safe";
 
 /// The cause of a failed store call, left on its response so that [`log_errors`] logs it once,
 /// inside the request's span.
@@ -245,6 +271,9 @@ impl ApiError {
             Self::Unavailable(_) => ErrorCode::Unavailable,
             Self::RequestTimeout(_) => ErrorCode::RequestTimeout,
             Self::Internal => ErrorCode::Internal,
+            Self::IdempotencyKeyReused(_) => ErrorCode::IdempotencyKeyReused,
+            Self::RequestInProgress(_) => ErrorCode::RequestInProgress,
+            Self::IndeterminateRetry { .. } => ErrorCode::Indeterminate,
             Self::Database(e) => match **e {
                 StoreError::Unavailable(_) => ErrorCode::Unavailable,
                 StoreError::Indeterminate(_) => ErrorCode::Indeterminate,
@@ -302,13 +331,13 @@ impl IntoResponse for ApiError {
         let mut response = (self.status(), self.problem_json()).into_response();
         let code = self.code();
         response.extensions_mut().insert(code);
-        if let Self::Database(cause) = &self {
+        if let Self::Database(cause) | Self::IndeterminateRetry { cause, .. } = &self {
             response.extensions_mut().insert(ErrorCause(cause.clone()));
         }
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         match code {
-            ErrorCode::Unavailable | ErrorCode::Indeterminate => {
+            ErrorCode::Unavailable | ErrorCode::Indeterminate | ErrorCode::RequestInProgress => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
             ErrorCode::Unauthorized => {

@@ -17,6 +17,7 @@ use memmap2::MmapMut;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
+use super::idempotency::IdempotencyHeader;
 use crate::domain::{EntityTagCondition, FencingToken, Key, Principal};
 use crate::state::AppState;
 use crate::store::RequestContext;
@@ -208,13 +209,14 @@ entity_tag_header!(
     "The optional `If-None-Match` header of a read."
 );
 
-/// Where a request came from, for the audit log.
-pub struct Context(pub RequestContext);
+/// A changing call's context: where it came from and who sent it (for the audit log, the
+/// revocation check and the Idempotency-Key's scope), and its Idempotency-Key header.
+pub struct Context(pub RequestContext, pub IdempotencyHeader);
 
 impl<S: Send + Sync> FromRequestParts<S> for Context {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         let request_id = parts
             .headers
             .get(&REQUEST_ID)
@@ -224,12 +226,18 @@ impl<S: Send + Sync> FromRequestParts<S> for Context {
             .extensions
             .get::<ConnectInfo<SocketAddr>>()
             .map(|ConnectInfo(addr)| addr.to_string());
-        let principal = parts.extensions.get::<Principal>().map(|p| p.name.clone());
-        Ok(Self(RequestContext {
-            request_id,
-            remote_addr,
-            principal,
-        }))
+        let idempotency = IdempotencyHeader::from_request_parts(parts, state).await?;
+        let principal = parts.extensions.get::<Principal>();
+        Ok(Self(
+            RequestContext {
+                request_id,
+                remote_addr,
+                principal: principal.map(|p| p.name.clone()),
+                key_id: principal.map(|p| p.id),
+                idempotency: None,
+            },
+            idempotency,
+        ))
     }
 }
 

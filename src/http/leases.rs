@@ -1,8 +1,9 @@
 //! `/v1/leases`: acquire, renew, release, abandon, require-recovery, get and list.
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{FromRequestParts, State};
 use axum::http::StatusCode;
+use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
@@ -10,11 +11,13 @@ use serde::Deserialize;
 use super::Routes;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiQuery, Context, FencingTokenHeader, KeyPath};
+use super::idempotency::IdempotencyHeader;
 use crate::domain::{
-    AcquireRequest, Cursor, FencingToken, Grant, Holder, Key, KeyPrefix, KeyStatus, Lease,
-    LeaseState, Page, PageLimit, RenewRequest, TtlMs,
+    AcquireRequest, Cursor, FencingToken, Grant, Holder, Key, KeyPrefix, KeyStatus, LeaseState,
+    Page, PageLimit, RenewRequest, TtlMs,
 };
 use crate::state::AppState;
+use crate::store::RequestContext;
 use crate::store::leases::{self, AcquireOutcome, Ending, LeaseChange, ListQuery, NewLease};
 
 /// The lease routes.
@@ -33,9 +36,11 @@ pub(super) fn routes() -> Routes {
 async fn acquire(
     State(state): State<AppState>,
     KeyPath(key): KeyPath,
-    Context(ctx): Context,
+    Context(mut ctx, idempotency): Context,
     ApiJson(body): ApiJson<AcquireRequest>,
 ) -> Result<Response, ApiError> {
+    let canonical = serde_json::to_vec(&body).expect("a request serializes");
+    idempotency.attach(&mut ctx, "acquire", &key, &[&canonical]);
     let req = NewLease {
         ttl: TtlMs::new(body.ttl_ms, state.rules.ttl_bounds)?,
         key: key.clone(),
@@ -44,7 +49,8 @@ async fn acquire(
         crash_recovery: body.crash_recovery,
         reconciled: body.reconciled,
     };
-    match leases::acquire(&state.db, &req, &ctx).await? {
+    let done = leases::acquire(&state.db, &req, &ctx).await;
+    idempotency.respond(done, |outcome| match outcome {
         AcquireOutcome::Granted { lease, recovered } => {
             Ok((StatusCode::CREATED, Json(Grant { lease, recovered })).into_response())
         }
@@ -56,22 +62,26 @@ async fn acquire(
             key,
             recovery: Box::new(recovery),
         }),
-    }
+    })
 }
 
 async fn renew(
     State(state): State<AppState>,
     KeyPath(key): KeyPath,
+    Context(mut ctx, idempotency): Context,
     ApiJson(body): ApiJson<RenewRequest>,
-) -> Result<Json<Lease>, ApiError> {
+) -> Result<Response, ApiError> {
+    let canonical = serde_json::to_vec(&body).expect("a request serializes");
+    idempotency.attach(&mut ctx, "renew", &key, &[&canonical]);
     let ttl = body
         .ttl_ms
         .map(|ms| TtlMs::new(ms, state.rules.ttl_bounds))
         .transpose()?;
-    match leases::renew(&state.db, &key, body.token, ttl).await? {
-        LeaseChange::Done(lease) => Ok(Json(lease)),
+    let done = leases::renew(&state.db, &key, body.token, ttl, &ctx).await;
+    idempotency.respond(done, |change| match change {
+        LeaseChange::Done(lease) => Ok(Json(lease).into_response()),
         LeaseChange::Lost => Err(lost(key, body.token)),
-    }
+    })
 }
 
 fn lost(key: Key, token: FencingToken) -> ApiError {
@@ -81,40 +91,65 @@ fn lost(key: Key, token: FencingToken) -> ApiError {
     }
 }
 
-async fn end(
-    state: AppState,
+/// What a fenced call on a live lease (release, abandon, require-recovery) sends: the key, the
+/// lease's token, and the request's context and Idempotency-Key.
+struct LiveLeaseCall {
     key: Key,
     token: FencingToken,
-    ending: Ending,
-) -> Result<StatusCode, ApiError> {
-    match leases::end(&state.db, &key, token, ending).await? {
-        LeaseChange::Done(_) => Ok(StatusCode::NO_CONTENT),
-        LeaseChange::Lost => Err(lost(key, token)),
+    ctx: RequestContext,
+    idempotency: IdempotencyHeader,
+}
+
+impl FromRequestParts<AppState> for LiveLeaseCall {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let KeyPath(key) = KeyPath::from_request_parts(parts, state).await?;
+        let FencingTokenHeader(token) =
+            FencingTokenHeader::from_request_parts(parts, state).await?;
+        let Context(ctx, idempotency) = Context::from_request_parts(parts, state).await?;
+        Ok(Self {
+            key,
+            token,
+            ctx,
+            idempotency,
+        })
     }
 }
 
-async fn release(
-    State(state): State<AppState>,
-    KeyPath(key): KeyPath,
-    FencingTokenHeader(token): FencingTokenHeader,
-) -> Result<StatusCode, ApiError> {
-    end(state, key, token, Ending::Release).await
+async fn end(state: AppState, call: LiveLeaseCall, ending: Ending) -> Result<Response, ApiError> {
+    let LiveLeaseCall {
+        key,
+        token,
+        mut ctx,
+        idempotency,
+    } = call;
+    let operation = match ending {
+        Ending::Release => "release",
+        Ending::Abandon => "abandon",
+        Ending::RequireRecovery => "require-recovery",
+    };
+    idempotency.attach(&mut ctx, operation, &key, &[&token.get().to_be_bytes()]);
+    let done = leases::end(&state.db, &key, token, ending, &ctx).await;
+    idempotency.respond(done, |change| match change {
+        LeaseChange::Done(_) => Ok(StatusCode::NO_CONTENT.into_response()),
+        LeaseChange::Lost => Err(lost(key, token)),
+    })
 }
 
-async fn abandon(
-    State(state): State<AppState>,
-    KeyPath(key): KeyPath,
-    FencingTokenHeader(token): FencingTokenHeader,
-) -> Result<StatusCode, ApiError> {
-    end(state, key, token, Ending::Abandon).await
+async fn release(State(state): State<AppState>, call: LiveLeaseCall) -> Result<Response, ApiError> {
+    end(state, call, Ending::Release).await
+}
+
+async fn abandon(State(state): State<AppState>, call: LiveLeaseCall) -> Result<Response, ApiError> {
+    end(state, call, Ending::Abandon).await
 }
 
 async fn require_recovery(
     State(state): State<AppState>,
-    KeyPath(key): KeyPath,
-    FencingTokenHeader(token): FencingTokenHeader,
-) -> Result<StatusCode, ApiError> {
-    end(state, key, token, Ending::RequireRecovery).await
+    call: LiveLeaseCall,
+) -> Result<Response, ApiError> {
+    end(state, call, Ending::RequireRecovery).await
 }
 
 async fn status(

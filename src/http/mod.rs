@@ -6,6 +6,7 @@ pub mod audit;
 pub mod auth;
 pub mod error;
 pub mod extract;
+pub mod idempotency;
 pub mod leases;
 pub mod ops;
 pub mod snapshots;

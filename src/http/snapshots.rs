@@ -14,7 +14,9 @@ use super::extract::{
     ApiQuery, BodyLimit, Context, FENCING_TOKEN, FencingTokenHeader, IfMatch, IfNoneMatch, KeyPath,
     KeyVersionPath, SNAPSHOT_VERSION, content_length, read_limited,
 };
-use crate::domain::{Cursor, EntityTagCondition, Key, Page, PageLimit, SnapshotMeta, Version};
+use crate::domain::{
+    Cursor, ETag, EntityTagCondition, Key, Page, PageLimit, SnapshotMeta, Version,
+};
 use crate::state::AppState;
 use crate::store::snapshots::{self, PutRequest, Snapshot, WriteOutcome, Written};
 
@@ -44,12 +46,19 @@ fn etag_header(meta: &SnapshotMeta) -> HeaderValue {
     HeaderValue::from_str(meta.etag.as_str()).expect("an ETag is visible ASCII")
 }
 
+/// The raw `If-Match` header, as it enters a fenced call's Idempotency-Key fingerprint.
+fn raw_if_match(headers: &HeaderMap) -> &[u8] {
+    headers
+        .get(header::IF_MATCH)
+        .map_or(&[], HeaderValue::as_bytes)
+}
+
 async fn write(
     State(state): State<AppState>,
     KeyPath(key): KeyPath,
     FencingTokenHeader(token): FencingTokenHeader,
     IfMatch(if_match): IfMatch,
-    Context(ctx): Context,
+    Context(mut ctx, idempotency): Context,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -66,22 +75,37 @@ async fn write(
         hint: SNAPSHOT_TOO_LARGE,
     };
     let body = read_limited(body, content_length(&headers), limit).await?;
+    let etag = ETag::of(&body);
+    idempotency.attach(
+        &mut ctx,
+        "put",
+        &key,
+        &[
+            &token.get().to_be_bytes(),
+            raw_if_match(&headers),
+            content_type.as_bytes(),
+            etag.as_str().as_bytes(),
+        ],
+    );
     let req = PutRequest {
         key: key.clone(),
         token,
         if_match,
         body,
+        etag,
         content_type,
     };
-    let outcome = snapshots::put(&state.db, &req, state.rules.keep_versions, &ctx).await?;
-    let Written { meta, created } = refused(key, outcome)?;
-    let status = if created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    let etag = etag_header(&meta);
-    Ok((status, [(header::ETAG, etag)], Json(meta)).into_response())
+    let done = snapshots::put(&state.db, &req, state.rules.keep_versions, &ctx).await;
+    idempotency.respond(done, |outcome| {
+        let Written { meta, created } = refused(key, outcome)?;
+        let status = if created {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        };
+        let etag = etag_header(&meta);
+        Ok((status, [(header::ETAG, etag)], Json(meta)).into_response())
+    })
 }
 
 async fn delete(
@@ -89,11 +113,20 @@ async fn delete(
     KeyPath(key): KeyPath,
     FencingTokenHeader(token): FencingTokenHeader,
     IfMatch(if_match): IfMatch,
-    Context(ctx): Context,
-) -> Result<StatusCode, ApiError> {
-    let outcome = snapshots::delete(&state.db, &key, token, if_match.as_ref(), &ctx).await?;
-    refused(key, outcome)?;
-    Ok(StatusCode::NO_CONTENT)
+    Context(mut ctx, idempotency): Context,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    idempotency.attach(
+        &mut ctx,
+        "delete",
+        &key,
+        &[&token.get().to_be_bytes(), raw_if_match(&headers)],
+    );
+    let done = snapshots::delete(&state.db, &key, token, if_match.as_ref(), &ctx).await;
+    idempotency.respond(done, |outcome| {
+        refused(key, outcome)?;
+        Ok(StatusCode::NO_CONTENT.into_response())
+    })
 }
 
 /// A snapshot as an HTTP answer: its bytes with the contract's headers, or `304` when

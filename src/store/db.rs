@@ -179,7 +179,7 @@ impl Db {
     pub(crate) async fn fetch_one_uploading<'q, O>(
         &self,
         body: &[u8],
-        q: QueryAs<'q, Postgres, O, PgArguments>,
+        q: impl Fn() -> QueryAs<'q, Postgres, O, PgArguments>,
     ) -> Result<O>
     where
         O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
@@ -211,7 +211,7 @@ impl Db {
             }
             copy.send(&(-1i16).to_be_bytes()[..]).await?;
             copy.finish().await?;
-            let row = q.fetch_one(&mut *c).await?;
+            let row = q().fetch_one(&mut *c).await?;
             committing.store(true, Ordering::Relaxed);
             c.execute("COMMIT").await?;
             Ok::<O, sqlx::Error>(row)

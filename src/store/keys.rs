@@ -221,6 +221,7 @@ async fn lookup(pool: &PgPool, presented: Option<&Presented>) -> Result<Lookup> 
     ) {
         (Some(p), Some(name), Some(scope), Some(prefix), Some(hash)) if p.matches(&hash) => {
             Some(Principal {
+                id: p.id,
                 name,
                 scope: Scope::parse(&scope).expect("the table's check constraint"),
                 prefix,
@@ -348,6 +349,7 @@ async fn load(pool: &PgPool) -> sqlx::Result<LiveKeys> {
         .into_iter()
         .map(|r| {
             let principal = Principal {
+                id: r.id,
                 name: r.name,
                 scope: Scope::parse(&r.scope).expect("the table's check constraint"),
                 prefix: r.prefix,

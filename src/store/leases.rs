@@ -8,9 +8,11 @@
 //! take effect one after the other.
 
 use chrono::{DateTime, Utc};
+use serde::Deserialize;
 use sqlx::{FromRow, PgPool};
 
 use super::db::Effect;
+use super::idempotency::{self, Gated, bind_gate};
 use super::{Bounded, Db, RequestContext, Result};
 use crate::domain::{
     Cursor, FencingToken, Key, KeyPrefix, KeyStatus, Lease, LeaseState, Metadata, Owner, Page,
@@ -67,8 +69,8 @@ pub enum LeaseChange {
     Lost,
 }
 
-/// A lease row as read from the database.
-#[derive(Debug, FromRow)]
+/// A lease row as read from the database, or from a statement's JSON answer.
+#[derive(Debug, FromRow, Deserialize)]
 struct LeaseRow {
     key: String,
     token: i64,
@@ -83,9 +85,10 @@ struct LeaseRow {
 }
 
 /// A lease row with its derived recovery reason and state.
-#[derive(Debug, FromRow)]
+#[derive(Debug, FromRow, Deserialize)]
 struct StatusRow {
     #[sqlx(flatten)]
+    #[serde(flatten)]
     lease: LeaseRow,
     recovery_reason: Option<String>,
     state: String,
@@ -137,97 +140,66 @@ impl StatusRow {
     }
 }
 
-/// The acquire statement. What it locks and why it is race-free, also on a key's first grant,
-/// is written beside it in `sql/acquire.sql`.
-const ACQUIRE: &str = include_str!("sql/acquire.sql");
+/// The acquire statement, between the gate and the record of its Idempotency-Key. What it locks
+/// and why it is race-free, also on a key's first grant, is written beside it in
+/// `sql/acquire.sql`.
+const ACQUIRE: &str = concat!(
+    include_str!("sql/gate.sql"),
+    include_str!("sql/acquire.sql"),
+    include_str!("sql/remember.sql")
+);
 
-#[derive(Debug, FromRow)]
-struct AcquireRow {
+/// What an acquire did (`result` in `sql/acquire.sql`).
+#[derive(Debug, Deserialize)]
+struct AcquireAnswer {
     verdict: String,
-    #[sqlx(flatten)]
-    granted: PrefixedLease,
-    #[sqlx(flatten)]
-    current: StatusRowOpt,
+    /// The new lease, if one was granted.
+    granted: Option<LeaseRow>,
+    /// The key's row as the statement found it, if the key had one.
+    current: Option<StatusRow>,
+    /// False when the statement lost the race to create the key's row, and must run again.
+    settled: bool,
 }
 
-/// The new lease's columns, `n_`-prefixed; all NULL when nothing was granted.
-#[derive(Debug, FromRow)]
-struct PrefixedLease {
-    n_key: Option<String>,
-    n_token: Option<i64>,
-    n_owner: Option<String>,
-    n_ttl_ms: Option<i64>,
-    n_metadata: Option<serde_json::Value>,
-    n_crash_recovery: Option<bool>,
-    n_recovery_required: Option<bool>,
-    n_acquired_at: Option<DateTime<Utc>>,
-    n_expires_at: Option<DateTime<Utc>>,
-    n_ended_at: Option<DateTime<Utc>>,
-}
-
-impl PrefixedLease {
-    fn into_row(self) -> Option<LeaseRow> {
-        Some(LeaseRow {
-            key: self.n_key?,
-            token: self.n_token?,
-            owner: self.n_owner?,
-            ttl_ms: self.n_ttl_ms?,
-            metadata: self.n_metadata,
-            crash_recovery: self.n_crash_recovery?,
-            recovery_required: self.n_recovery_required?,
-            acquired_at: self.n_acquired_at?,
-            expires_at: self.n_expires_at?,
-            ended_at: self.n_ended_at,
-        })
-    }
-}
-
-/// The locked row's columns; all NULL on a key's first acquire.
-#[derive(Debug, FromRow)]
-struct StatusRowOpt {
-    key: Option<String>,
-    token: Option<i64>,
-    owner: Option<String>,
-    ttl_ms: Option<i64>,
-    metadata: Option<serde_json::Value>,
-    crash_recovery: Option<bool>,
-    recovery_required: Option<bool>,
-    acquired_at: Option<DateTime<Utc>>,
-    expires_at: Option<DateTime<Utc>>,
-    ended_at: Option<DateTime<Utc>>,
-    recovery_reason: Option<String>,
-    state: Option<String>,
-}
-
-impl StatusRowOpt {
-    fn into_row(self) -> Option<StatusRow> {
-        Some(StatusRow {
-            lease: LeaseRow {
-                key: self.key?,
-                token: self.token?,
-                owner: self.owner?,
-                ttl_ms: self.ttl_ms?,
-                metadata: self.metadata,
-                crash_recovery: self.crash_recovery?,
-                recovery_required: self.recovery_required?,
-                acquired_at: self.acquired_at?,
-                expires_at: self.expires_at?,
-                ended_at: self.ended_at,
+impl AcquireAnswer {
+    fn into_outcome(self) -> AcquireOutcome {
+        match (self.verdict.as_str(), self.granted, self.current) {
+            ("insert" | "grant", Some(lease), current) => {
+                let recovered = current.and_then(|c| {
+                    let reason = c.recovery_reason.clone()?;
+                    Some(c.lease.recovery_record(&reason))
+                });
+                AcquireOutcome::Granted {
+                    lease: lease.into_lease(),
+                    recovered,
+                }
+            }
+            ("held", _, Some(c)) => AcquireOutcome::Held {
+                holder: c.lease.into_lease(),
             },
-            recovery_reason: self.recovery_reason,
-            state: self.state?,
-        })
+            ("recovery_required", _, Some(c)) => {
+                let reason = c.recovery_reason.clone().expect("a verdict needs a reason");
+                AcquireOutcome::RecoveryRequired {
+                    recovery: c.lease.recovery_record(&reason),
+                }
+            }
+            (verdict, ..) => unreachable!("acquire verdict {verdict} without its row"),
+        }
     }
 }
 
 /// Acquires a key: one statement (`ACQUIRE`), run a second time only when it lost the race
 /// to create a new key's row (rows are never deleted, so a second run always finds one).
 #[tracing::instrument(level = "debug", skip_all, fields(key = %req.key))]
-pub async fn acquire(db: &Db, req: &NewLease, ctx: &RequestContext) -> Result<AcquireOutcome> {
+pub async fn acquire(
+    db: &Db,
+    req: &NewLease,
+    ctx: &RequestContext,
+) -> Result<Gated<AcquireOutcome>> {
     loop {
-        let row: AcquireRow = db
-            .fetch_one(Effect::Changes, || {
-                sqlx::query_as(ACQUIRE)
+        let gated = idempotency::gated(ctx, || {
+            db.fetch_one(Effect::Changes, || {
+                bind_gate(sqlx::query_as(ACQUIRE), ctx)
                     .bind(req.key.as_str())
                     .bind(req.owner.as_str())
                     .bind(req.ttl.get())
@@ -236,41 +208,37 @@ pub async fn acquire(db: &Db, req: &NewLease, ctx: &RequestContext) -> Result<Ac
                     .bind(req.reconciled)
                     .bind(ctx.request_id.as_deref())
                     .bind(ctx.remote_addr.as_deref())
-                    .bind(ctx.principal.as_deref())
             })
-            .await?;
-        let granted = row.granted.into_row();
-        let current = row.current.into_row();
-        match (row.verdict.as_str(), granted, current) {
-            ("insert", None, _) => continue,
-            ("insert" | "grant", Some(lease), current) => {
-                let recovered = current.and_then(|c| {
-                    let reason = c.recovery_reason.clone()?;
-                    Some(c.lease.recovery_record(&reason))
-                });
-                return Ok(AcquireOutcome::Granted {
-                    lease: lease.into_lease(),
-                    recovered,
-                });
-            }
-            ("held", _, Some(c)) => {
-                return Ok(AcquireOutcome::Held {
-                    holder: c.lease.into_lease(),
-                });
-            }
-            ("recovery_required", _, Some(c)) => {
-                let reason = c.recovery_reason.clone().expect("a verdict needs a reason");
-                return Ok(AcquireOutcome::RecoveryRequired {
-                    recovery: c.lease.recovery_record(&reason),
-                });
-            }
-            (verdict, ..) => unreachable!("acquire verdict {verdict} without its row"),
+        })
+        .await?;
+        match gated {
+            Gated::Ran(AcquireAnswer { settled: false, .. }) => continue,
+            gated => return Ok(gated.map(AcquireAnswer::into_outcome)),
         }
     }
 }
 
-/// The renew statement ([`renew`]); its race-freedom argument is in `sql/renew.sql`.
-const RENEW: &str = include_str!("sql/renew.sql");
+/// What a renewal or an ending did (`result` in `sql/renew.sql` and `sql/end.sql`): the lease as
+/// changed, or none when the token was not the key's live lease.
+#[derive(Debug, Deserialize)]
+struct ChangeAnswer {
+    lease: Option<LeaseRow>,
+}
+
+impl ChangeAnswer {
+    fn into_change(self) -> LeaseChange {
+        self.lease
+            .map_or(LeaseChange::Lost, |r| LeaseChange::Done(r.into_lease()))
+    }
+}
+
+/// The renew statement ([`renew`]), between the gate and the record; its race-freedom argument
+/// is in `sql/renew.sql`.
+const RENEW: &str = concat!(
+    include_str!("sql/gate.sql"),
+    include_str!("sql/renew.sql"),
+    include_str!("sql/remember.sql")
+);
 
 /// Renews a live lease: one `UPDATE` (`sql/renew.sql`) that changes it only while the token is the
 /// key's live lease.
@@ -280,16 +248,18 @@ pub async fn renew(
     key: &Key,
     token: FencingToken,
     ttl: Option<TtlMs>,
-) -> Result<LeaseChange> {
-    let row: Option<LeaseRow> = db
-        .fetch_optional(Effect::Changes, || {
-            sqlx::query_as(RENEW)
+    ctx: &RequestContext,
+) -> Result<Gated<LeaseChange>> {
+    let gated = idempotency::gated(ctx, || {
+        db.fetch_one(Effect::Changes, || {
+            bind_gate(sqlx::query_as(RENEW), ctx)
                 .bind(key.as_str())
                 .bind(token.get())
                 .bind(ttl.map(TtlMs::get))
         })
-        .await?;
-    Ok(row.map_or(LeaseChange::Lost, |r| LeaseChange::Done(r.into_lease())))
+    })
+    .await?;
+    Ok(gated.map(ChangeAnswer::into_change))
 }
 
 /// How a holder ends or marks its live lease.
@@ -303,24 +273,38 @@ pub enum Ending {
     RequireRecovery,
 }
 
+/// The ending statement ([`end`]), between the gate and the record.
+const END: &str = concat!(
+    include_str!("sql/gate.sql"),
+    include_str!("sql/end.sql"),
+    include_str!("sql/remember.sql")
+);
+
 /// Releases, abandons or marks a live lease: one `UPDATE` (`sql/end.sql`) with the same
 /// live-lease condition as [`renew`], and race-free for the same reason.
 #[tracing::instrument(level = "debug", skip_all, fields(key = %key, ending = ?ending))]
-pub async fn end(db: &Db, key: &Key, token: FencingToken, ending: Ending) -> Result<LeaseChange> {
+pub async fn end(
+    db: &Db,
+    key: &Key,
+    token: FencingToken,
+    ending: Ending,
+    ctx: &RequestContext,
+) -> Result<Gated<LeaseChange>> {
     let ending = match ending {
         Ending::Release => "released",
         Ending::Abandon => "abandoned",
         Ending::RequireRecovery => "recovery_required",
     };
-    let row: Option<LeaseRow> = db
-        .fetch_optional(Effect::Changes, || {
-            sqlx::query_as(include_str!("sql/end.sql"))
+    let gated = idempotency::gated(ctx, || {
+        db.fetch_one(Effect::Changes, || {
+            bind_gate(sqlx::query_as(END), ctx)
                 .bind(key.as_str())
                 .bind(token.get())
                 .bind(ending)
         })
-        .await?;
-    Ok(row.map_or(LeaseChange::Lost, |r| LeaseChange::Done(r.into_lease())))
+    })
+    .await?;
+    Ok(gated.map(ChangeAnswer::into_change))
 }
 
 /// A key's newest lease, state and recovery record. A plain read: it sees the latest committed

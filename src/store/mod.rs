@@ -18,6 +18,7 @@
 
 pub mod audit;
 mod db;
+pub mod idempotency;
 pub mod keys;
 pub mod leases;
 pub mod snapshots;
@@ -294,7 +295,8 @@ pub async fn ready(pool: &PgPool) -> Result<bool> {
     Ok(applied.is_some_and(|v| v >= latest))
 }
 
-/// Where a request came from, for the audit log.
+/// Who sent a request and where from (for the audit log and the Idempotency-Key's scope), and
+/// its Idempotency-Key.
 #[derive(Debug, Clone, Default)]
 pub struct RequestContext {
     /// The request's `x-request-id`.
@@ -303,4 +305,8 @@ pub struct RequestContext {
     pub remote_addr: Option<String>,
     /// The authenticated principal, when authentication is configured.
     pub principal: Option<String>,
+    /// The id of the principal's API key, which a changing statement checks is still live.
+    pub key_id: Option<i64>,
+    /// The Idempotency-Key of a changing call, with the request's fingerprint.
+    pub idempotency: Option<idempotency::Idempotency>,
 }

@@ -10,11 +10,13 @@ use std::sync::LazyLock;
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
+use serde::Deserialize;
 use sqlx::{FromRow, PgPool};
 
 use crate::domain::{AuditOperation, RefusalReason};
 
 use super::db::Effect;
+use super::idempotency::{self, Gated, GatedRow, bind_gate};
 use super::{Bounded, Db, RequestContext, Result};
 use crate::domain::Page;
 use crate::domain::{
@@ -66,6 +68,8 @@ pub struct PutRequest {
     pub if_match: Option<EntityTagCondition>,
     /// The body, read whole (and bounded) by the HTTP layer.
     pub body: Bytes,
+    /// The body's entity tag ([`ETag::of`] it).
+    pub etag: ETag,
     /// The content type to store.
     pub content_type: String,
 }
@@ -74,13 +78,18 @@ pub struct PutRequest {
 /// write (`sql/put.sql`), as one statement. What each part locks and why the whole is race-free
 /// is written beside it in those files. `bench/compare.sh` runs the same two files, joined the
 /// same way.
-const PUT: &str = concat!(include_str!("sql/fenced.sql"), include_str!("sql/put.sql"));
+const PUT: &str = concat!(
+    include_str!("sql/gate.sql"),
+    include_str!("sql/fenced.sql"),
+    include_str!("sql/put.sql"),
+    include_str!("sql/remember.sql")
+);
 
 /// In [`PUT`], the body: the bound parameter that [`PUT_UPLOADED`] replaces.
-const BOUND_BODY: &str = "$12 FROM head";
+const BOUND_BODY: &str = "$15 FROM head";
 
 /// [`PUT`] for a body uploaded beforehand into the connection's upload table (see
-/// [`Db::fetch_one_uploading`]) rather than bound as `$12` (bound NULL, unused). Identical
+/// [`Db::fetch_one_uploading`]) rather than bound as `$15` (bound NULL, unused). Identical
 /// otherwise: the same checks, locks and audit.
 static PUT_UPLOADED: LazyLock<String> = LazyLock::new(|| {
     replace_once(
@@ -103,7 +112,7 @@ fn replace_once(statement: &str, part: &str, by: &str) -> String {
 
 /// In `sql/fenced.sql`, what a lower token is stale against: the key's newest granted token.
 #[cfg(feature = "fault-controls")]
-const STALE_BELOW_NEWEST_GRANT: &str = "$2 < cur.token OR";
+const STALE_BELOW_NEWEST_GRANT: &str = "$6 < cur.token OR";
 
 /// The negative control of the fault tests, compiled only with the `fault-controls` feature:
 /// `statement` with the classic fencing bug of checking a token against the highest token
@@ -114,7 +123,7 @@ fn checked_against_written_tokens(statement: &str) -> String {
     replace_once(
         statement,
         STALE_BELOW_NEWEST_GRANT,
-        "$2 < coalesce((SELECT max(w.token) FROM snapshot_versions w WHERE w.key = $1), 0) OR",
+        "$6 < coalesce((SELECT max(w.token) FROM snapshot_versions w WHERE w.key = $5), 0) OR",
     )
 }
 
@@ -154,11 +163,14 @@ fn put_statement(uploaded: bool) -> &'static str {
 /// The fenced delete's first statement: `sql/fenced.sql`, then `sql/delete_head.sql`. Its
 /// versions are removed by a second statement in the same transaction (see [`delete`]).
 const DELETE_HEAD: &str = concat!(
+    include_str!("sql/gate.sql"),
     include_str!("sql/fenced.sql"),
-    include_str!("sql/delete_head.sql")
+    include_str!("sql/delete_head.sql"),
+    include_str!("sql/remember.sql")
 );
 
-#[derive(Debug, FromRow)]
+/// What a fenced statement did (`result` in `sql/put.sql` and `sql/delete_head.sql`).
+#[derive(Debug, Deserialize)]
 struct FencedRow {
     outcome: String,
     highest_token: Option<i64>,
@@ -203,19 +215,18 @@ pub async fn put(
     req: &PutRequest,
     keep_versions: i64,
     ctx: &RequestContext,
-) -> Result<WriteOutcome<Written>> {
-    let etag = ETag::of(&req.body);
+) -> Result<Gated<WriteOutcome<Written>>> {
+    let etag = &req.etag;
     let (has_if_match, tags) = if_match_params(req.if_match.as_ref());
     let upload = req.body.len() >= UPLOAD_FROM;
     let statement = || {
-        sqlx::query_as(put_statement(upload))
+        bind_gate(sqlx::query_as(put_statement(upload)), ctx)
             .bind(req.key.as_str())
             .bind(req.token.get())
             .bind(has_if_match)
             .bind(tags.clone())
             .bind(ctx.request_id.as_deref())
             .bind(ctx.remote_addr.as_deref())
-            .bind(ctx.principal.as_deref())
             .bind(AuditOperation::Put.as_str())
             .bind(etag.as_str())
             .bind(req.body.len() as i64)
@@ -223,29 +234,35 @@ pub async fn put(
             .bind((!upload).then_some(req.body.as_ref()))
             .bind(keep_versions)
     };
-    let row: FencedRow = if upload {
-        db.fetch_one_uploading(&req.body, statement()).await?
-    } else {
-        db.fetch_one(Effect::Changes, statement).await?
-    };
-    Ok(row.outcome(req.token, |r| Written {
-        created: r.created.unwrap_or(true),
-        meta: SnapshotMeta {
-            key: Some(req.key.clone()),
-            version: Version::from_stored(r.version.expect("an accepted write has a version")),
-            token: req.token,
-            etag,
-            size: req.body.len() as i64,
-            content_type: req.content_type.clone(),
-            updated_at: r.updated_at.expect("an accepted write has a time"),
-        },
+    let gated = idempotency::gated(ctx, || async {
+        if upload {
+            db.fetch_one_uploading(&req.body, statement).await
+        } else {
+            db.fetch_one(Effect::Changes, statement).await
+        }
+    })
+    .await?;
+    Ok(gated.map(|row: FencedRow| {
+        row.outcome(req.token, |r| Written {
+            created: r.created.unwrap_or(true),
+            meta: SnapshotMeta {
+                key: Some(req.key.clone()),
+                version: Version::from_stored(r.version.expect("an accepted write has a version")),
+                token: req.token,
+                etag: etag.clone(),
+                size: req.body.len() as i64,
+                content_type: req.content_type.clone(),
+                updated_at: r.updated_at.expect("an accepted write has a time"),
+            },
+        })
     }))
 }
 
 /// A fenced delete: one short transaction. The first statement (`DELETE_HEAD`) checks,
-/// clears the head or refuses and audits, under the key's row lock. The second removes the
-/// key's versions; it runs with a snapshot taken after the lock was granted, so it sees every
-/// version committed before, and no writer can add one until this commits.
+/// clears the head or refuses and audits, under the key's row lock, and records the answer
+/// under the Idempotency-Key. The second removes the key's versions; it runs with a snapshot
+/// taken after the lock was granted, so it sees every version committed before, and no writer
+/// can add one until this commits.
 #[tracing::instrument(level = "debug", skip_all, fields(key = %key, token = %token))]
 pub async fn delete(
     pool: &PgPool,
@@ -253,31 +270,33 @@ pub async fn delete(
     token: FencingToken,
     if_match: Option<&EntityTagCondition>,
     ctx: &RequestContext,
-) -> Result<WriteOutcome<()>> {
+) -> Result<Gated<WriteOutcome<()>>> {
     let (has_if_match, tags) = if_match_params(if_match);
-    let mut tx = pool.begin().bounded(pool).await?;
-    let row: FencedRow = sqlx::query_as(DELETE_HEAD)
-        .bind(key.as_str())
-        .bind(token.get())
-        .bind(has_if_match)
-        .bind(tags)
-        .bind(ctx.request_id.as_deref())
-        .bind(ctx.remote_addr.as_deref())
-        .bind(ctx.principal.as_deref())
-        .bind(AuditOperation::Delete.as_str())
-        .fetch_one(&mut *tx)
-        .bounded(pool)
-        .await?;
-    let outcome = row.outcome(token, |_| ());
-    if matches!(outcome, WriteOutcome::Accepted(())) {
-        sqlx::query(include_str!("sql/delete_versions.sql"))
+    idempotency::gated(ctx, || async {
+        let mut tx = pool.begin().bounded(pool).await?;
+        let row: GatedRow<FencedRow> = bind_gate(sqlx::query_as(DELETE_HEAD), ctx)
             .bind(key.as_str())
-            .execute(&mut *tx)
+            .bind(token.get())
+            .bind(has_if_match)
+            .bind(tags.clone())
+            .bind(ctx.request_id.as_deref())
+            .bind(ctx.remote_addr.as_deref())
+            .bind(AuditOperation::Delete.as_str())
+            .fetch_one(&mut *tx)
             .bounded(pool)
             .await?;
-    }
-    tx.commit().bounded_change(pool).await?;
-    Ok(outcome)
+        if row.ran().is_some_and(|r| r.outcome == "accepted") {
+            sqlx::query(include_str!("sql/delete_versions.sql"))
+                .bind(key.as_str())
+                .execute(&mut *tx)
+                .bounded(pool)
+                .await?;
+        }
+        tx.commit().bounded_change(pool).await?;
+        Ok(row)
+    })
+    .await
+    .map(|gated| gated.map(|row| row.outcome(token, |_| ())))
 }
 
 /// A stored snapshot version with its body.

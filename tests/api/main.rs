@@ -9,6 +9,7 @@ mod auth;
 mod concurrency;
 mod connections;
 mod fencing_race;
+mod idempotency;
 mod inputs;
 mod leases;
 mod limits;

@@ -75,6 +75,8 @@ codes! {
     Internal = "internal", 500, "A bug; logged with the request's `x-request-id`, never detailed.";
     Unavailable = "unavailable", 503, "The database cannot be reached and the request had no effect.";
     Indeterminate = "indeterminate", 503, "The request was sent to the database and its outcome is unknown.";
+    IdempotencyKeyReused = "idempotency_key_reused", 422, "An `Idempotency-Key` seen before with a different request.";
+    RequestInProgress = "request_in_progress", 409, "An `Idempotency-Key` whose first request is still running; retry after `Retry-After`.";
 }
 
 impl std::fmt::Display for ErrorCode {

@@ -6,5 +6,9 @@ pub const FENCING_TOKEN: &str = "fencing-token";
 pub const SNAPSHOT_VERSION: &str = "snapshot-version";
 /// The id of a request, taken from the client or made by the service.
 pub const REQUEST_ID: &str = "x-request-id";
+/// The key under which a changing call is done at most once (contract v1.1).
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// Set to `true` on an answer that was stored for an `Idempotency-Key` and is sent again.
+pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 /// The media type of every error body.
 pub const PROBLEM_JSON: &str = "application/problem+json";

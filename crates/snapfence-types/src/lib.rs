@@ -21,8 +21,9 @@ pub use error::{ErrorCode, Problem, RefusalFields};
 pub use lease::{KeyStatus, Lease, LeaseState, RecoveryReason, RecoveryRecord};
 pub use snapshot::{ETag, EntityTagCondition, SnapshotMeta};
 pub use values::{
-    Cursor, FencingToken, Key, KeyPrefix, MAX_KEY_BYTES, MAX_METADATA_BYTES, MAX_OWNER_BYTES,
-    Metadata, Owner, PageLimit, TtlBounds, TtlMs, Version, json_integer, json_integer_opt,
+    Cursor, FencingToken, IdempotencyKey, Key, KeyPrefix, MAX_IDEMPOTENCY_KEY_LEN, MAX_KEY_BYTES,
+    MAX_METADATA_BYTES, MAX_OWNER_BYTES, Metadata, Owner, PageLimit, TtlBounds, TtlMs, Version,
+    json_integer, json_integer_opt,
 };
 pub use wire::{AcquireRequest, Grant, Health, Holder, Page, RenewRequest};
 

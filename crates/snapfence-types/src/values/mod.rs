@@ -1,11 +1,13 @@
 //! Validated scalar values of the contract, one module per kind.
 
 mod grant;
+mod idempotency;
 mod key;
 mod number;
 mod page;
 
 pub use grant::{MAX_METADATA_BYTES, MAX_OWNER_BYTES, Metadata, Owner, TtlBounds, TtlMs};
+pub use idempotency::{IdempotencyKey, MAX_IDEMPOTENCY_KEY_LEN};
 pub use key::{Key, KeyPrefix, MAX_KEY_BYTES};
 pub use number::{FencingToken, Version, json_integer, json_integer_opt};
 pub use page::{Cursor, PageLimit};

@@ -1,0 +1,99 @@
+//! `Idempotency-Key` on the changing calls (contract v1.1): the header, what makes two requests
+//! the same request, and how the store's gate becomes an answer. The rule itself (the record is
+//! written by the change's own statement) is the store's; see `crate::store::idempotency`.
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{HeaderName, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+
+use super::error::ApiError;
+use crate::domain::headers::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+use crate::domain::{IdempotencyKey, Key};
+use crate::store::idempotency::{Gated, Idempotency};
+use crate::store::{RequestContext, StoreError};
+
+static IDEMPOTENCY_KEY_HEADER: HeaderName = HeaderName::from_static(IDEMPOTENCY_KEY);
+static REPLAYED_HEADER: HeaderName = HeaderName::from_static(IDEMPOTENT_REPLAYED);
+
+const REVOKED: &str = "the API key was revoked before this request could run; nothing was \
+    changed. Ask an operator for a live key";
+
+/// The optional `Idempotency-Key` header of a changing call.
+pub struct IdempotencyHeader(pub Option<IdempotencyKey>);
+
+impl<S: Send + Sync> FromRequestParts<S> for IdempotencyHeader {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let Some(value) = parts.headers.get(&IDEMPOTENCY_KEY_HEADER) else {
+            return Ok(Self(None));
+        };
+        let text = value.to_str().map_err(|_| {
+            ApiError::InvalidRequest(
+                "Idempotency-Key must be visible ASCII characters (a UUID is a good choice)".into(),
+            )
+        })?;
+        Ok(Self(Some(IdempotencyKey::parse(text)?)))
+    }
+}
+
+impl IdempotencyHeader {
+    /// Puts the key, if one was sent, into `ctx` with the fingerprint of the request: the
+    /// operation, the key it is on, and `parts` (its token, preconditions and body, in an order
+    /// fixed by the caller). Each part is length-prefixed, so no two requests run together.
+    pub fn attach(&self, ctx: &mut RequestContext, operation: &str, key: &Key, parts: &[&[u8]]) {
+        ctx.idempotency = self.0.as_ref().map(|k| {
+            let mut digest = Sha256::new();
+            for part in [operation.as_bytes(), key.as_str().as_bytes()]
+                .iter()
+                .chain(parts)
+            {
+                digest.update((part.len() as u64).to_be_bytes());
+                digest.update(part);
+            }
+            Idempotency {
+                key: k.clone(),
+                fingerprint: digest.finalize().into(),
+            }
+        });
+    }
+
+    /// The answer of a changing call from what its statement did: `render` makes the answer
+    /// of an outcome, the first time or, marked `Idempotent-Replayed: true`, again; a key
+    /// reused for another request, a request still running, a revoked API key and an unknown
+    /// outcome (which then names the key to retry with) become their problems.
+    pub fn respond<T>(
+        &self,
+        done: Result<Gated<T>, StoreError>,
+        render: impl FnOnce(T) -> Result<Response, ApiError>,
+    ) -> Result<Response, ApiError> {
+        let key = self.0.clone();
+        match done {
+            Ok(Gated::Ran(t)) => render(t),
+            Ok(Gated::Replayed(t)) => {
+                let mut response = render(t).unwrap_or_else(IntoResponse::into_response);
+                response
+                    .headers_mut()
+                    .insert(REPLAYED_HEADER.clone(), HeaderValue::from_static("true"));
+                Ok(response)
+            }
+            Ok(Gated::KeyReused) => Err(ApiError::IdempotencyKeyReused(
+                key.expect("only a key can be reused"),
+            )),
+            Ok(Gated::InProgress) => Err(ApiError::RequestInProgress(
+                key.expect("only a key can be in progress"),
+            )),
+            Ok(Gated::Revoked) => Err(ApiError::Unauthorized(REVOKED)),
+            Err(e @ StoreError::Indeterminate(_)) => Err(match key {
+                Some(key) => ApiError::IndeterminateRetry {
+                    cause: e.into(),
+                    key,
+                },
+                None => e.into(),
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! The `idempotency_records` table: the answers of changing calls sent with an
+//! `Idempotency-Key`, and the gate every changing statement opens with.
+//!
+//! A changing statement is `sql/gate.sql`, then its own part, then `sql/remember.sql`: the gate
+//! decides whether it runs at all (the API key is still live; the Idempotency-Key has no record
+//! and no other statement is running with it), and the last part stores the statement's answer
+//! under the key in the same statement, so the record commits exactly when the change (or the
+//! refusal's audit row) does. Why two racing requests with one key never both change anything is
+//! written in `sql/gate.sql`.
+
+use std::future::Future;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::QueryAs;
+use sqlx::types::Json;
+use sqlx::{FromRow, PgPool, Postgres, Row};
+
+use super::{Bounded, RequestContext, Result, StoreError};
+use crate::domain::IdempotencyKey;
+
+/// A changing call's Idempotency-Key, and what makes a request the same request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Idempotency {
+    /// The key the client sent.
+    pub key: IdempotencyKey,
+    /// The SHA-256 of the request's method, route, key, token, preconditions and body: a key
+    /// sent again with another fingerprint is a key reused for another request.
+    pub fingerprint: [u8; 32],
+}
+
+/// How the gate of a changing statement let it through.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Gated<T> {
+    /// The statement ran; `T` is what it did.
+    Ran(T),
+    /// The same request was done before under this Idempotency-Key; `T` is what it did then.
+    /// Nothing changed now.
+    Replayed(T),
+    /// The Idempotency-Key was used before for a different request; nothing changed.
+    KeyReused,
+    /// Another request with this Idempotency-Key is running; nothing changed.
+    InProgress,
+    /// The request's API key was revoked before the statement ran; nothing changed.
+    Revoked,
+}
+
+impl<T> Gated<T> {
+    /// The same gate with the outcome mapped.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Gated<U> {
+        match self {
+            Self::Ran(t) => Gated::Ran(f(t)),
+            Self::Replayed(t) => Gated::Replayed(f(t)),
+            Self::KeyReused => Gated::KeyReused,
+            Self::InProgress => Gated::InProgress,
+            Self::Revoked => Gated::Revoked,
+        }
+    }
+}
+
+/// A changing statement's answer: the gate's verdict, the fingerprint stored with a replayed
+/// record, and the answer (this statement's, or the stored one) as JSON.
+pub(crate) struct GatedRow<T> {
+    gate: String,
+    prior_fingerprint: Option<Vec<u8>>,
+    answer: T,
+}
+
+impl<'r, T: DeserializeOwned> FromRow<'r, PgRow> for GatedRow<T> {
+    fn from_row(row: &'r PgRow) -> sqlx::Result<Self> {
+        Ok(Self {
+            gate: row.try_get("gate")?,
+            prior_fingerprint: row.try_get("prior_fingerprint")?,
+            answer: row.try_get::<Json<T>, _>("answer")?.0,
+        })
+    }
+}
+
+impl<T> GatedRow<T> {
+    /// This statement's own answer, if the gate let it run.
+    pub(crate) fn ran(&self) -> Option<&T> {
+        (self.gate == "run").then_some(&self.answer)
+    }
+
+    /// The verdict, with a replay's fingerprint compared with the request's.
+    fn into_gated(self, ctx: &RequestContext) -> Gated<T> {
+        match self.gate.as_str() {
+            "run" => Gated::Ran(self.answer),
+            "replay" => {
+                let sent = ctx.idempotency.as_ref().map(|i| &i.fingerprint[..]);
+                if self.prior_fingerprint.as_deref() == sent {
+                    Gated::Replayed(self.answer)
+                } else {
+                    Gated::KeyReused
+                }
+            }
+            "in_progress" => Gated::InProgress,
+            "revoked" => Gated::Revoked,
+            other => unreachable!("gate.sql's verdicts do not include {other:?}"),
+        }
+    }
+}
+
+/// Binds `sql/gate.sql`'s parameters ($1 to $4) for the request of `ctx`.
+pub(crate) fn bind_gate<'q, O>(
+    q: QueryAs<'q, Postgres, O, PgArguments>,
+    ctx: &'q RequestContext,
+) -> QueryAs<'q, Postgres, O, PgArguments> {
+    let idempotency = ctx.idempotency.as_ref();
+    q.bind(idempotency.map(|i| i.key.as_str()))
+        .bind(idempotency.map(|i| &i.fingerprint[..]))
+        .bind(ctx.principal.as_deref())
+        .bind(ctx.key_id)
+}
+
+/// Whether a changing statement failed on another statement's record for its key (the race of
+/// `sql/gate.sql`): it was rolled back whole, and running it again finds that record.
+fn lost_record_race(e: &StoreError) -> bool {
+    matches!(e, StoreError::Internal(sqlx::Error::Database(d))
+        if d.constraint() == Some("idempotency_records_pkey"))
+}
+
+/// Runs a changing statement (`run`, which runs it once) until it is not rolled back by the
+/// race for its Idempotency-Key's record, and reads its gate. Each run is bounded by the
+/// request's deadline, so together they are too.
+pub(crate) async fn gated<T, F, Fut>(ctx: &RequestContext, mut run: F) -> Result<Gated<T>>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<GatedRow<T>>>,
+{
+    loop {
+        match run().await {
+            Err(e) if lost_record_race(&e) => continue,
+            row => return Ok(row?.into_gated(ctx)),
+        }
+    }
+}
+
+/// Deletes up to `batch` records older than `retention`, oldest first, and returns how many it
+/// deleted; `sql/idempotency_prune.sql` says why it never holds up a request.
+pub async fn prune(pool: &PgPool, retention: Duration, batch: i64) -> Result<u64> {
+    let done = sqlx::query(include_str!("sql/idempotency_prune.sql"))
+        .bind(retention.as_millis() as i64)
+        .bind(batch)
+        .execute(pool)
+        .bounded_change(pool)
+        .await?;
+    Ok(done.rows_affected())
+}

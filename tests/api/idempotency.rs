@@ -1,0 +1,369 @@
+//! `Idempotency-Key` (contract v1.1): a changing call sent again with its key is answered as the
+//! first time and changes nothing; a key reused for another request, or whose first request is
+//! still running, is refused; records are scoped to the principal.
+
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use futures_util::stream;
+use reqwest::{Body, Method, Response, StatusCode};
+use serde_json::{Value, json};
+use snapfence::domain::Scope;
+use tokio::sync::mpsc;
+
+use crate::harness::{TestApp, enc, problem, token};
+
+/// A changing call with an Idempotency-Key.
+fn acquire_keyed(app: &TestApp, key: &str, idem: &str, body: Value) -> reqwest::RequestBuilder {
+    app.request(Method::POST, &format!("/v1/leases/{}", enc(key)))
+        .header("Idempotency-Key", idem)
+        .json(&body)
+}
+
+fn put_keyed(app: &TestApp, key: &str, t: i64, idem: &str, body: &str) -> reqwest::RequestBuilder {
+    app.request(Method::PUT, &format!("/v1/snapshots/{}", enc(key)))
+        .header("Fencing-Token", t.to_string())
+        .header("Idempotency-Key", idem)
+        .body(body.to_owned())
+}
+
+fn replayed(r: &Response) -> bool {
+    r.headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true")
+}
+
+async fn count(app: &TestApp, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(app.db()).await.unwrap()
+}
+
+#[tokio::test]
+async fn an_acquire_sent_again_with_its_key_answers_the_same_grant_and_mints_no_token() {
+    let app = TestApp::spawn().await;
+    let body = json!({"owner": "a", "ttl_ms": 30000, "metadata": {"z": 1, "a": 2}});
+    let first = acquire_keyed(&app, "k", "grant-1", body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert!(!replayed(&first), "a first answer is not a replay");
+    let first: Value = first.json().await.unwrap();
+    let again = acquire_keyed(&app, "k", "grant-1", body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert!(replayed(&again), "Idempotent-Replayed: true");
+    assert_eq!(again.json::<Value>().await.unwrap(), first);
+    // No token was drawn for the replay: the next grant anywhere has the next token.
+    let next = app.acquire("other", "b", 30000).await;
+    assert_eq!(token(&next), token(&first) + 1);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_refusal_is_stored_too_and_answered_again_while_the_key_has_changed() {
+    let app = TestApp::spawn().await;
+    app.acquire("k", "holder", 30000).await;
+    let body = json!({"owner": "late", "ttl_ms": 30000});
+    let first = acquire_keyed(&app, "k", "try-1", body.clone())
+        .send()
+        .await
+        .unwrap();
+    let first = problem(first, StatusCode::CONFLICT, "lease_held").await;
+    let held = app.get("/v1/leases/k").await.json::<Value>().await.unwrap();
+    app.release("k", held["lease"]["token"].as_i64().unwrap())
+        .await;
+    // The key is free now, but the request was answered before: it is answered the same.
+    let again = acquire_keyed(&app, "k", "try-1", body)
+        .send()
+        .await
+        .unwrap();
+    assert!(replayed(&again));
+    assert_eq!(
+        problem(again, StatusCode::CONFLICT, "lease_held").await,
+        first
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_write_sent_again_with_its_key_stores_one_version() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("k", "a", 30000).await);
+    let first = put_keyed(&app, "k", t, "w-1", "one").send().await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let etag = first.headers()["etag"].clone();
+    let first: Value = first.json().await.unwrap();
+    let again = put_keyed(&app, "k", t, "w-1", "one").send().await.unwrap();
+    assert_eq!(
+        again.status(),
+        StatusCode::CREATED,
+        "answered as the first time"
+    );
+    assert!(replayed(&again));
+    assert_eq!(again.headers()["etag"], etag);
+    assert_eq!(again.json::<Value>().await.unwrap(), first);
+    let versions = count(&app, "SELECT count(*) FROM snapshot_versions").await;
+    assert_eq!(versions, 1, "one version stored");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_stale_write_sent_again_with_its_key_writes_no_second_audit_row() {
+    let app = TestApp::spawn().await;
+    let old = token(&app.acquire("k", "a", 100).await);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    app.acquire("k", "b", 30000).await;
+    let first = put_keyed(&app, "k", old, "w-1", "late")
+        .send()
+        .await
+        .unwrap();
+    let first = problem(first, StatusCode::CONFLICT, "stale_token").await;
+    let again = put_keyed(&app, "k", old, "w-1", "late")
+        .send()
+        .await
+        .unwrap();
+    assert!(replayed(&again));
+    let again = problem(again, StatusCode::CONFLICT, "stale_token").await;
+    assert_eq!(again["audit_id"], first["audit_id"]);
+    assert_eq!(count(&app, "SELECT count(*) FROM rejections").await, 1);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_key_sent_with_a_different_request_answers_422_and_changes_nothing() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("k", "a", 30000).await);
+    let first = put_keyed(&app, "k", t, "w-1", "one").send().await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let other_body = put_keyed(&app, "k", t, "w-1", "two").send().await.unwrap();
+    problem(
+        other_body,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency_key_reused",
+    )
+    .await;
+    let other_key = put_keyed(&app, "elsewhere", t, "w-1", "one")
+        .send()
+        .await
+        .unwrap();
+    problem(
+        other_key,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency_key_reused",
+    )
+    .await;
+    let stored = app.get("/v1/snapshots/k").await.bytes().await.unwrap();
+    assert_eq!(&stored[..], b"one");
+    assert_eq!(
+        count(&app, "SELECT count(*) FROM snapshot_versions").await,
+        1
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn lease_calls_sent_again_with_their_key_are_answered_again() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("k", "a", 30000).await);
+    let renew = || {
+        app.request(Method::POST, "/v1/leases/k/renew")
+            .header("Idempotency-Key", "renew-1")
+            .json(&json!({"token": t, "ttl_ms": 60000}))
+            .send()
+    };
+    let first: Value = renew().await.unwrap().json().await.unwrap();
+    let again = renew().await.unwrap();
+    assert!(replayed(&again));
+    assert_eq!(again.json::<Value>().await.unwrap(), first, "same expiry");
+    let release = || {
+        app.request(Method::DELETE, "/v1/leases/k")
+            .header("Fencing-Token", t.to_string())
+            .header("Idempotency-Key", "release-1")
+            .send()
+    };
+    assert_eq!(release().await.unwrap().status(), StatusCode::NO_CONTENT);
+    let again = release().await.unwrap();
+    assert_eq!(again.status(), StatusCode::NO_CONTENT);
+    assert!(replayed(&again));
+    // Without the key, the same release is a new request, and the lease is gone.
+    problem(
+        app.release("k", t).await,
+        StatusCode::CONFLICT,
+        "lease_lost",
+    )
+    .await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_fenced_delete_sent_again_with_its_key_is_answered_again() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("k", "a", 30000).await);
+    assert_eq!(app.put("k", t, "x").await.status(), StatusCode::CREATED);
+    let delete = || {
+        app.request(Method::DELETE, "/v1/snapshots/k")
+            .header("Fencing-Token", t.to_string())
+            .header("Idempotency-Key", "del-1")
+            .send()
+    };
+    assert_eq!(delete().await.unwrap().status(), StatusCode::NO_CONTENT);
+    assert_eq!(app.put("k", t, "y").await.status(), StatusCode::CREATED);
+    let again = delete().await.unwrap();
+    assert_eq!(again.status(), StatusCode::NO_CONTENT);
+    assert!(replayed(&again));
+    let kept = app.get("/v1/snapshots/k").await;
+    assert_eq!(kept.status(), StatusCode::OK, "the replay deleted nothing");
+    assert_eq!(&kept.bytes().await.unwrap()[..], b"y");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_request_whose_key_is_running_elsewhere_answers_409_request_in_progress() {
+    let app = TestApp::spawn().await;
+    // Another session holds the key's lock, as a running request with that key does.
+    let mut holder = app.db().acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(hashtextextended('busy', hashtext('')))")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let r = acquire_keyed(&app, "k", "busy", json!({"owner": "a", "ttl_ms": 30000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["retry-after"], "1");
+    problem(r, StatusCode::CONFLICT, "request_in_progress").await;
+    assert_eq!(count(&app, "SELECT count(*) FROM leases").await, 0);
+    drop(holder);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn concurrent_requests_with_one_key_through_two_instances_grant_once() {
+    let app = TestApp::spawn().await;
+    let second = app.another_instance().await;
+    let body = json!({"owner": "a", "ttl_ms": 30000});
+    let sends = (0..32).map(|i| {
+        let instance = if i % 2 == 0 { &app.instance } else { &second };
+        app.request_to(instance, Method::POST, "/v1/leases/k")
+            .header("Idempotency-Key", "once")
+            .json(&body)
+            .send()
+    });
+    let mut tokens = Vec::new();
+    for r in join_all(sends).await {
+        let r = r.unwrap();
+        match r.status() {
+            StatusCode::CREATED => tokens.push(token(&r.json::<Value>().await.unwrap())),
+            _ => {
+                problem(r, StatusCode::CONFLICT, "request_in_progress").await;
+            }
+        }
+    }
+    assert!(!tokens.is_empty(), "at least the first is granted");
+    assert!(
+        tokens.iter().all(|t| *t == tokens[0]),
+        "one grant: {tokens:?}"
+    );
+    let drawn = count(&app, "SELECT last_value FROM fencing_token_seq").await;
+    assert_eq!(drawn, tokens[0], "exactly one token was drawn");
+    second.stop().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn records_are_scoped_to_the_api_key_that_made_them() {
+    let app = TestApp::spawn().await;
+    let alice = app.make_key("alice", Scope::Write, "").await;
+    let bob = app.make_key("bob", Scope::Write, "").await;
+    let send = |bearer: &str, key: &str| {
+        app.request(Method::POST, &format!("/v1/leases/{key}"))
+            .bearer_auth(bearer)
+            .header("Idempotency-Key", "same")
+            .json(&json!({"owner": "w", "ttl_ms": 30000}))
+            .send()
+    };
+    assert_eq!(
+        send(&alice, "a").await.unwrap().status(),
+        StatusCode::CREATED
+    );
+    let r = send(&bob, "b").await.unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED, "bob's key is his own");
+    assert!(!replayed(&r));
+    let records = count(&app, "SELECT count(*) FROM idempotency_records").await;
+    assert_eq!(records, 2);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_write_whose_key_was_revoked_while_its_body_arrived_is_refused_401() {
+    let app = TestApp::spawn().await;
+    let bearer = app.make_key("ci", Scope::Write, "").await;
+    let grant = app
+        .request(Method::POST, "/v1/leases/k")
+        .bearer_auth(&bearer)
+        .json(&json!({"owner": "w", "ttl_ms": 30000}))
+        .send()
+        .await
+        .unwrap();
+    let t = token(&grant.json::<Value>().await.unwrap());
+    let (tx, rx) = mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+    let put = app
+        .request(Method::PUT, "/v1/snapshots/k")
+        .bearer_auth(&bearer)
+        .header("Fencing-Token", t.to_string())
+        .header("Content-Length", "4")
+        .body(Body::wrap_stream(stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|chunk| (chunk, rx))
+        })))
+        .send();
+    let put = tokio::spawn(put);
+    tx.send(Ok(b"he".to_vec())).await.unwrap();
+    // The headers were authenticated; the key is revoked before the body is complete.
+    app.revoke_key("ci").await;
+    tx.send(Ok(b"ll".to_vec())).await.unwrap();
+    drop(tx);
+    let r = put.await.unwrap().unwrap();
+    problem(r, StatusCode::UNAUTHORIZED, "unauthorized").await;
+    assert_eq!(
+        count(&app, "SELECT count(*) FROM snapshot_versions").await,
+        0
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_malformed_idempotency_key_answers_400_and_changes_nothing() {
+    let app = TestApp::spawn().await;
+    for bad in ["", "has space", &"x".repeat(256)] {
+        let r = acquire_keyed(&app, "k", bad, json!({"owner": "a", "ttl_ms": 30000}))
+            .send()
+            .await
+            .unwrap();
+        problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
+    }
+    assert_eq!(count(&app, "SELECT count(*) FROM leases").await, 0);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_record_past_its_retention_is_pruned_and_the_key_runs_anew() {
+    let app = TestApp::spawn().await;
+    let body = json!({"owner": "a", "ttl_ms": 100});
+    let first = acquire_keyed(&app, "k", "old", body.clone())
+        .send()
+        .await
+        .unwrap();
+    let first = token(&first.json::<Value>().await.unwrap());
+    let pruned = snapfence::store::idempotency::prune(app.db(), Duration::ZERO, 1000)
+        .await
+        .unwrap();
+    assert_eq!(pruned, 1);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let again = acquire_keyed(&app, "k", "old", body).send().await.unwrap();
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert!(!replayed(&again));
+    assert!(token(&again.json::<Value>().await.unwrap()) > first);
+    app.stop().await;
+}
