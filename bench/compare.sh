@@ -94,29 +94,42 @@ curl -fs "$url/readyz" >/dev/null || { cat "$work/serve.log" >&2; exit 1; }
 # Measured as it runs in production: every request carries an API key.
 api_key=$("$sf" keys create --name bench --scope write 2>/dev/null)
 
-# pgbench runs the service's own statements, the files of src/store/sql (a fenced write is
-# fenced.sql followed by put.sql, as src/store/snapshots.rs joins them), with `$N` turned into
-# pgbench's `:pN`; their comments go along, as they do to the service's PostgreSQL. Each client takes the keys of its own slice in turn, as the
-# workers of `snapfence-bench` do. pgbench cannot bind NULL, so an absent value is bound as what
-# the service's NULL stands for there: `'{}'` for If-Match's tags (not sent, so never read), an
-# empty metadata object, and the current version (1) for the read (which reads its body).
+# pgbench runs the service's own statements, the files of src/store/sql joined as src/store joins
+# them (gate.sql, the operation's files, remember.sql for a change; a fenced write is fenced.sql
+# followed by put.sql), with `$N` turned into pgbench's `:pN`; their comments go along, as they do
+# to the service's PostgreSQL. Each client takes the keys of its own slice in turn, as the
+# workers of `snapfence-bench` do. pgbench cannot bind NULL, so gate.sql's parameters ($1 to $4:
+# no Idempotency-Key, no principal) are written in as NULL literals, and an absent value is bound
+# as what the service's NULL stands for there: `'{}'` for If-Match's tags (not sent, so never
+# read), an empty metadata object, and the current version (1) for the read (which reads its
+# body).
 script() { # op -> a pgbench script on stdout
-    local op=$1 sql
+    local op=$1 sql sqldir=$root/src/store/sql
     case $op in
-    put) sql=$(cat "$root/src/store/sql/fenced.sql" "$root/src/store/sql/put.sql") ;;
-    *) sql=$(cat "$root/src/store/sql/$op.sql") ;;
+    put) sql=$(cat "$sqldir/gate.sql" "$sqldir/fenced.sql" "$sqldir/put.sql" "$sqldir/remember.sql") ;;
+    get) sql=$(cat "$sqldir/get.sql") ;;
+    *) sql=$(cat "$sqldir/gate.sql" "$sqldir/$op.sql" "$sqldir/remember.sql") ;;
     esac
-    for n in 13 12 11 10 9 8 7 6 5 4 3 2 1; do sql=${sql//\$$n/:p$n}; done
-    printf '\\set i :n %% :per + :client_id * :per\n\\set n :n + 1\n\\set p1 :base_key + :i\n'
-    [ "$op" != acquire ] && printf '\\set p2 :base_token + :i\n'
+    if [ "$op" = get ]; then
+        for n in 4 3 2 1; do sql=${sql//\$$n/:p$n}; done
+        printf '\\set i :n %% :per + :client_id * :per\n\\set n :n + 1\n\\set p1 :base_key + :i\n'
+    else
+        for n in 16 15 14 13 12 11 10 9 8 7 6 5; do sql=${sql//\$$n/:p$n}; done
+        sql=${sql//\$4/NULL::bigint}
+        sql=${sql//\$3/NULL::text}
+        sql=${sql//\$2/NULL::bytea}
+        sql=${sql//\$1/NULL::text}
+        printf '\\set i :n %% :per + :client_id * :per\n\\set n :n + 1\n\\set p5 :base_key + :i\n'
+        [ "$op" != acquire ] && printf '\\set p6 :base_token + :i\n'
+    fi
     printf '%s;\n' "$sql"
 }
 body_hex=$(head -c 1024 /dev/zero | tr '\0' 'a' | od -v -An -tx1 | tr -d ' \n')
 pg_vars() { # op -> the fixed parameters of its statement
     case $1 in
-    acquire) echo "-D p2=pgbench -D p3=$3 -D p4={} -D p5=false -D p6=false -D p7=pgbench -D p8=127.0.0.1 -D p9=pgbench" ;;
-    renew) echo "-D p3=600000" ;;
-    put) echo "-D p3=false -D p4={} -D p5=pgbench -D p6=127.0.0.1 -D p7=pgbench -D p8=put -D p9=pgbench-etag -D p10=1024 -D p11=application/octet-stream -D p12=\\x$body_hex -D p13=10" ;;
+    acquire) echo "-D p6=pgbench -D p7=$3 -D p8={} -D p9=false -D p10=false -D p11=pgbench -D p12=127.0.0.1" ;;
+    renew) echo "-D p7=600000" ;;
+    put) echo "-D p7=false -D p8={} -D p9=pgbench -D p10=127.0.0.1 -D p11=put -D p12=pgbench-etag -D p13=1024 -D p14=application/octet-stream -D p15=\\x$body_hex -D p16=10" ;;
     get) echo "-D p2=10 -D p3=1 -D p4=true" ;;
     esac
 }
