@@ -452,7 +452,7 @@ async fn no_server_says_nothing_was_sent_and_where_it_looked() {
 }
 
 #[tokio::test]
-async fn a_write_whose_answer_was_lost_says_how_to_check_it() {
+async fn a_write_whose_answers_were_all_lost_says_how_to_check_it() {
     let app = TestApp::spawn().await;
     let t = grant(&client(&app.instance.base), &key("k"), "w", TTL)
         .await
@@ -460,9 +460,34 @@ async fn a_write_whose_answer_was_lost_says_how_to_check_it() {
         .token
         .to_string();
     let proxy = Proxy::start(upstream(&app.instance.base)).await;
-    proxy.next_connections(vec![Mode::DropAnswer]);
+    // More lost answers than the command makes attempts.
+    proxy.next_connections(vec![Mode::DropAnswer; 16]);
     let args = ["snapshot", "delete", "k", "--token", &t];
     error_golden(&proxy.base(), &args, 13, "transport_indeterminate").await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_write_whose_answer_was_lost_is_retried_with_its_key_and_done_once() {
+    let app = TestApp::spawn().await;
+    let c = client(&app.instance.base);
+    let t = grant(&c, &key("k"), "w", TTL).await.lease.token;
+    let proxy = Proxy::start(upstream(&app.instance.base)).await;
+    proxy.next_connections(vec![Mode::DropAnswer]);
+    let token = t.to_string();
+    let args = ["snapshot", "put", "k", "--token", &token];
+    let ran = cli_with_stdin(&proxy.base(), &args, b"once").await;
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    assert_eq!(
+        proxy.connections(),
+        2,
+        "the lost answer's attempt, and its retry"
+    );
+    let versions = c
+        .list_versions(&key("k"), &Default::default())
+        .await
+        .unwrap();
+    assert_eq!(versions.items.len(), 1, "written once");
     app.stop().await;
 }
 

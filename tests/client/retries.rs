@@ -1,11 +1,11 @@
-//! What the client retries and what it does not: reads after any transient failure, writes
-//! only when nothing can have reached the server or the server said nothing changed; and how a
-//! write whose outcome is unknown is resolved.
+//! What the client retries and what it does not: any call after a failure that may pass later,
+//! a write with the same Idempotency-Key, so that it is done once; and how a write whose outcome
+//! is still unknown after the last attempt is resolved.
 
 use std::time::Duration;
 
 use snapfence::domain::ETag;
-use snapfence_client::{Error, PutOptions};
+use snapfence_client::{Error, PutOptions, RetryPolicy};
 use tokio::net::TcpListener;
 
 use crate::harness::TestApp;
@@ -40,19 +40,56 @@ async fn a_read_is_retried_after_a_gateway_error() {
 }
 
 #[tokio::test]
-async fn a_write_is_not_retried_once_it_may_have_reached_the_server() {
+async fn a_write_whose_connection_broke_is_retried_with_its_key_and_lands_once() {
     let app = TestApp::spawn().await;
     let c = client(&app.instance.base);
     let k = key("k");
     let t = grant(&c, &k, "w", TTL).await.lease.token;
     let proxy = Proxy::start(upstream(&app.instance.base)).await;
     proxy.next_connections(vec![Mode::Reset]);
-    let e = client(&proxy.base())
+    let written = client(&proxy.base())
         .put_snapshot(&k, t, "x", &PutOptions::default())
         .await
-        .unwrap_err();
-    assert!(e.is_indeterminate(), "{e:?}");
-    assert_eq!(proxy.connections(), 1, "no second attempt");
+        .unwrap();
+    assert_eq!(written.meta.version.get(), 1);
+    assert_eq!(proxy.connections(), 2, "one broken, one retried");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_write_whose_answer_was_lost_is_answered_by_its_retry_and_stored_once() {
+    let app = TestApp::spawn().await;
+    let c = client(&app.instance.base);
+    let k = key("k");
+    let t = grant(&c, &k, "w", TTL).await.lease.token;
+    let proxy = Proxy::start(upstream(&app.instance.base)).await;
+    proxy.next_connections(vec![Mode::DropAnswer]);
+    let written = client(&proxy.base())
+        .put_snapshot(&k, t, "once", &PutOptions::default())
+        .await
+        .unwrap();
+    assert!(written.created, "the retry gets the first attempt's answer");
+    assert_eq!(written.meta.version.get(), 1);
+    let versions = c.list_versions(&k, &Default::default()).await.unwrap();
+    assert_eq!(versions.items.len(), 1, "stored once");
+    assert_eq!(proxy.connections(), 2);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_grant_whose_answer_was_lost_is_granted_once_and_its_token_learnt() {
+    let app = TestApp::spawn().await;
+    let c = client(&app.instance.base);
+    let k = key("k");
+    let proxy = Proxy::start(upstream(&app.instance.base)).await;
+    proxy.next_connections(vec![Mode::DropAnswer]);
+    let g = grant(&client(&proxy.base()), &k, "w", TTL).await;
+    let status = c.lease_status(&k).await.unwrap();
+    assert_eq!(
+        status.lease.token, g.lease.token,
+        "the caller holds the key's lease"
+    );
+    assert_eq!(proxy.connections(), 2);
     app.stop().await;
 }
 
@@ -112,14 +149,15 @@ async fn a_write_answered_unavailable_is_retried_and_lands_once() {
 }
 
 #[tokio::test]
-async fn a_put_whose_answer_was_lost_is_resolved_with_find_write() {
+async fn a_put_whose_outcome_stayed_unknown_is_resolved_with_find_write() {
     let app = TestApp::spawn().await;
     let c = client(&app.instance.base);
     let k = key("k");
     let t = grant(&c, &k, "w", TTL).await.lease.token;
     let proxy = Proxy::start(upstream(&app.instance.base)).await;
     proxy.next_connections(vec![Mode::DropAnswer]);
-    let e = client(&proxy.base())
+    let once = client(&proxy.base()).with_retry(RetryPolicy::none());
+    let e = once
         .put_snapshot(&k, t, "the body", &PutOptions::default())
         .await
         .unwrap_err();

@@ -15,16 +15,18 @@ use snapfence_types::{ErrorCode, Holder, Problem, RefusalFields};
 ///
 /// # Did a failed write take effect?
 ///
-/// For a read it does not matter: reads are retried and change nothing. For a write (acquire,
-/// release, abandon, require-recovery, put, delete) most failures are definite: every answer with
-/// a contract code means the server refused it and changed nothing but the audit log, and
-/// [`Error::Transport`] with `may_have_reached: false` means no byte of it reached the server.
-/// [`Error::is_indeterminate`] is true for the rest, where the write may or may not have been
-/// applied: [`Error::Indeterminate`] (the server's own word for it), a connection that broke or
-/// timed out after the request was sent, a 5xx answer that is not one of the contract's, or an
-/// answer that could not be read.
+/// For a read it does not matter: reads change nothing. A write (acquire, renew, release,
+/// abandon, require-recovery, put, delete) is sent with a fresh `Idempotency-Key`, the same on
+/// every attempt, so the server does it at most once, and a retry after an unknown outcome is
+/// answered with what happened (the grant, the version, the refusal); the client retries such
+/// failures up to [`RetryPolicy::max_attempts`](super::RetryPolicy) (the server keeps the
+/// answers for 24 h by default). Every answer with a contract code is definite: the server did
+/// that, or refused it and changed nothing but the audit log. [`Error::is_indeterminate`] is
+/// true when even the last attempt left the outcome unknown: [`Error::Indeterminate`] (the
+/// server's own word for it), a connection that broke or timed out after the request was sent,
+/// a 5xx answer that is not one of the contract's, or an answer that could not be read.
 ///
-/// Such a write is never retried blindly. Resolve it by reading:
+/// Resolve such a write by reading:
 /// - a put: [`Client::find_write`](super::Client::find_write) looks for a retained version with
 ///   your token and the ETag of your body (or GET the snapshot and compare its `ETag`,
 ///   `Fencing-Token` and `Snapshot-Version` headers with what you sent);
@@ -143,6 +145,22 @@ pub enum Error {
         /// The server's explanation.
         detail: String,
     },
+    /// `422 idempotency_key_reused`: the call's `Idempotency-Key` was used before for another
+    /// request. The client makes a fresh key for every call, so this means a bug (or a
+    /// collision of random keys, which 122 random bits make negligible); nothing changed.
+    #[error("{detail}")]
+    IdempotencyKeyReused {
+        /// The server's explanation.
+        detail: String,
+    },
+    /// `409 request_in_progress`: an earlier attempt of this call (same `Idempotency-Key`) is
+    /// still running on the server; the client retries, and the retry gets that attempt's
+    /// answer. Nothing changed by this attempt.
+    #[error("{detail}")]
+    RequestInProgress {
+        /// The server's explanation.
+        detail: String,
+    },
     /// The request or its answer did not make it across the network: no connection, a
     /// connection that broke, or a timeout.
     #[error("{}", transport_message(*may_have_reached))]
@@ -227,6 +245,8 @@ impl Error {
             Self::Forbidden { .. } => ErrorCode::Forbidden,
             Self::Unavailable { .. } => ErrorCode::Unavailable,
             Self::Indeterminate { .. } => ErrorCode::Indeterminate,
+            Self::IdempotencyKeyReused { .. } => ErrorCode::IdempotencyKeyReused,
+            Self::RequestInProgress { .. } => ErrorCode::RequestInProgress,
             Self::Transport { .. } | Self::Unexpected { .. } | Self::Protocol { .. } => {
                 return None;
             }
@@ -378,6 +398,8 @@ fn decode(problem: Problem, status: StatusCode, request_id: Option<String>) -> O
         ErrorCode::Forbidden => Error::Forbidden { detail },
         ErrorCode::Unavailable => Error::Unavailable { detail },
         ErrorCode::Indeterminate => Error::Indeterminate { detail },
+        ErrorCode::IdempotencyKeyReused => Error::IdempotencyKeyReused { detail },
+        ErrorCode::RequestInProgress => Error::RequestInProgress { detail },
         _ => unexpected(),
     })
 }

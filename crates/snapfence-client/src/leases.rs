@@ -10,7 +10,7 @@ use snapfence_types::{
 
 #[cfg(doc)]
 use crate::Error;
-use crate::retry::Idempotency;
+use crate::retry::CallKind;
 use crate::transport::{Call, segment};
 use crate::{Client, LeaseFilter, Result};
 
@@ -20,7 +20,7 @@ impl Client {
     pub async fn acquire(&self, key: &Key, request: &AcquireRequest) -> Result<Grant> {
         let path = format!("/v1/leases/{}", segment(key)?);
         self.send_json(
-            Idempotency::Unsafe,
+            CallKind::Change,
             Call {
                 method: Method::POST,
                 path: &path,
@@ -42,7 +42,7 @@ impl Client {
         let body = RenewRequest::new(token, ttl);
         let path = format!("/v1/leases/{}/renew", segment(key)?);
         self.send_json(
-            Idempotency::Idempotent,
+            CallKind::Change,
             Call {
                 method: Method::POST,
                 path: &path,
@@ -56,7 +56,7 @@ impl Client {
     /// A fenced call on a lease that answers `204`.
     async fn end(&self, method: Method, path: String, token: FencingToken) -> Result<()> {
         self.send(
-            Idempotency::Unsafe,
+            CallKind::Change,
             Call {
                 method,
                 path: &path,

@@ -27,15 +27,17 @@
 //!
 //! Every attempt is bounded by [`ClientBuilder::timeout`] (connecting by
 //! [`ClientBuilder::connect_timeout`]). A failed attempt is retried, with exponential backoff and
-//! jitter, up to [`RetryPolicy::max_attempts`], only when the retry cannot do harm:
-//! - any call, when nothing reached the server (the connection could not be made), or when the
-//!   server answered `503 unavailable`, which the contract guarantees changed nothing;
-//! - reads (`GET`, `HEAD`) and renewals, which change nothing or the same thing again, also
-//!   after a broken connection, a timeout or another 5xx.
+//! jitter, up to [`RetryPolicy::max_attempts`], whenever the same call may succeed later: nothing
+//! reached the server, `503 unavailable` or `indeterminate`, another 5xx, a broken connection or
+//! a timeout, an unreadable answer; and, for a change, `409 request_in_progress` (an earlier
+//! attempt is still running on the server).
 //!
-//! Writes (acquire, release, abandon, require-recovery, put, delete) are never retried once they
-//! may have reached the server. [`Error::is_indeterminate`] tells such a failure, and [`Error`]
-//! says how to find out what happened.
+//! That is safe for the changes too (acquire, renew, release, abandon, require-recovery, put,
+//! delete): each call is sent with a fresh `Idempotency-Key`, the same on every attempt, and the
+//! server (v1.1) does a change at most once per key and answers a retry with what the first
+//! attempt did. So a grant or a write whose answer was lost happens exactly once, and its caller
+//! still learns the token or the version. [`Error::is_indeterminate`] tells a failure that left
+//! the outcome unknown even after the last attempt, and [`Error`] says how to find out.
 
 mod audit;
 mod builder;

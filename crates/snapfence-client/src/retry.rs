@@ -55,26 +55,23 @@ pub(crate) fn jittered(d: Duration) -> Duration {
     d.mul_f64(rand::rng().random_range(0.5..=1.0))
 }
 
-/// Whether a call changes nothing when it is repeated, which decides what may be retried.
+/// What a call does, which decides how it is sent and which failed attempts are retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Idempotency {
-    /// Reads, and renewals (a second renewal of a live lease only extends it again).
-    Idempotent,
-    /// Writes: a repeat after an unknown outcome could apply it twice, or mislead the caller.
-    Unsafe,
+pub(crate) enum CallKind {
+    /// Reads: they change nothing, so a failed attempt may be tried again.
+    Read,
+    /// Changing calls: sent with one fresh `Idempotency-Key`, the same on every attempt, so that
+    /// the server does the change at most once and a retry after an unknown outcome is answered
+    /// with what happened.
+    Change,
 }
 
-impl Idempotency {
-    /// Whether a failed attempt of a call of this kind may be tried again.
+impl CallKind {
+    /// Whether a failed attempt of a call of this kind may be tried again: whenever the same
+    /// call may succeed later (the network, a 5xx, an unreadable answer), and for a change also
+    /// while the server is still running an earlier attempt of it (`request_in_progress`).
     pub(crate) fn may_retry(self, e: &Error) -> bool {
-        match e {
-            Error::Transport {
-                may_have_reached: false,
-                ..
-            }
-            | Error::Unavailable { .. } => true,
-            _ => self == Self::Idempotent && e.is_transient(),
-        }
+        e.is_transient() || (self == Self::Change && matches!(e, Error::RequestInProgress { .. }))
     }
 }
 
@@ -113,7 +110,7 @@ mod tests {
     }
 
     #[test]
-    fn only_harmless_retries_are_allowed() {
+    fn only_failures_that_may_pass_later_are_retried() {
         let unavailable = Error::Unavailable {
             detail: String::new(),
         };
@@ -125,10 +122,16 @@ mod tests {
         let lost = Error::LeaseLost {
             detail: String::new(),
         };
-        assert!(Idempotency::Unsafe.may_retry(&unavailable));
-        assert!(!Idempotency::Unsafe.may_retry(&bad_gateway));
-        assert!(Idempotency::Idempotent.may_retry(&bad_gateway));
-        assert!(!Idempotency::Idempotent.may_retry(&lost));
+        let in_progress = Error::RequestInProgress {
+            detail: String::new(),
+        };
+        for kind in [CallKind::Read, CallKind::Change] {
+            assert!(kind.may_retry(&unavailable));
+            assert!(kind.may_retry(&bad_gateway));
+            assert!(!kind.may_retry(&lost));
+        }
+        assert!(CallKind::Change.may_retry(&in_progress));
+        assert!(!CallKind::Read.may_retry(&in_progress));
         assert!(bad_gateway.is_indeterminate() && !unavailable.is_indeterminate());
     }
 }

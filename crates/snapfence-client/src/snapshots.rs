@@ -10,7 +10,7 @@ use reqwest::{Method, RequestBuilder, StatusCode};
 use snapfence_types::headers::{FENCING_TOKEN, SNAPSHOT_VERSION};
 use snapfence_types::{ETag, EntityTagCondition, FencingToken, Key, Page, SnapshotMeta, Version};
 
-use crate::retry::Idempotency;
+use crate::retry::CallKind;
 use crate::transport::{Answer, Call, header_text, segment};
 use crate::{Client, Error, PageRequest, PutOptions, Result, Snapshot, SnapshotHead, Written};
 
@@ -29,7 +29,7 @@ impl Client {
         let path = format!("/v1/snapshots/{}", segment(key)?);
         let answer = self
             .send(
-                Idempotency::Unsafe,
+                CallKind::Change,
                 Call {
                     method: Method::PUT,
                     path: &path,
@@ -64,7 +64,7 @@ impl Client {
     ) -> Result<()> {
         let path = format!("/v1/snapshots/{}", segment(key)?);
         self.send(
-            Idempotency::Unsafe,
+            CallKind::Change,
             Call {
                 method: Method::DELETE,
                 path: &path,
@@ -126,7 +126,7 @@ impl Client {
         if_none_match: Option<&EntityTagCondition>,
     ) -> Result<Answer> {
         self.send(
-            Idempotency::Idempotent,
+            CallKind::Read,
             Call { method, path },
             &[StatusCode::OK, StatusCode::NOT_MODIFIED],
             |r| with_condition(r, header::IF_NONE_MATCH, if_none_match),

@@ -7,8 +7,9 @@ use reqwest::header::{HeaderMap, HeaderValue};
 use reqwest::{Method, RequestBuilder, StatusCode};
 use serde::de::DeserializeOwned;
 use snapfence_types::Key;
+use snapfence_types::headers::IDEMPOTENCY_KEY;
 
-use crate::retry::{Idempotency, OnRetry};
+use crate::retry::{CallKind, OnRetry};
 use crate::{Client, Error, Result};
 
 /// A buffered answer: every answer of the contract is small except snapshot bodies, which the
@@ -33,19 +34,24 @@ impl fmt::Display for Call<'_> {
 }
 
 impl Client {
-    /// Sends a request, retrying the attempts that `idempotency` allows, and returns the answer
-    /// when its status is one of `ok`; any other status becomes its [`Error`].
+    /// Sends a request, retrying the attempts that `kind` allows, and returns the answer when
+    /// its status is one of `ok`; any other status becomes its [`Error`]. A change carries a
+    /// fresh `Idempotency-Key`, the same on every attempt.
     pub(crate) async fn send(
         &self,
-        idempotency: Idempotency,
+        kind: CallKind,
         call: Call<'_>,
         ok: &[StatusCode],
         build: impl Fn(RequestBuilder) -> RequestBuilder,
     ) -> Result<Answer> {
         let url = format!("{}{}", self.base, call.path);
+        let idempotency_key = (kind == CallKind::Change).then(|| uuid::Uuid::new_v4().to_string());
         let mut attempt = 1;
         loop {
-            let request = build(self.http.request(call.method.clone(), &url));
+            let mut request = build(self.http.request(call.method.clone(), &url));
+            if let Some(key) = &idempotency_key {
+                request = request.header(IDEMPOTENCY_KEY, key);
+            }
             let error = match attempt_once(request).await {
                 Ok(answer) if ok.contains(&answer.status) => return Ok(answer),
                 Ok(answer) => {
@@ -53,7 +59,7 @@ impl Client {
                 }
                 Err(e) => Error::transport(e),
             };
-            if attempt >= self.retry.max_attempts || !idempotency.may_retry(&error) {
+            if attempt >= self.retry.max_attempts || !kind.may_retry(&error) {
                 return Err(error);
             }
             let pause = self.retry.backoff(attempt);
@@ -69,13 +75,13 @@ impl Client {
     /// [`send`](Self::send), then the answer's JSON body as `T`.
     pub(crate) async fn send_json<T: DeserializeOwned>(
         &self,
-        idempotency: Idempotency,
+        kind: CallKind,
         call: Call<'_>,
         ok: &[StatusCode],
         build: impl Fn(RequestBuilder) -> RequestBuilder,
     ) -> Result<T> {
         let what = call.to_string();
-        let answer = self.send(idempotency, call, ok, build).await?;
+        let answer = self.send(kind, call, ok, build).await?;
         serde_json::from_slice(&answer.body).map_err(|e| Error::Protocol {
             detail: format!("the answer to {what} is not the contract's JSON: {e}"),
         })
@@ -88,7 +94,7 @@ impl Client {
         build: impl Fn(RequestBuilder) -> RequestBuilder,
     ) -> Result<T> {
         self.send_json(
-            Idempotency::Idempotent,
+            CallKind::Read,
             Call {
                 method: Method::GET,
                 path,
