@@ -445,3 +445,29 @@ fn a_release_answered_unavailable_explains_no_refusal() {
     h.refused(1, "a", (20, 25), 7);
     assert_eq!(h.broken(), vec![Property::UnjustifiedRefusal]);
 }
+
+#[test]
+fn a_write_stored_twice_is_found() {
+    let mut h = History::default();
+    h.grant(1, (0, 5), 100);
+    // Acknowledged as version 2 by a retry that ran again; its first attempt made version 1.
+    h.written(1, "a", (10, 25), 2);
+    h.holds(&[(1, 1, "a"), (2, 1, "a")]);
+    assert!(
+        h.broken().contains(&Property::DuplicateEffect),
+        "{:?}",
+        h.broken()
+    );
+}
+
+#[test]
+fn an_acquire_refused_by_its_own_grant_is_found() {
+    let mut h = History::default();
+    h.op(
+        "k",
+        Call::Acquire { ttl_ms: 100 },
+        (0, 5),
+        Outcome::Unexpected(crate::checker::UNREPORTED_GRANT.into()),
+    );
+    assert_eq!(h.broken(), vec![Property::UnreportedGrant]);
+}

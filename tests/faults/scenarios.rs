@@ -11,7 +11,7 @@ use reqwest::StatusCode;
 use serde_json::json;
 use tokio::task::JoinHandle;
 
-use crate::checker::{Property, Report, check};
+use crate::checker::{Call, Outcome, Property, Report, check};
 use crate::cluster::{Cluster, ClusterSpec, Service, scratch, tcp_url};
 use crate::proxy::Proxy;
 use crate::workload::{self, Plan, Recorder, final_state};
@@ -33,6 +33,7 @@ fn plan(seconds: u64) -> Plan {
         ttl_ms: TTL_MS,
         duration: Duration::from_secs(seconds) * scale(),
         stall_chance: 0.1,
+        idempotency_keys: true,
     }
 }
 
@@ -81,13 +82,60 @@ impl Load {
         let mut err = std::io::stderr().lock();
         writeln!(
             err,
-            "faults: {scenario}: {faults} faults injected; {report}"
+            "faults: {scenario}: {faults} faults injected; {report}; {}",
+            self.recorder.figures()
         )
         .ok();
         for a in report.anomalies.iter().take(10) {
             writeln!(err, "faults:   {:?}: {}", a.property, a.detail).ok();
         }
         report
+    }
+}
+
+/// The exactly-once promise of `Idempotency-Key`, over a scenario's run: at least
+/// [`EXACTLY_ONCE_CALLS`] changing calls, each settled by a retry with its key (none left
+/// unknown), none done twice, every grant known to its client (the last two are the checker's
+/// [`Property::DuplicateEffect`] and [`Property::UnreportedGrant`], among the rest it checks).
+fn assert_exactly_once(report: &Report, recorder: &Recorder) {
+    assert_clean(report);
+    let figures = recorder.figures();
+    let unsettled = recorder
+        .history()
+        .iter()
+        .filter(|o| !matches!(o.call, Call::Get) && matches!(o.outcome, Outcome::Indeterminate(_)))
+        .count();
+    writeln!(
+        std::io::stderr(),
+        "faults:   exactly once: {figures}; writes done twice {}, grants unknown to their client \
+         {}, changing calls left unknown {unsettled}",
+        report.count(Property::DuplicateEffect),
+        report.count(Property::UnreportedGrant)
+    )
+    .ok();
+    assert!(
+        figures.changing_calls >= EXACTLY_ONCE_CALLS,
+        "at least {EXACTLY_ONCE_CALLS} changing calls: {figures}"
+    );
+    assert!(
+        figures.unknown_attempts > 0,
+        "some outcome was unknown: {figures}"
+    );
+    assert_eq!(
+        unsettled, 0,
+        "every changing call was settled by its retries"
+    );
+}
+
+/// The fewest changing calls over which a scenario checks the exactly-once promise.
+const EXACTLY_ONCE_CALLS: usize = 1000;
+
+/// The plan of a scenario that checks the exactly-once promise: twice the clients for longer,
+/// so that [`EXACTLY_ONCE_CALLS`] are made although the faults hold every call up for a while.
+fn exactly_once_plan() -> Plan {
+    Plan {
+        clients: plan(0).clients * 2,
+        ..plan(12)
     }
 }
 
@@ -156,10 +204,11 @@ async fn crash_restarts_of_postgres_lose_no_acknowledged_write_and_never_reissue
         db.restart();
         faults += 1;
     }
+    let recorder = load.recorder.clone();
     let report = load
         .verdict("postgres crash-restart", faults, &services[0])
         .await;
-    assert_clean(&report);
+    assert_exactly_once(&report, &recorder);
     assert_eq!(faults, crashes, "every crash happened under load");
 }
 
@@ -178,9 +227,14 @@ async fn a_service_killed_mid_request_leaves_the_other_serving_and_fencing_intac
         victim.restart().await;
         faults += 1;
     }
+    let recorder = load.recorder.clone();
     let report = load.verdict("service SIGKILL", faults, &services[0]).await;
     assert_clean(&report);
-    assert!(report.indeterminate > 0, "some request was cut: {report}");
+    let figures = recorder.figures();
+    assert!(
+        figures.unknown_attempts > 0,
+        "some request was cut: {figures}"
+    );
 }
 
 /// A primary reachable on TCP only through a proxy, and two services behind the proxy.
@@ -195,7 +249,7 @@ async fn behind_a_proxy(dir: &Path) -> (Cluster, Proxy, [Service; 2]) {
 async fn answers_lost_after_commit_leave_indeterminate_operations_and_nothing_else() {
     let dir = scratch();
     let (_db, proxy, services) = behind_a_proxy(dir.path()).await;
-    let load = Load::start(plan(8), &[&services[0], &services[1]]);
+    let load = Load::start(exactly_once_plan(), &[&services[0], &services[1]]);
     let mut faults = 0;
     while load.running() {
         sleep_ms(600).await;
@@ -217,32 +271,25 @@ async fn answers_lost_after_commit_leave_indeterminate_operations_and_nothing_el
         }
         faults += 1;
     }
-    let history_timeouts = load
-        .recorder
-        .history()
-        .iter()
-        .filter(|o| {
-            matches!(&o.outcome, crate::checker::Outcome::Indeterminate(why) if why == "timed out")
-        })
-        .count();
+    let recorder = load.recorder.clone();
     let report = load
         .verdict("database link cut or stalled", faults, &services[0])
         .await;
-    assert_clean(&report);
-    assert!(report.indeterminate > 0, "some answer was lost: {report}");
+    assert_exactly_once(&report, &recorder);
     assert_eq!(
-        history_timeouts, 0,
-        "the service answered every call (503 at worst) before the client gave up"
+        recorder.figures().timed_out_attempts,
+        0,
+        "the service answered every attempt (503 at worst) before the client gave up"
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_frozen_database_is_answered_within_the_bound_and_only_unknown_outcomes_are_indeterminate()
- {
+/// Runs `plan` against two services while PostgreSQL is frozen (SIGSTOP) for 1.5 s at a time,
+/// and returns the verdict with the run's recorder.
+async fn under_freezes(plan: Plan, scenario: &str) -> (Report, Arc<Recorder>) {
     let dir = scratch();
     let db = Cluster::primary(dir.path(), &unix_only()).await;
     let services = two_services(&db.url(), dir.path(), false).await;
-    let load = Load::start(plan(8), &[&services[0], &services[1]]);
+    let load = Load::start(plan, &[&services[0], &services[1]]);
     let mut faults = 0;
     while load.running() {
         sleep_ms(700).await;
@@ -251,27 +298,42 @@ async fn a_frozen_database_is_answered_within_the_bound_and_only_unknown_outcome
         db.thaw();
         faults += 1;
     }
-    let history = load.recorder.history();
-    let slowest = history
-        .iter()
-        .map(|o| o.completed - o.invoked)
-        .max()
-        .unwrap_or(0);
-    let report = load
-        .verdict("PostgreSQL frozen", faults, &services[0])
-        .await;
-    assert_clean(&report);
+    let recorder = load.recorder.clone();
+    let report = load.verdict(scenario, faults, &services[0]).await;
+    (report, recorder)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_database_is_answered_within_the_bound_and_only_unknown_outcomes_are_indeterminate()
+ {
+    let (report, recorder) = under_freezes(exactly_once_plan(), "PostgreSQL frozen").await;
+    assert_exactly_once(&report, &recorder);
+    let figures = recorder.figures();
     assert!(
-        report.unavailable + report.indeterminate > 0,
+        report.unavailable > 0 || figures.unknown_attempts > 0,
         "the freezes were felt: {report}"
     );
-    // Every call's answer within the service's 1 s bound, with slack for a loaded machine: the
-    // maximum, not the mean. (Honesty is the checker's: no call answered `unavailable` took
+    // Every attempt's answer within the service's 1 s bound, with slack for a loaded machine:
+    // the maximum, not the mean. (Honesty is the checker's: no call answered `unavailable` took
     // effect.)
     assert!(
-        slowest < 2_500_000,
-        "every call answered within the 1 s database bound and some slack; the slowest took {} ms",
-        slowest / 1000
+        figures.slowest_attempt < Duration::from_millis(2500),
+        "every attempt answered within the 1 s database bound and some slack; the slowest took {} ms",
+        figures.slowest_attempt.as_millis()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_idempotency_keys_retries_after_a_freeze_take_effect_twice_and_are_found() {
+    let plan = Plan {
+        idempotency_keys: false,
+        ..exactly_once_plan()
+    };
+    let (report, _) = under_freezes(plan, "negative control, retries without keys").await;
+    let twice = report.count(Property::DuplicateEffect) + report.count(Property::UnreportedGrant);
+    assert!(
+        twice > 0,
+        "retried without keys, some write or grant took effect twice or unseen: {report}"
     );
 }
 

@@ -3,13 +3,17 @@
 //! or more service processes, as any user would. Every call is recorded with its invoke and
 //! complete times and its outcome, for the [`checker`](crate::checker).
 //!
-//! A client that is refused stops working on the key, as the contract asks of a holder; one
-//! whose call is indeterminate moves to the next service, as a client of a replicated service
-//! would. Some holders stall past their TTL before writing, the pause that fencing exists for.
+//! Every changing call carries an `Idempotency-Key` of its own; an attempt whose outcome is
+//! unknown (a timeout, a cut connection, `503 indeterminate`, `409 request_in_progress`) is sent
+//! again with that key, through the next service, until it has an answer that says what
+//! happened, as the project's clients do. The history records each call once, with the answer
+//! that settled it; [`Recorder::figures`] counts the attempts. A client that is refused stops
+//! working on the key, as the contract asks of a holder. Some holders stall past their TTL before
+//! writing, the pause that fencing exists for.
 
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rand::Rng;
@@ -17,8 +21,13 @@ use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
 
 use crate::checker::{
-    Answer, AuditRow, Call, FinalState, INDETERMINATE, Micros, Op, Outcome, Version,
+    Answer, AuditRow, Call, FinalState, INDETERMINATE, Micros, Op, Outcome, UNREPORTED_GRANT,
+    Version,
 };
+
+/// How long a changing call is retried with its Idempotency-Key before it is recorded as
+/// indeterminate: longer than any fault of the scenarios lasts.
+const SETTLE_WITHIN: Duration = Duration::from_secs(20);
 
 /// How much load, for how long.
 #[derive(Debug, Clone)]
@@ -33,6 +42,9 @@ pub struct Plan {
     pub duration: Duration,
     /// The chance that a holder stalls past its TTL before a write.
     pub stall_chance: f64,
+    /// Whether changing calls carry an `Idempotency-Key` (always, but in the negative control
+    /// that shows what retrying without one does).
+    pub idempotency_keys: bool,
 }
 
 impl Plan {
@@ -50,14 +62,60 @@ pub fn now() -> Micros {
         .as_micros() as Micros
 }
 
-/// Every operation of a run, appended as each completes.
+/// Every operation of a run, appended as each completes, and the figures of its attempts.
 #[derive(Default)]
 pub struct Recorder {
     ops: Mutex<Vec<Op>>,
     next_id: AtomicU64,
+    changing_calls: AtomicUsize,
+    unknown_attempts: AtomicUsize,
+    replays: AtomicUsize,
+    timed_out_attempts: AtomicUsize,
+    slowest_attempt_us: AtomicU64,
+}
+
+/// What the attempts of a run's changing calls came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Figures {
+    /// Changing calls (acquire, renew, release, put), each with its own Idempotency-Key.
+    pub changing_calls: usize,
+    /// Attempts whose outcome was unknown, each sent again with its call's key.
+    pub unknown_attempts: usize,
+    /// Answers the service replayed from a key's record (`Idempotent-Replayed: true`).
+    pub replays: usize,
+    /// Attempts of any call that the client gave up on (its timeout) without an answer.
+    pub timed_out_attempts: usize,
+    /// The longest any one attempt waited for its answer (or its failure).
+    pub slowest_attempt: Duration,
+}
+
+impl std::fmt::Display for Figures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} changing calls, {} attempts with an unknown outcome sent again (with their call's \
+             Idempotency-Key, if it has one), {} answers replayed; slowest attempt {} ms, {} attempts timed out",
+            self.changing_calls,
+            self.unknown_attempts,
+            self.replays,
+            self.slowest_attempt.as_millis(),
+            self.timed_out_attempts
+        )
+    }
 }
 
 impl Recorder {
+    /// The figures of the attempts so far.
+    pub fn figures(&self) -> Figures {
+        Figures {
+            changing_calls: self.changing_calls.load(Ordering::Relaxed),
+            unknown_attempts: self.unknown_attempts.load(Ordering::Relaxed),
+            replays: self.replays.load(Ordering::Relaxed),
+            timed_out_attempts: self.timed_out_attempts.load(Ordering::Relaxed),
+            slowest_attempt: Duration::from_micros(self.slowest_attempt_us.load(Ordering::Relaxed)),
+        }
+    }
+
     /// The history so far.
     pub fn history(&self) -> Vec<Op> {
         self.ops.lock().unwrap().clone()
@@ -230,16 +288,86 @@ impl Client {
         self.record(id, key, call, None).await
     }
 
-    /// Sends one request, waits for its answer, and records the operation.
+    /// Sends one call, waits for an answer that settles it (retrying a changing call with
+    /// its Idempotency-Key while the outcome is unknown), and records the operation.
     async fn record(&mut self, id: u64, key: &str, call: Call, body: Option<String>) -> Outcome {
+        let changing = !matches!(call, Call::Get);
+        let owner = format!("client-{}/op-{id}", self.id);
+        let invoked = now();
+        let give_up = Instant::now() + SETTLE_WITHIN;
+        if changing {
+            self.recorder.changing_calls.fetch_add(1, Ordering::Relaxed);
+        }
+        let outcome = loop {
+            let request = self
+                .request(key, &call, &owner, body.clone())
+                .header("x-request-id", format!("op-{id}"));
+            let request = if changing && self.plan.idempotency_keys {
+                request.header("idempotency-key", format!("op-{id}"))
+            } else {
+                request
+            };
+            let sent = Instant::now();
+            let answer = request.send().await;
+            let waited = sent.elapsed().as_micros() as u64;
+            self.recorder
+                .slowest_attempt_us
+                .fetch_max(waited, Ordering::Relaxed);
+            if answer.as_ref().is_err_and(reqwest::Error::is_timeout) {
+                self.recorder
+                    .timed_out_attempts
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            if answer
+                .as_ref()
+                .is_ok_and(|r| r.headers().get("idempotent-replayed").is_some())
+            {
+                self.recorder.replays.fetch_add(1, Ordering::Relaxed);
+            }
+            let outcome = outcome(&call, &owner, answer).await;
+            let unknown = matches!(outcome, Outcome::Indeterminate(_))
+                || matches!(&outcome, Outcome::Refused { code, .. } if code == "request_in_progress");
+            if unknown {
+                // Another service may answer where this one could not.
+                self.at = (self.at + 1) % self.endpoints.len();
+            }
+            if !(changing && unknown && Instant::now() < give_up) {
+                break outcome;
+            }
+            self.recorder
+                .unknown_attempts
+                .fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(pause(20..100)).await;
+        };
+        let completed = now();
+        self.recorder.ops.lock().unwrap().push(Op {
+            id,
+            client: self.id,
+            key: key.to_owned(),
+            call,
+            invoked,
+            completed,
+            outcome: outcome.clone(),
+        });
+        outcome
+    }
+
+    /// One attempt of `call` on the current service.
+    fn request(
+        &self,
+        key: &str,
+        call: &Call,
+        owner: &str,
+        body: Option<String>,
+    ) -> reqwest::RequestBuilder {
         let base = &self.endpoints[self.at];
         let leases = format!("{base}/v1/leases/{key}");
         let snapshot = format!("{base}/v1/snapshots/{key}");
-        let request = match &call {
+        match call {
             Call::Acquire { ttl_ms } => self
                 .http
                 .post(&leases)
-                .json(&json!({"owner": format!("client-{}", self.id), "ttl_ms": ttl_ms})),
+                .json(&json!({"owner": owner, "ttl_ms": ttl_ms})),
             Call::Renew { token, ttl_ms } => self
                 .http
                 .post(format!("{leases}/renew"))
@@ -254,32 +382,13 @@ impl Client {
                 .header("Fencing-Token", token.to_string())
                 .body(body.unwrap_or_default()),
             Call::Get => self.http.get(&snapshot),
-        };
-        let invoked = now();
-        let answer = request
-            .header("x-request-id", format!("op-{id}"))
-            .send()
-            .await;
-        let outcome = outcome(&call, answer).await;
-        let completed = now();
-        if matches!(outcome, Outcome::Indeterminate(_)) {
-            self.at = (self.at + 1) % self.endpoints.len();
         }
-        self.recorder.ops.lock().unwrap().push(Op {
-            id,
-            client: self.id,
-            key: key.to_owned(),
-            call,
-            invoked,
-            completed,
-            outcome: outcome.clone(),
-        });
-        outcome
     }
 }
 
-/// What an answer (or its absence) says about the call.
-async fn outcome(call: &Call, answer: reqwest::Result<Response>) -> Outcome {
+/// What an answer (or its absence) says about the call; `owner` is the owner an acquire asked
+/// for, which no other call's lease has.
+async fn outcome(call: &Call, owner: &str, answer: reqwest::Result<Response>) -> Outcome {
     let r = match answer {
         Ok(r) => r,
         Err(e) => return Outcome::Indeterminate(transport_error(&e)),
@@ -338,6 +447,9 @@ async fn outcome(call: &Call, answer: reqwest::Result<Response>) -> Outcome {
             |version| Outcome::Ok(Answer::Written { version }),
         ),
         (Call::Get, 404) => Outcome::Ok(Answer::Read(None)),
+        (Call::Acquire { .. }, 409) if body["holder"]["owner"] == owner => {
+            Outcome::Unexpected(UNREPORTED_GRANT.into())
+        }
         (_, 409 | 412) => match body["code"].as_str() {
             Some(code) => Outcome::Refused {
                 code: code.to_owned(),

@@ -145,8 +145,13 @@ impl<'a> Checker<'a> {
     pub(super) fn unexpected_answers(&mut self) {
         for op in self.ops {
             if let Outcome::Unexpected(what) = &op.outcome {
+                let property = if what == UNREPORTED_GRANT {
+                    Property::UnreportedGrant
+                } else {
+                    Property::UnexpectedAnswer
+                };
                 self.flag(
-                    Property::UnexpectedAnswer,
+                    property,
                     format!("op {} ({:?} {:?}) answered {what}", op.id, op.call, op.key),
                 );
             }

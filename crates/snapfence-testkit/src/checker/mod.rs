@@ -25,6 +25,10 @@ pub type Micros = i64;
 /// The reason of an [`Outcome::Indeterminate`] that was a `503 indeterminate` answer.
 pub const INDETERMINATE: &str = "503 indeterminate";
 
+/// The [`Outcome::Unexpected`] of an acquire refused `lease_held` with itself as the holder: its
+/// own grant took effect (an earlier attempt of it), and its client was not told the token.
+pub const UNREPORTED_GRANT: &str = "lease_held by the very lease this acquire was granted";
+
 /// What a client asked for. Keys are given on the [`Op`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Call {
@@ -195,6 +199,11 @@ pub enum Property {
     UnexpectedAnswer,
     /// A write answered `503 unavailable` took no effect: it is not stored and not audited.
     HonestUnavailable,
+    /// A write took effect at most once: no body is stored as two versions.
+    DuplicateEffect,
+    /// Every grant is known to the client that asked for it: no acquire is refused because of
+    /// its own grant ([`UNREPORTED_GRANT`]).
+    UnreportedGrant,
 }
 
 /// One broken promise, with the operations that show it.

@@ -13,7 +13,17 @@ impl<'a> Checker<'a> {
         let mut stored: HashMap<(&str, &str), &Version> = HashMap::new();
         for (key, versions) in &end.versions {
             for v in versions {
-                stored.insert((key.as_str(), v.etag.as_str()), v);
+                // Every body of a history is unique: one stored twice is a write done twice.
+                if let Some(first) = stored.insert((key.as_str(), v.etag.as_str()), v) {
+                    self.flag(
+                        Property::DuplicateEffect,
+                        format!(
+                            "the body {} of {key:?} is stored twice, as versions {} and {}: one \
+                             write took effect twice",
+                            v.etag, first.version, v.version
+                        ),
+                    );
+                }
             }
         }
         let audited = self.audited_ops();
