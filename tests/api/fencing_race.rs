@@ -27,6 +27,7 @@ async fn accepted_writes_always_carry_the_newest_token_under_racing_holders() {
         ttl_ms: 150,
         duration: Duration::from_secs(3),
         stall_chance: 0.3,
+        idempotency_keys: true,
     };
     let recorder = Arc::new(Recorder::default());
     workload::run(
