@@ -75,6 +75,7 @@ codes! {
     Internal = "internal", 500, "A bug; logged with the request's `x-request-id`, never detailed.";
     Unavailable = "unavailable", 503, "The database cannot be reached and the request had no effect.";
     Indeterminate = "indeterminate", 503, "The request was sent to the database and its outcome is unknown.";
+    TooManyRequests = "too_many_requests", 429, "A per-API-key limit (requests in flight, or rate) is reached; `Retry-After` says when to retry.";
 }
 
 impl std::fmt::Display for ErrorCode {
