@@ -91,24 +91,25 @@ async fn acquire_as(app: &TestApp, key_token: &str, key: &str) -> i64 {
     token(&r.json::<Value>().await.unwrap())
 }
 
-/// Asserts a `429 too_many_requests` with `Retry-After` and an `x-request-id`; returns the
+/// Asserts a refusal that changed nothing: problem+json of `status` and `code` with an
+/// `x-request-id` and a `Retry-After`, whose detail says nothing was changed; returns the
 /// seconds `Retry-After` says.
-async fn too_many(r: Response) -> u64 {
+async fn refused(r: Response, status: StatusCode, code: &str) -> u64 {
     assert!(r.headers().contains_key("x-request-id"));
     let after = r.headers()["retry-after"]
         .to_str()
         .unwrap()
         .parse()
         .unwrap();
-    let body = problem(r, StatusCode::TOO_MANY_REQUESTS, "too_many_requests").await;
-    assert!(
-        body["detail"]
-            .as_str()
-            .unwrap()
-            .contains("nothing was changed"),
-        "{body}"
-    );
+    let body = problem(r, status, code).await;
+    let detail = body["detail"].as_str().unwrap();
+    assert!(detail.contains("nothing was changed"), "{detail}");
     after
+}
+
+/// [`refused`] with `429 too_many_requests`.
+async fn too_many(r: Response) -> u64 {
+    refused(r, StatusCode::TOO_MANY_REQUESTS, "too_many_requests").await
 }
 
 /// Asserts a raw `503 unavailable` for a body over the budget: problem+json with an
@@ -312,15 +313,9 @@ async fn a_body_without_a_length_that_would_pass_the_body_budget_is_refused_503_
         .send()
         .await
         .expect("the server answers while the client is still sending");
-    assert!(r.headers().contains_key("x-request-id"));
-    assert_eq!(r.headers()["retry-after"], "1");
-    let body = problem(r, StatusCode::SERVICE_UNAVAILABLE, "unavailable").await;
-    assert!(
-        body["detail"]
-            .as_str()
-            .unwrap()
-            .contains("nothing was changed"),
-        "{body}"
+    assert_eq!(
+        refused(r, StatusCode::SERVICE_UNAVAILABLE, "unavailable").await,
+        1
     );
     problem(
         app.get("/v1/snapshots/k").await,
