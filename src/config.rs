@@ -2,13 +2,15 @@
 //! environment variable, with its default. The README's configuration table mirrors this file.
 
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
 use crate::domain::TtlBounds;
-use crate::state::Rules;
+use crate::http::extract::MAX_JSON_BYTES;
+use crate::state::{RateLimit, Rules};
 use crate::store::DbSettings;
 
 /// The embedded PostgreSQL's data directory when none is given: `./snapfence-data`, or, for
@@ -119,6 +121,32 @@ pub struct ServeConfig {
     #[arg(long, env = "SNAPFENCE_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
 
+    /// Requests one API key may have in flight on one instance; one more is answered 429 at
+    /// once (never queued). Requests without a key are bounded by --max-concurrent-requests.
+    #[arg(long, env = "SNAPFENCE_MAX_IN_FLIGHT_PER_KEY", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_in_flight_per_key: u32,
+
+    /// Requests a second one API key may send to one instance, on average (may be below one:
+    /// 0.1 is one every 10 s); more are answered 429 with the seconds until the next is allowed.
+    /// Off unless set.
+    #[arg(long, env = "SNAPFENCE_RATE_LIMIT_PER_KEY", value_parser = positive_rate)]
+    pub rate_limit_per_key: Option<f64>,
+
+    /// Requests one API key may send at once after a quiet spell, with --rate-limit-per-key;
+    /// without it, one second's worth of the rate (at least one).
+    #[arg(
+        long,
+        env = "SNAPFENCE_RATE_LIMIT_BURST",
+        requires = "rate_limit_per_key"
+    )]
+    pub rate_limit_burst: Option<NonZeroU32>,
+
+    /// Bytes of request bodies one instance holds at once, from their arrival until they are
+    /// stored; a body that would pass it is answered 503 (nothing changed) before it is read, or
+    /// as it arrives when it announces no length. At least --max-snapshot-bytes.
+    #[arg(long, env = "SNAPFENCE_MAX_BODY_BYTES_IN_FLIGHT", default_value_t = 256 * 1024 * 1024)]
+    pub max_body_bytes_in_flight: usize,
+
     /// Serve requests without an API key on a non-loopback address while no key exists.
     #[arg(long, env = "SNAPFENCE_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
@@ -153,7 +181,27 @@ impl ServeConfig {
             idle_timeout: self.idle_timeout,
             max_connections: self.max_connections as usize,
             anonymous_without_keys: self.listen.ip().is_loopback() || self.insecure_no_auth,
+            max_in_flight_per_key: self.max_in_flight_per_key as usize,
+            rate_limit_per_key: self.rate_limit_per_key.map(|per_second| RateLimit {
+                per_second,
+                burst: self
+                    .rate_limit_burst
+                    .unwrap_or_else(|| one_seconds_worth(per_second)),
+            }),
+            max_body_bytes_in_flight: self.max_body_bytes_in_flight,
         }
+    }
+
+    /// Refuses options that contradict each other, saying which to change.
+    pub fn check(&self) -> Result<(), String> {
+        let largest = self.max_snapshot_bytes.max(MAX_JSON_BYTES);
+        if self.max_body_bytes_in_flight < largest {
+            return Err(format!(
+                "--max-body-bytes-in-flight {} is below the largest body a request may send ({largest} bytes, from --max-snapshot-bytes or a lease request's limit), which could then never be received; raise it, or lower --max-snapshot-bytes",
+                self.max_body_bytes_in_flight
+            ));
+        }
+        Ok(())
     }
 
     /// How the store talks to the database.
@@ -163,6 +211,30 @@ impl ServeConfig {
             timeout: self.db_timeout,
         }
     }
+}
+
+/// The most requests a second a rate may allow: one a nanosecond, the finest period a rate
+/// limit counts in.
+const MAX_RATE: f64 = 1e9;
+
+/// A rate of requests a second above zero and at most [`MAX_RATE`].
+fn positive_rate(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(rate) if rate > 0.0 && rate <= MAX_RATE => Ok(rate),
+        Ok(_) => Err(format!(
+            "must be above 0 and at most {MAX_RATE} (leave the option out for no limit)"
+        )),
+        Err(e) => Err(format!(
+            "{e}: write a number of requests a second, like 50 or 0.5"
+        )),
+    }
+}
+
+/// A second's worth of `per_second` requests, rounded up: the burst of a rate that is not
+/// given one.
+fn one_seconds_worth(per_second: f64) -> NonZeroU32 {
+    // In range: the rate is at most MAX_RATE, and the float-to-int cast saturates anyway.
+    NonZeroU32::new(per_second.ceil() as u32).unwrap_or(NonZeroU32::MIN)
 }
 
 /// A duration above zero: a zero head or idle timeout would close every connection at once.

@@ -1,11 +1,13 @@
 //! What every handler shares: the database pool and the service's rules.
 
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::PgPool;
 
 use crate::domain::TtlBounds;
+use crate::http::limits::Limits;
 use crate::metrics::Metrics;
 use crate::store::Db;
 use crate::store::keys::KeyCache;
@@ -38,6 +40,25 @@ pub struct Rules {
     /// Whether requests without credentials are served while no live API key exists. True for
     /// a loopback listener (or with `--insecure-no-auth`); false means every request needs a key.
     pub anonymous_without_keys: bool,
+    /// The most requests one API key may have in flight on one instance; one more is answered
+    /// 429. Requests without a key are bounded by `max_concurrent_requests` alone.
+    pub max_in_flight_per_key: usize,
+    /// The rate one API key may send requests at to one instance, if it is limited.
+    pub rate_limit_per_key: Option<RateLimit>,
+    /// The most bytes of request bodies one instance holds at once, from the moment each is
+    /// announced (or arrives) until it is stored or dropped; a body that would pass it is
+    /// answered 503. Below the largest body a request may send, such a body is never received
+    /// (`snapfence serve` refuses that configuration).
+    pub max_body_bytes_in_flight: usize,
+}
+
+/// A rate limit per API key: a token bucket of `burst` requests, refilled at `per_second`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimit {
+    /// Requests a second, on average; may be below one (0.1 is one every 10 s).
+    pub per_second: f64,
+    /// Requests that may come at once after a quiet spell.
+    pub burst: NonZeroU32,
 }
 
 impl Default for Rules {
@@ -55,6 +76,9 @@ impl Default for Rules {
             idle_timeout: Duration::from_secs(60),
             max_connections: 4096,
             anonymous_without_keys: true,
+            max_in_flight_per_key: 64,
+            rate_limit_per_key: None,
+            max_body_bytes_in_flight: 256 * 1024 * 1024,
         }
     }
 }
@@ -70,6 +94,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// This instance's copy of the live API keys.
     pub keys: KeyCache,
+    /// What this instance lets in at once: per API key, and bytes of bodies.
+    pub limits: Arc<Limits>,
 }
 
 impl AppState {
@@ -79,6 +105,7 @@ impl AppState {
         Self {
             keys: KeyCache::follow(db.clone()),
             db: Db::new(db),
+            limits: Arc::new(Limits::new(&rules)),
             rules: Arc::new(rules),
             metrics: Metrics::new(),
         }

@@ -38,6 +38,7 @@ pub fn main(config: ServeConfig) -> ExitCode {
 }
 
 async fn serve(config: ServeConfig) -> Result<(), String> {
+    config.check()?;
     let (options, embedded) = match &config.database_url {
         Some(url) => {
             let options = PgConnectOptions::from_str(url)

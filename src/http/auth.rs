@@ -47,8 +47,9 @@ fn presented(req: &Request) -> Result<Option<Presented>, ApiError> {
         .ok_or(ApiError::Unauthorized(BAD_KEY))
 }
 
-/// Authenticates the request, checks its scope and prefix, and leaves its [`Principal`] in the
-/// request's extensions for the audit log.
+/// Authenticates the request, checks its scope and prefix, admits it under its key's limits
+/// ([`super::limits`]), and leaves its [`Principal`] in the request's extensions for the audit
+/// log. A request without a key (served while none exists) has no key's limits to count against.
 pub async fn authorize(
     State(state): State<AppState>,
     req: Request,
@@ -77,8 +78,15 @@ pub async fn authorize(
     if !principal.prefix.is_empty() {
         check_prefix(&principal, &mut parts, &state).await?;
     }
+    // Once the key is known and allowed, and before anything of the request is read: a key at
+    // its limits is refused at once, and never holds more of the instance than they allow.
+    let admission = state
+        .limits
+        .admit(&principal.name)
+        .map_err(ApiError::TooManyRequests)?;
     parts.extensions.insert(principal.clone());
     let mut response = next.run(Request::from_parts(parts, body)).await;
+    drop(admission);
     // Left on the answer for the metrics, which count refusals by the key that sent them.
     response.extensions_mut().insert(principal);
     Ok(response)

@@ -28,6 +28,56 @@ pub enum Unavailability {
         "this instance is at its limit of concurrent requests and shed this one before reading it"
     )]
     Overloaded,
+    /// The bodies being received hold the instance's budget, and this one would pass it.
+    #[error(
+        "this instance is receiving as many request bodies as it may hold at once ({limit} bytes together, --max-body-bytes-in-flight), and this one would pass that, so it was refused before it was stored"
+    )]
+    BodyBudget {
+        /// The budget in bytes.
+        limit: usize,
+    },
+}
+
+/// Why a request of an API key is answered `429 too_many_requests`: it was refused before
+/// anything of it was read, so nothing was changed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Throttled {
+    /// The key has its most requests in flight on this instance.
+    #[error(
+        "API key {key:?} already has {limit} requests in flight on this instance, its limit, so this one was refused unread and nothing was changed; send it again once one of them is answered, or ask an operator to raise --max-in-flight-per-key"
+    )]
+    InFlight {
+        /// The key's name.
+        key: String,
+        /// Its limit.
+        limit: usize,
+    },
+    /// The key is over its rate on this instance.
+    #[error(
+        "API key {key:?} is over its rate limit on this instance ({per_second} requests a second, bursts of {burst}), so this one was refused unread and nothing was changed; send it again in {retry_after} s (Retry-After), or ask an operator to raise --rate-limit-per-key"
+    )]
+    Rate {
+        /// The key's name.
+        key: String,
+        /// The rate.
+        per_second: f64,
+        /// The burst.
+        burst: u32,
+        /// Whole seconds until the key's next request may be admitted.
+        retry_after: u64,
+    },
+}
+
+impl Throttled {
+    /// Whole seconds after which the same request may be admitted: when the rate allows the
+    /// next one, or, for a key at its cap in flight, a second (its requests' answers cannot be
+    /// foreseen).
+    pub fn retry_after(&self) -> u64 {
+        match self {
+            Self::InFlight { .. } => 1,
+            Self::Rate { retry_after, .. } => *retry_after,
+        }
+    }
 }
 
 /// Every error the API answers with, one variant per contract code.
@@ -98,6 +148,9 @@ pub enum ApiError {
         /// What the client can do about it.
         hint: &'static str,
     },
+    /// 429: the API key is at its cap of requests in flight, or over its rate.
+    #[error("{0}")]
+    TooManyRequests(Throttled),
     /// 503: the service cannot answer now; nothing was changed.
     #[error("{0}; nothing was changed. Retry with backoff")]
     Unavailable(Unavailability),
@@ -268,6 +321,7 @@ impl ApiError {
             Self::NotFound(_) => ErrorCode::NotFound,
             Self::MethodNotAllowed => ErrorCode::MethodNotAllowed,
             Self::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
+            Self::TooManyRequests(_) => ErrorCode::TooManyRequests,
             Self::Unavailable(_) => ErrorCode::Unavailable,
             Self::RequestTimeout(_) => ErrorCode::RequestTimeout,
             Self::Internal => ErrorCode::Internal,
@@ -279,6 +333,20 @@ impl ApiError {
                 StoreError::Indeterminate(_) => ErrorCode::Indeterminate,
                 StoreError::Internal(_) | StoreError::Migrate(_) => ErrorCode::Internal,
             },
+        }
+    }
+
+    /// The seconds `Retry-After` says to wait, for the answers that carry it: a 503 (the
+    /// database or the instance may be back in a second) and a 429 (when the key's limit
+    /// allows the request).
+    fn retry_after(&self) -> Option<u64> {
+        match self {
+            Self::TooManyRequests(throttled) => Some(throttled.retry_after()),
+            _ => matches!(
+                self.code(),
+                ErrorCode::Unavailable | ErrorCode::Indeterminate | ErrorCode::RequestInProgress
+            )
+            .then_some(1),
         }
     }
 
@@ -336,14 +404,11 @@ impl IntoResponse for ApiError {
         }
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-        match code {
-            ErrorCode::Unavailable | ErrorCode::Indeterminate | ErrorCode::RequestInProgress => {
-                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            }
-            ErrorCode::Unauthorized => {
-                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            }
-            _ => {}
+        if let Some(seconds) = self.retry_after() {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if code == ErrorCode::Unauthorized {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         response
     }

@@ -2,6 +2,7 @@
 //! into an [`ApiError`] with a `detail` that names what was wrong.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -16,8 +17,9 @@ use futures_util::StreamExt;
 use memmap2::MmapMut;
 use serde::de::DeserializeOwned;
 
-use super::error::ApiError;
+use super::error::{ApiError, Unavailability};
 use super::idempotency::IdempotencyHeader;
+use super::limits::BodyBudget;
 use crate::domain::{EntityTagCondition, FencingToken, Key, Principal};
 use crate::state::AppState;
 use crate::store::RequestContext;
@@ -30,7 +32,7 @@ pub static SNAPSHOT_VERSION: HeaderName = HeaderName::from_static("snapshot-vers
 pub static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The largest JSON request body (acquire and renew bodies are small; metadata is 4 KiB).
-const MAX_JSON_BYTES: usize = 64 * 1024;
+pub const MAX_JSON_BYTES: usize = 64 * 1024;
 const JSON_TOO_LARGE: &str =
     "Lease request bodies are small JSON objects; metadata may be at most 4 KiB";
 
@@ -47,6 +49,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
             max_bytes: MAX_JSON_BYTES,
             timeout: state.rules.body_timeout,
             hint: JSON_TOO_LARGE,
+            budget: state.limits.bodies().clone(),
         };
         let bytes = read_limited(req.into_body(), length, limit).await?;
         if bytes.is_empty() {
@@ -242,7 +245,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Context {
 }
 
 /// How much of a body the server reads, and for how long.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct BodyLimit {
     /// The most bytes accepted.
     pub max_bytes: usize,
@@ -250,15 +253,19 @@ pub struct BodyLimit {
     pub timeout: Duration,
     /// What to tell a client whose body is too large.
     pub hint: &'static str,
+    /// The instance's budget for the bodies being received, which this one is charged to.
+    pub budget: Arc<BodyBudget>,
 }
 
 /// Reads a body to its end within `limit`: 413 as soon as it passes `max_bytes` (at once when
-/// `Content-Length` says so, otherwise when the bytes received pass it), 408 when it has not
-/// arrived within `timeout` (a slow or stalled client cannot hold a request slot for ever). At
-/// most `max_bytes` are ever held, in one buffer sized up front from `Content-Length` (a large
-/// one in a memory mapping of its own). The body is
-/// read whole before any statement runs, so neither refusal can leave a change behind; the
-/// request's database deadline starts again once it is in (see [`crate::store::within`]).
+/// `Content-Length` says so, otherwise when the bytes received pass it), 503 when it would pass
+/// the instance's budget for bodies (at once for the whole `Content-Length`, before any of it is
+/// read, otherwise as the bytes arrive), 408 when it has not arrived within `timeout` (a slow or
+/// stalled client cannot hold a request slot for ever). At most `max_bytes` are ever held, in
+/// one buffer sized up front from `Content-Length` (a large one in a memory mapping of its own),
+/// and the budget counts them until the body returned is dropped. The body is read whole before
+/// any statement runs, so no refusal can leave a change behind; the request's database deadline
+/// starts again once it is in (see [`crate::store::within`]).
 pub async fn read_limited(
     body: Body,
     content_length: Option<u64>,
@@ -268,18 +275,33 @@ pub async fn read_limited(
         limit: limit.max_bytes,
         hint: limit.hint,
     };
-    if content_length.is_some_and(|n| n > limit.max_bytes as u64) {
-        return Err(too_large());
+    let over_budget = || {
+        ApiError::Unavailable(Unavailability::BodyBudget {
+            limit: limit.budget.limit(),
+        })
+    };
+    let announced = match content_length.map(usize::try_from) {
+        Some(Ok(n)) if n <= limit.max_bytes => Some(n),
+        Some(_) => return Err(too_large()),
+        None => None,
+    };
+    let mut charge = limit.budget.charge();
+    if announced.is_some_and(|n| !charge.cover(n)) {
+        return Err(over_budget());
     }
     let read = async {
-        let mut buf = BodyBuffer::for_length(content_length);
+        let mut buf = BodyBuffer::for_length(announced);
         let mut stream = body.into_data_stream();
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|e| {
                 ApiError::InvalidRequest(format!("the request body could not be read: {e}"))
             })?;
-            if buf.len() + chunk.len() > limit.max_bytes {
+            let total = buf.len() + chunk.len();
+            if total > limit.max_bytes {
                 return Err(too_large());
+            }
+            if !charge.cover(total) {
+                return Err(over_budget());
             }
             buf.extend(&chunk);
         }
@@ -289,11 +311,11 @@ pub async fn read_limited(
         .await
         .map_err(|_| ApiError::RequestTimeout(limit.timeout))??;
     crate::store::restart_deadline();
-    Ok(body)
+    Ok(charge.hold(body))
 }
 
 /// Bodies announced at this size or more are gathered in a memory mapping of their own.
-const MAPPED_FROM: u64 = 512 * 1024;
+const MAPPED_FROM: usize = 512 * 1024;
 
 /// Where a body is gathered: on the heap, or, for a large one whose `Content-Length` was sent,
 /// in an anonymous memory mapping of exactly that size, handed back to the kernel as soon as
@@ -307,10 +329,10 @@ enum BodyBuffer {
 }
 
 impl BodyBuffer {
-    fn for_length(content_length: Option<u64>) -> Self {
-        let heap = |n: u64| Self::Heap(BytesMut::with_capacity(n as usize));
+    fn for_length(content_length: Option<usize>) -> Self {
+        let heap = |n: usize| Self::Heap(BytesMut::with_capacity(n));
         match content_length {
-            Some(n) if n >= MAPPED_FROM => MmapMut::map_anon(n as usize)
+            Some(n) if n >= MAPPED_FROM => MmapMut::map_anon(n)
                 .map(|map| Self::Mapped(map, 0))
                 .unwrap_or_else(|_| heap(n)),
             n => heap(n.unwrap_or(0)),
@@ -364,8 +386,8 @@ mod tests {
 
     #[test]
     fn a_large_announced_body_is_gathered_in_a_mapping_of_its_size() {
-        let n = MAPPED_FROM as usize + 3;
-        let mut buf = BodyBuffer::for_length(Some(n as u64));
+        let n = MAPPED_FROM + 3;
+        let mut buf = BodyBuffer::for_length(Some(n));
         assert!(matches!(buf, BodyBuffer::Mapped(ref map, 0) if map.len() == n));
         let body: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
         for piece in body.chunks(1000) {
@@ -377,11 +399,11 @@ mod tests {
 
     #[test]
     fn a_body_shorter_or_longer_than_announced_is_kept_whole() {
-        let n = MAPPED_FROM as usize;
-        let mut short = BodyBuffer::for_length(Some(n as u64));
+        let n = MAPPED_FROM;
+        let mut short = BodyBuffer::for_length(Some(n));
         short.extend(b"only this");
         assert_eq!(short.freeze(), &b"only this"[..]);
-        let mut long = BodyBuffer::for_length(Some(n as u64));
+        let mut long = BodyBuffer::for_length(Some(n));
         long.extend(&vec![7; n]);
         long.extend(b"more");
         assert!(matches!(long, BodyBuffer::Heap(_)));

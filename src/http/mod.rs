@@ -1,6 +1,7 @@
 //! The HTTP face of the contract in `docs/api.md`: one module per resource, each with its
 //! `router()`, request and response types and thin handlers; [`error`] turns every failure into
-//! problem+json; [`extract`] validates every input; [`ui`] serves the operator page's files.
+//! problem+json; [`extract`] validates every input; [`limits`] holds what one API key, and all
+//! bodies together, may hold of the instance; [`ui`] serves the operator page's files.
 
 pub mod audit;
 pub mod auth;
@@ -8,6 +9,7 @@ pub mod error;
 pub mod extract;
 pub mod idempotency;
 pub mod leases;
+pub mod limits;
 pub mod ops;
 pub mod snapshots;
 pub mod ui;

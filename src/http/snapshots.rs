@@ -73,6 +73,7 @@ async fn write(
         max_bytes: state.rules.max_snapshot_bytes,
         timeout: state.rules.body_timeout,
         hint: SNAPSHOT_TOO_LARGE,
+        budget: state.limits.bodies().clone(),
     };
     let body = read_limited(body, content_length(&headers), limit).await?;
     let etag = ETag::of(&body);

@@ -27,7 +27,7 @@ async fn closed_after(stream: &mut TcpStream, since: Instant, timeout: Duration)
 }
 
 /// Raises this process's soft limit on open files as far as the hard limit allows; returns it.
-fn raise_file_limit() -> u64 {
+pub(crate) fn raise_file_limit() -> u64 {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
     let wanted = hard.min(1 << 16);

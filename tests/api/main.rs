@@ -19,5 +19,6 @@ mod raw;
 mod recovery;
 mod serve;
 mod snapshots;
+mod tenant_limits;
 mod timeline;
 mod tls;

@@ -484,6 +484,45 @@ async fn answers_conform_to_the_spec_across_every_operation_and_error_code() {
     app.stop().await;
 }
 
+#[tokio::test]
+async fn answers_of_the_limits_per_key_and_on_bodies_conform_to_the_spec() {
+    let mut rules = crate::harness::rules();
+    rules.rate_limit_per_key = Some(snapfence::state::RateLimit {
+        per_second: 0.1,
+        burst: std::num::NonZeroU32::MIN,
+    });
+    rules.max_body_bytes_in_flight = 1024;
+    let app = TestApp::spawn_with(rules).await;
+    let mut c = Conformance::new();
+    let (lease, snap) = ("/v1/leases/{key}", "/v1/snapshots/{key}");
+    let grant = app.acquire("k", "a", 30000).await;
+    // Bodies over the budget: a snapshot, and a lease request (within its own limit).
+    let big = app
+        .request(Method::PUT, "/v1/snapshots/k")
+        .header("Fencing-Token", token(&grant).to_string())
+        .body(vec![0u8; 2048]);
+    c.check("put", snap, big.send().await.unwrap()).await;
+    let metadata = json!({"note": "n".repeat(2048)});
+    let big = app
+        .request(Method::POST, "/v1/leases/j")
+        .json(&json!({"owner": "a", "ttl_ms": 30000, "metadata": metadata}));
+    c.check("post", lease, big.send().await.unwrap()).await;
+    // A key over its rate of one request per 10 s.
+    let reader = app
+        .make_key("reader", snapfence::domain::Scope::Read, "")
+        .await;
+    for method in [Method::GET, Method::GET, Method::HEAD] {
+        let r = app
+            .request(method.clone(), "/v1/leases")
+            .header("Authorization", format!("Bearer {reader}"));
+        let name = method.as_str().to_lowercase();
+        c.check(&name, "/v1/leases", r.send().await.unwrap()).await;
+    }
+    let statuses: BTreeSet<u16> = c.seen.iter().map(|(_, _, status)| *status).collect();
+    assert_eq!(statuses, BTreeSet::from([200, 429, 503]));
+    app.stop().await;
+}
+
 #[test]
 fn the_entity_tag_header_patterns_accept_exactly_what_the_server_parses() {
     let spec = spec();

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// A generous ceiling on anything the server is expected to do at once.
@@ -60,8 +60,9 @@ pub async fn connect(base: &str) -> TcpStream {
     TcpStream::connect(addr(base)).await.expect("connecting")
 }
 
-/// Reads one answer from `stream`: its head, then as many body bytes as `Content-Length` says.
-pub async fn read_answer(stream: &mut TcpStream) -> Answer {
+/// Reads one answer from `stream` (a connection, or its reading half): its head, then as many
+/// body bytes as `Content-Length` says.
+pub async fn read_answer(stream: &mut (impl AsyncRead + Unpin)) -> Answer {
     let read = async {
         let mut bytes = Vec::new();
         let mut chunk = [0u8; 16 * 1024];

@@ -1,6 +1,7 @@
 //! The `snapfence serve` binary as a user runs it: embedded PostgreSQL in a data directory kept
 //! across restarts, graceful shutdown, and a database that goes away and comes back.
 
+use std::ffi::OsStr;
 use std::net::TcpListener as StdListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -23,37 +24,45 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn short_tempdir() -> tempfile::TempDir {
+pub(crate) fn short_tempdir() -> tempfile::TempDir {
     tempfile::Builder::new()
         .prefix("sf-serve-")
         .tempdir_in("/tmp")
         .unwrap()
 }
 
-struct Served {
+/// A `snapfence serve` process.
+pub(crate) struct Served {
     child: Option<Child>,
-    base: String,
+    /// `http://127.0.0.1:PORT`.
+    pub(crate) base: String,
 }
 
 /// Starts the binary on a data directory and waits until `/readyz` says it is ready.
+async fn serve(data_dir: &Path, stderr: &Path) -> Served {
+    let args = [
+        OsStr::new("--data-dir"),
+        data_dir.as_os_str(),
+        // One request at a time, so that a test can tell when its request is being served.
+        OsStr::new("--max-concurrent-requests"),
+        OsStr::new("1"),
+    ];
+    serve_with(&args, stderr).await
+}
+
+/// Starts `snapfence serve --listen 127.0.0.1:PORT` with `args` (and without `DATABASE_URL`
+/// from the environment), its log in `stderr`, and waits until `/readyz` says it is ready.
 #[allow(
     clippy::zombie_processes,
     reason = "the child is waited on by `Served::wait`, or stopped when a failing test drops it"
 )]
-async fn serve(data_dir: &Path, stderr: &Path) -> Served {
+pub(crate) async fn serve_with(args: &[&OsStr], stderr: &Path) -> Served {
     let port = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_snapfence"))
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-        ])
-        .arg(data_dir)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(args)
         .env_remove("DATABASE_URL")
         .env("RUST_LOG", "info")
-        // One request at a time, so that a test can tell when its request is being served.
-        .env("SNAPFENCE_MAX_CONCURRENT_REQUESTS", "1")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(stderr).unwrap())
         .spawn()
@@ -80,12 +89,17 @@ async fn serve(data_dir: &Path, stderr: &Path) -> Served {
 }
 
 impl Served {
-    fn terminate(&self) {
+    /// The process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.as_ref().expect("a running server").id()
+    }
+
+    pub(crate) fn terminate(&self) {
         let child = self.child.as_ref().expect("a running server");
         kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
     }
 
-    async fn wait(mut self) -> std::process::ExitStatus {
+    pub(crate) async fn wait(mut self) -> std::process::ExitStatus {
         let mut child = self.child.take().expect("a running server");
         tokio::task::spawn_blocking(move || child.wait().unwrap())
             .await

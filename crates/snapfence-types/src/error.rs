@@ -77,6 +77,7 @@ codes! {
     Indeterminate = "indeterminate", 503, "The request was sent to the database and its outcome is unknown.";
     IdempotencyKeyReused = "idempotency_key_reused", 422, "An `Idempotency-Key` seen before with a different request.";
     RequestInProgress = "request_in_progress", 409, "An `Idempotency-Key` whose first request is still running; retry after `Retry-After`.";
+    TooManyRequests = "too_many_requests", 429, "A per-API-key limit (requests in flight, or rate) is reached; `Retry-After` says when to retry.";
 }
 
 impl std::fmt::Display for ErrorCode {

@@ -1,0 +1,307 @@
+//! What one instance lets in at once, beyond its connection limits ([`crate::conn`]) and its
+//! cap on concurrent requests: per API key, the requests in flight and (when configured) their
+//! rate, decided once the key is authenticated and before anything of the request is read; for
+//! all requests together, the bytes of the bodies being received, charged before they are taken
+//! in. Every refusal comes before any statement runs, so none changes anything.
+//!
+//! Both per-key limits count per instance, as the other limits do: instances share nothing but
+//! the database, so behind a balancer of N instances one key may have N times as much. Requests
+//! without a key (served while no key exists) have no tenant to tell apart, and are bounded by
+//! the instance-wide limits alone.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use governor::clock::Clock;
+use governor::{DefaultKeyedRateLimiter, Quota};
+
+use super::error::Throttled;
+use crate::state::{RateLimit, Rules};
+
+/// The limits of one instance, from its rules.
+#[derive(Debug)]
+pub struct Limits {
+    max_in_flight: usize,
+    /// Requests in flight by API key name. A key leaves the map with its last request, so the
+    /// map holds only the keys being served.
+    in_flight: Mutex<HashMap<String, usize>>,
+    /// The rate limit and its buckets, one per key name ever admitted: as many as the keys an
+    /// operator made, so they are never pruned.
+    rate: Option<(RateLimit, DefaultKeyedRateLimiter<String>)>,
+    bodies: Arc<BodyBudget>,
+}
+
+impl Limits {
+    /// The limits `rules` sets. A rate that is not a positive finite number (which `snapfence
+    /// serve` refuses) limits nothing.
+    pub fn new(rules: &Rules) -> Self {
+        let rate = rules.rate_limit_per_key.and_then(|rate| {
+            let period = Duration::try_from_secs_f64(rate.per_second.recip()).ok()?;
+            let quota = Quota::with_period(period)?.allow_burst(rate.burst);
+            Some((rate, DefaultKeyedRateLimiter::keyed(quota)))
+        });
+        Self {
+            max_in_flight: rules.max_in_flight_per_key,
+            in_flight: Mutex::default(),
+            rate,
+            bodies: Arc::new(BodyBudget {
+                limit: rules.max_body_bytes_in_flight,
+                held: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// Admits a request of the API key named `key`, unless the key already has its most
+    /// requests in flight or is over its rate. The request is in flight for as long as the
+    /// [`Admission`] lives. Never waits: a request over a limit is refused, not queued, so one
+    /// key cannot make the others' requests wait behind its own.
+    pub fn admit(self: &Arc<Self>, key: &str) -> Result<Admission, Throttled> {
+        {
+            let mut in_flight = self
+                .in_flight
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            match in_flight.get_mut(key) {
+                Some(n) if *n >= self.max_in_flight => {
+                    return Err(Throttled::InFlight {
+                        key: key.to_owned(),
+                        limit: self.max_in_flight,
+                    });
+                }
+                Some(n) => *n += 1,
+                None => {
+                    in_flight.insert(key.to_owned(), 1);
+                }
+            }
+        }
+        // Counted first, so that a request refused for being in flight one too many spends
+        // none of its key's rate; a request refused by the rate is in flight no more once this
+        // is dropped.
+        let admission = Admission {
+            limits: Arc::clone(self),
+            key: key.to_owned(),
+        };
+        if let Some((rate, limiter)) = &self.rate {
+            if let Err(not_until) = limiter.check_key(&admission.key) {
+                let wait = not_until.wait_time_from(limiter.clock().now());
+                return Err(Throttled::Rate {
+                    key: admission.key.clone(),
+                    per_second: rate.per_second,
+                    burst: rate.burst.get(),
+                    retry_after: whole_seconds(wait),
+                });
+            }
+        }
+        Ok(admission)
+    }
+
+    /// The budget of the bodies being received.
+    pub fn bodies(&self) -> &Arc<BodyBudget> {
+        &self.bodies
+    }
+}
+
+/// `wait` in whole seconds, rounded up, and at least one: `Retry-After` counts in seconds, and
+/// one that said 0 would invite a retry that is refused again.
+fn whole_seconds(wait: Duration) -> u64 {
+    (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
+}
+
+/// A request of an API key in flight; it counts against its key until dropped.
+#[derive(Debug)]
+pub struct Admission {
+    limits: Arc<Limits>,
+    key: String,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        let mut in_flight = self
+            .limits
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = in_flight.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                in_flight.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// The bytes of request bodies one instance may hold at once while it receives them and until
+/// they are stored. Bytes are charged before they are read (all of an announced
+/// `Content-Length` at once), so that a body which would pass the budget is refused before it
+/// takes memory, and the other bodies keep theirs.
+#[derive(Debug)]
+pub struct BodyBudget {
+    limit: usize,
+    held: AtomicUsize,
+}
+
+impl BodyBudget {
+    /// The budget in bytes.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// A charge of no bytes yet, for one body.
+    pub fn charge(self: &Arc<Self>) -> Charge {
+        Charge {
+            budget: Arc::clone(self),
+            bytes: 0,
+        }
+    }
+
+    /// Takes `n` more bytes, unless they would pass the budget.
+    fn take(&self, n: usize) -> bool {
+        self.held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(n).filter(|&total| total <= self.limit)
+            })
+            .is_ok()
+    }
+}
+
+/// The bytes one body holds of a [`BodyBudget`], given back when this is dropped.
+#[derive(Debug)]
+pub struct Charge {
+    budget: Arc<BodyBudget>,
+    bytes: usize,
+}
+
+impl Charge {
+    /// Grows the charge to `total` bytes; `false`, and the charge unchanged, when that would
+    /// pass the budget.
+    pub fn cover(&mut self, total: usize) -> bool {
+        if total <= self.bytes {
+            return true;
+        }
+        let taken = self.budget.take(total - self.bytes);
+        if taken {
+            self.bytes = total;
+        }
+        taken
+    }
+
+    /// `body`, holding this charge until its last clone is dropped: the budget counts a body
+    /// for as long as the request keeps it, its store included, not only while it arrives.
+    pub fn hold(self, body: Bytes) -> Bytes {
+        Bytes::from_owner(Held {
+            body,
+            _charge: self,
+        })
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.budget.held.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+/// A body and the charge it holds.
+struct Held {
+    body: Bytes,
+    _charge: Charge,
+}
+
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        &self.body
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+
+    use super::*;
+
+    fn limits(rules: Rules) -> Arc<Limits> {
+        Arc::new(Limits::new(&rules))
+    }
+
+    #[test]
+    fn a_key_at_its_cap_is_refused_and_admitted_again_once_one_ends() {
+        let limits = limits(Rules {
+            max_in_flight_per_key: 2,
+            ..Rules::default()
+        });
+        let first = limits.admit("a").unwrap();
+        let _second = limits.admit("a").unwrap();
+        assert!(matches!(
+            limits.admit("a"),
+            Err(Throttled::InFlight { limit: 2, .. })
+        ));
+        assert!(
+            limits.admit("b").is_ok(),
+            "another key has a cap of its own"
+        );
+        drop(first);
+        assert!(limits.admit("a").is_ok());
+    }
+
+    #[test]
+    fn a_key_with_nothing_in_flight_leaves_no_entry_behind() {
+        let limits = limits(Rules::default());
+        drop(limits.admit("a").unwrap());
+        assert!(limits.in_flight.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_key_over_its_rate_is_told_when_its_next_request_may_come() {
+        let limits = limits(Rules {
+            rate_limit_per_key: Some(RateLimit {
+                per_second: 0.1,
+                burst: NonZeroU32::new(2).unwrap(),
+            }),
+            ..Rules::default()
+        });
+        let _burst = [limits.admit("a").unwrap(), limits.admit("a").unwrap()];
+        match limits.admit("a") {
+            Err(Throttled::Rate { retry_after, .. }) => {
+                assert!((9..=10).contains(&retry_after), "{retry_after}");
+            }
+            other => panic!("not refused by the rate: {other:?}"),
+        }
+        assert_eq!(
+            limits.in_flight.lock().unwrap()["a"],
+            2,
+            "a refused request is not in flight"
+        );
+    }
+
+    #[test]
+    fn retry_after_rounds_up_to_a_whole_second_and_is_never_zero() {
+        assert_eq!(whole_seconds(Duration::ZERO), 1);
+        assert_eq!(whole_seconds(Duration::from_millis(1)), 1);
+        assert_eq!(whole_seconds(Duration::from_millis(1001)), 2);
+        assert_eq!(whole_seconds(Duration::from_secs(3)), 3);
+    }
+
+    #[test]
+    fn a_body_holds_its_charge_until_its_last_clone_is_dropped() {
+        let limits = limits(Rules {
+            max_body_bytes_in_flight: 10,
+            ..Rules::default()
+        });
+        let budget = limits.bodies();
+        let mut charge = budget.charge();
+        assert!(charge.cover(6));
+        let mut other = budget.charge();
+        assert!(!other.cover(5), "6 + 5 would pass 10");
+        assert!(other.cover(4));
+        drop(other);
+        let body = charge.hold(Bytes::from_static(b"abcdef"));
+        let clone = body.slice(1..3);
+        drop(body);
+        assert!(!budget.charge().cover(5), "a clone still holds the charge");
+        drop(clone);
+        assert!(budget.charge().cover(10));
+    }
+}
