@@ -175,3 +175,25 @@ async fn a_put_whose_outcome_stayed_unknown_is_resolved_with_find_write() {
     assert_eq!(found.expect("the write landed").version.get(), 1);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_write_answered_too_many_requests_is_retried_and_lands_once() {
+    let app = TestApp::spawn().await;
+    let c = client(&app.instance.base);
+    let k = key("k");
+    let t = grant(&c, &k, "w", TTL).await.lease.token;
+    let proxy = Proxy::start(upstream(&app.instance.base)).await;
+    proxy.next_connections(vec![Mode::problem(
+        "429 Too Many Requests",
+        "too_many_requests",
+        "key \"ci\" has 64 requests in flight on this instance; nothing was changed",
+    )]);
+    client(&proxy.base())
+        .put_snapshot(&k, t, "x", &PutOptions::default())
+        .await
+        .unwrap();
+    let versions = c.list_versions(&k, &Default::default()).await.unwrap();
+    assert_eq!(versions.items.len(), 1);
+    assert_eq!(proxy.connections(), 2);
+    app.stop().await;
+}

@@ -153,6 +153,15 @@ pub enum Error {
         /// The server's explanation.
         detail: String,
     },
+    /// `429 too_many_requests`: the API key is at its limit of requests in flight, or of its
+    /// rate, on the server; nothing changed. The client retries after `retry_after`.
+    #[error("{detail}")]
+    TooManyRequests {
+        /// The server's explanation.
+        detail: String,
+        /// The answer's `Retry-After`, when it had one.
+        retry_after: Option<std::time::Duration>,
+    },
     /// `409 request_in_progress`: an earlier attempt of this call (same `Idempotency-Key`) is
     /// still running on the server; the client retries, and the retry gets that attempt's
     /// answer. Nothing changed by this attempt.
@@ -201,6 +210,14 @@ fn transport_message(may_have_reached: bool) -> &'static str {
 }
 
 impl Error {
+    /// How long the server asked the client to wait before it retries, if it said so.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            Self::TooManyRequests { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
     /// Whether a write that failed this way may still have been applied; see [`Error`] for how
     /// to find out. Always `false` for an answer with a contract code: those changed nothing.
     pub fn is_indeterminate(&self) -> bool {
@@ -215,13 +232,14 @@ impl Error {
     }
 
     /// Whether the same call may succeed later without anything else changing: the network,
-    /// a 5xx, an unreadable answer. A retry of a write is only safe when it is also not
-    /// [indeterminate](Self::is_indeterminate).
+    /// a 5xx, a limit of the server (429), an unreadable answer. The client retries these,
+    /// writes included: they carry an Idempotency-Key, so a retry never does a change twice.
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Transport { .. }
             | Self::Unavailable { .. }
             | Self::Indeterminate { .. }
+            | Self::TooManyRequests { .. }
             | Self::Protocol { .. } => true,
             Self::Unexpected { status, .. } => status.is_server_error(),
             _ => false,
@@ -247,6 +265,7 @@ impl Error {
             Self::Indeterminate { .. } => ErrorCode::Indeterminate,
             Self::IdempotencyKeyReused { .. } => ErrorCode::IdempotencyKeyReused,
             Self::RequestInProgress { .. } => ErrorCode::RequestInProgress,
+            Self::TooManyRequests { .. } => ErrorCode::TooManyRequests,
             Self::Transport { .. } | Self::Unexpected { .. } | Self::Protocol { .. } => {
                 return None;
             }
@@ -288,7 +307,7 @@ impl Error {
         if is_problem && !body.is_empty() {
             match serde_json::from_slice::<Problem>(body) {
                 Ok(problem) => {
-                    if let Some(e) = decode(problem, status, request_id.clone()) {
+                    if let Some(e) = decode(problem, status, request_id.clone(), headers) {
                         return e;
                     }
                 }
@@ -319,6 +338,16 @@ impl Error {
     }
 }
 
+/// An answer's `Retry-After` in seconds (the form the server sends; an HTTP date is ignored).
+fn retry_after(headers: &HeaderMap) -> Option<std::time::Duration> {
+    let seconds = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
+    seconds
+        .trim()
+        .parse()
+        .ok()
+        .map(std::time::Duration::from_secs)
+}
+
 /// The first line of a body that is text, for messages about answers that are not the
 /// contract's.
 fn snippet(body: &[u8]) -> Option<String> {
@@ -333,7 +362,12 @@ fn snippet(body: &[u8]) -> Option<String> {
 /// The variant of a problem's code; `None` for a code without a variant of its own (one the
 /// contract does not name, or a 5xx/405/408 the client judges by its status). A code whose
 /// members are missing is a protocol error.
-fn decode(problem: Problem, status: StatusCode, request_id: Option<String>) -> Option<Error> {
+fn decode(
+    problem: Problem,
+    status: StatusCode,
+    request_id: Option<String>,
+    headers: &HeaderMap,
+) -> Option<Error> {
     let name = problem.code?;
     let detail = problem
         .detail
@@ -400,6 +434,10 @@ fn decode(problem: Problem, status: StatusCode, request_id: Option<String>) -> O
         ErrorCode::Indeterminate => Error::Indeterminate { detail },
         ErrorCode::IdempotencyKeyReused => Error::IdempotencyKeyReused { detail },
         ErrorCode::RequestInProgress => Error::RequestInProgress { detail },
+        ErrorCode::TooManyRequests => Error::TooManyRequests {
+            detail,
+            retry_after: retry_after(headers),
+        },
         _ => unexpected(),
     })
 }

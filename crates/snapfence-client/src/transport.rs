@@ -62,7 +62,11 @@ impl Client {
             if attempt >= self.retry.max_attempts || !kind.may_retry(&error) {
                 return Err(error);
             }
-            let pause = self.retry.backoff(attempt);
+            // A server that said when to come back is believed, over the backoff.
+            let pause = error.retry_after().map_or_else(
+                || self.retry.backoff(attempt),
+                |asked| asked.max(self.retry.backoff(attempt)),
+            );
             tracing::debug!(%call, attempt, error = %error, ?pause, "retrying");
             if let Some(OnRetry(f)) = &self.on_retry {
                 f(&error, pause);
