@@ -237,6 +237,44 @@ async fn a_command_that_does_not_exist_exits_127_and_releases_the_lease() {
 }
 
 #[tokio::test]
+async fn a_file_the_kernel_cannot_execute_exits_126_and_releases_the_lease() {
+    let app = TestApp::spawn().await;
+    let dir = scratch();
+    // Executable, but no program: no ELF header and no #! line, so exec fails with ENOEXEC.
+    let script = dir.path().join("no-shebang");
+    std::fs::write(&script, "echo never\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let ran = run(
+        &app.instance.base,
+        dir.path(),
+        &["k", "--", script.to_str().unwrap()],
+    )
+    .await;
+    assert_eq!(ran.code, 126, "{}", ran.stderr);
+    assert!(ran.stderr.contains("#! line"), "{}", ran.stderr);
+    let status = client(&app.instance.base)
+        .lease_status(&key("k"))
+        .await
+        .unwrap();
+    assert_eq!(status.state, LeaseState::Released);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_ttl_below_the_old_fixed_grace_works_without_naming_a_grace() {
+    let app = TestApp::spawn().await;
+    let dir = scratch();
+    let ran = run(
+        &app.instance.base,
+        dir.path(),
+        &["k", "--ttl", "1s", "--", "sh", "-c", "sleep 1.5"],
+    )
+    .await;
+    assert_eq!(ran.code, 0, "renewed past its TTL: {}", ran.stderr);
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn a_lost_lease_stops_a_plain_command_before_the_lease_expires_on_the_server() {
     let app = TestApp::spawn().await;
     let proxy = Proxy::start(upstream(&app.instance.base)).await;
