@@ -5,7 +5,7 @@
 //! progress to stderr, and the exit code tells the outcome apart ([`exit`]).
 
 mod audit;
-pub mod describe;
+mod describe;
 pub mod exit;
 pub mod keys;
 mod lease;

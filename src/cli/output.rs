@@ -216,6 +216,13 @@ pub fn problem(url: &str, e: &Error, check: Option<&str>) -> Problem {
         };
     };
     let mut problem = Problem::new(code, reason(code.status()), e.to_string());
+    let refusal = |presented_token, highest_token, audit_id| {
+        Some(RefusalFields {
+            presented_token,
+            highest_token,
+            audit_id,
+        })
+    };
     match e {
         Error::LeaseHeld { holder, .. } => problem.holder = Some((**holder).clone()),
         Error::RecoveryRequired { recovery, .. } => {
@@ -226,25 +233,13 @@ pub fn problem(url: &str, e: &Error, check: Option<&str>) -> Problem {
             highest,
             audit_id,
             ..
-        } => {
-            problem.refusal = Some(RefusalFields {
-                presented_token: *presented,
-                highest_token: Some(*highest),
-                audit_id: *audit_id,
-            });
-        }
+        } => problem.refusal = refusal(*presented, Some(*highest), *audit_id),
         Error::UnknownToken {
             presented,
             highest,
             audit_id,
             ..
-        } => {
-            problem.refusal = Some(RefusalFields {
-                presented_token: *presented,
-                highest_token: *highest,
-                audit_id: *audit_id,
-            });
-        }
+        } => problem.refusal = refusal(*presented, *highest, *audit_id),
         _ => {}
     }
     problem

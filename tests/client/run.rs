@@ -96,6 +96,11 @@ async fn all_gone(pids: &[i32]) -> Instant {
     Instant::now()
 }
 
+/// The state of key `k`, as the server at `base` tells it.
+async fn state_of(base: &str, k: &str) -> LeaseState {
+    client(base).lease_status(&key(k)).await.unwrap().state
+}
+
 /// Asserts that the server still held the lease of `key` when this was called: nobody else
 /// can have started. The time is taken before asking, on this machine's clock (the server's
 /// too), so that an answer slowed down by a loaded machine is not taken for a lapsed lease.
@@ -190,11 +195,10 @@ async fn the_commands_exit_status_passes_through_and_the_lease_is_released() {
     )
     .await;
     assert_eq!(ran.code, 7, "{}", ran.stderr);
-    let status = client(&app.instance.base)
-        .lease_status(&key("k"))
-        .await
-        .unwrap();
-    assert_eq!(status.state, LeaseState::Released);
+    assert_eq!(
+        state_of(&app.instance.base, "k").await,
+        LeaseState::Released
+    );
     app.stop().await;
 }
 
@@ -228,11 +232,10 @@ async fn a_command_that_does_not_exist_exits_127_and_releases_the_lease() {
         "{}",
         ran.stderr
     );
-    let status = client(&app.instance.base)
-        .lease_status(&key("k"))
-        .await
-        .unwrap();
-    assert_eq!(status.state, LeaseState::Released);
+    assert_eq!(
+        state_of(&app.instance.base, "k").await,
+        LeaseState::Released
+    );
     app.stop().await;
 }
 
@@ -252,11 +255,10 @@ async fn a_file_the_kernel_cannot_execute_exits_126_and_releases_the_lease() {
     .await;
     assert_eq!(ran.code, 126, "{}", ran.stderr);
     assert!(ran.stderr.contains("#! line"), "{}", ran.stderr);
-    let status = client(&app.instance.base)
-        .lease_status(&key("k"))
-        .await
-        .unwrap();
-    assert_eq!(status.state, LeaseState::Released);
+    assert_eq!(
+        state_of(&app.instance.base, "k").await,
+        LeaseState::Released
+    );
     app.stop().await;
 }
 
@@ -553,11 +555,10 @@ async fn with_crash_recovery_a_succeeding_command_just_releases() {
     )
     .await;
     assert_eq!(ran.code, 0, "{}", ran.stderr);
-    let status = client(&app.instance.base)
-        .lease_status(&key("k"))
-        .await
-        .unwrap();
-    assert_eq!(status.state, LeaseState::Released);
+    assert_eq!(
+        state_of(&app.instance.base, "k").await,
+        LeaseState::Released
+    );
     app.stop().await;
 }
 
