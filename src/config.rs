@@ -1,5 +1,6 @@
 //! The service's configuration: every option of `snapfence serve`, as a flag and as an
-//! environment variable, with its default. The README's configuration table mirrors this file.
+//! environment variable, with its default. The configuration table of docs/operations.md
+//! mirrors this file.
 
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
@@ -252,22 +253,23 @@ mod tests {
 
     use super::ServeConfig;
 
-    /// The row of the README's configuration table that documents `--flag`.
-    fn readme_row(flag: &str) -> Option<&'static str> {
-        let readme = include_str!("../README.md");
+    /// The row of the configuration table (docs/operations.md) that documents `--flag`.
+    fn table_row(flag: &str) -> Option<&'static str> {
+        let guide = include_str!("../docs/operations.md");
         let name = format!("`--{flag}`");
-        readme
+        guide
             .lines()
             .filter(|l| l.starts_with("| `--"))
             .find(|l| l.split(" | ").next().is_some_and(|f| f.contains(&name)))
     }
 
     #[test]
-    fn every_serve_option_is_in_the_readme_table_with_its_default() {
+    fn every_serve_option_is_in_the_configuration_table_with_its_default() {
         let command = ServeConfig::augment_args(Command::new("serve"));
         for arg in command.get_arguments() {
             let Some(flag) = arg.get_long() else { continue };
-            let row = readme_row(flag).unwrap_or_else(|| panic!("--{flag} is not in the README"));
+            let row = table_row(flag)
+                .unwrap_or_else(|| panic!("--{flag} is not in the table of docs/operations.md"));
             if arg.is_hide_default_value_set() || matches!(arg.get_action(), ArgAction::SetTrue) {
                 continue;
             }

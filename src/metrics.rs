@@ -47,7 +47,7 @@ pub struct PrincipalLabel {
 /// One label, e.g. `("reason", "stale_token")`.
 pub type Label = [(&'static str, &'static str); 1];
 
-/// Every metric of an instance. See the README's metrics table for what each one means.
+/// Every metric of an instance. See the metrics table of docs/operations.md for what each one means.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,

@@ -1,5 +1,5 @@
 //! The exit codes of `snapfence`: one per outcome a script may want to tell apart, and the one
-//! mapping from client errors to them. The README's table and `snapfence --help` mirror
+//! mapping from client errors to them. The table of docs/cli.md and `snapfence --help` mirror
 //! [`EXIT_CODES`].
 
 use std::process::ExitCode;
@@ -105,12 +105,12 @@ mod tests {
     }
 
     #[test]
-    fn the_help_prints_the_readmes_table_of_exit_codes() {
-        let readme = include_str!("../../README.md");
-        let section = readme
-            .split("### Exit codes")
+    fn the_help_prints_the_cli_guides_table_of_exit_codes() {
+        let guide = include_str!("../../docs/cli.md");
+        let section = guide
+            .split("## Exit codes")
             .nth(1)
-            .expect("README has an Exit codes section");
+            .expect("docs/cli.md has an Exit codes section");
         let rows: Vec<&str> = section
             .lines()
             .skip_while(|l| !l.starts_with("| 0 "))

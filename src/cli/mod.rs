@@ -1,9 +1,11 @@
 //! The `snapfence` command line: `serve` runs the service; `lease`, `snapshot` and `audit` call
-//! it through [`snapfence_client`]; `run` runs a command under a lease. Answers go to stdout (a
-//! table, or the contract's JSON with `--output json`), errors and progress to stderr, and the
-//! exit code tells the outcome apart ([`exit`]).
+//! it through [`snapfence_client`]; `run` runs a command under a lease; `completions` and `man`
+//! describe the command line itself. Answers go to stdout (a table, or the contract's JSON with
+//! `--output json`, which also prints a failed call's problem details there), errors and
+//! progress to stderr, and the exit code tells the outcome apart ([`exit`]).
 
 mod audit;
+mod describe;
 pub mod exit;
 pub mod keys;
 mod lease;
@@ -17,7 +19,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, FromArgMatches, Parser, Subcommand};
 
 use crate::config::ServeConfig;
 use crate::domain::Owner;
@@ -37,8 +39,10 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Options of every command that talks to a server (`serve` ignores them).
+/// Options of every command that talks to a server (`serve` ignores them). `--help` shows them
+/// under a heading of their own, after the command's own options.
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Client options")]
 pub struct Global {
     /// The snapfence server.
     #[arg(
@@ -70,6 +74,10 @@ pub enum Command {
     Serve(ServeConfig),
     /// Manage API keys in the service's database.
     Keys(keys::KeysArgs),
+    /// Print the completion script of a shell (bash, zsh, fish, elvish, powershell).
+    Completions(describe::CompletionsArgs),
+    /// Print the man page snapfence(1), or write every command's page into a directory.
+    Man(describe::ManArgs),
     /// The commands that talk to a server.
     #[command(flatten)]
     Client(ClientCommand),
@@ -104,18 +112,25 @@ pub(crate) struct Ctx {
 pub type Reach = Vec<(&'static str, OsString)>;
 
 impl Ctx {
-    /// Prints what went wrong and what to do next; returns the exit code for it.
+    /// Prints what went wrong and what to do next on stderr and, with `--output json`, the
+    /// problem details on stdout; returns the exit code for it.
     fn fail(&self, e: &Error, check: Option<&str>) -> Exit {
+        if self.output == Output::Json {
+            output::print_json(&output::problem(self.client.base_url(), e, check));
+        }
         output::report(self.client.base_url(), e, check)
     }
 }
 
 /// Parses the command line and runs it.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli =
+        Cli::from_arg_matches(&describe::command().get_matches()).unwrap_or_else(|e| e.exit());
     let command = match cli.command {
         Command::Serve(config) => return serve::main(config),
         Command::Keys(args) => return keys::main(args, cli.global.output),
+        Command::Completions(args) => return describe::completions(&args).into(),
+        Command::Man(args) => return describe::man(&args).into(),
         Command::Client(command) => command,
     };
     let (client, reach) = match client_of(&cli.global) {

@@ -1,5 +1,6 @@
 //! How commands print: answers to stdout as a table for people or as the contract's JSON for
-//! scripts; errors, progress and hints to stderr, always as text.
+//! scripts; errors, progress and hints to stderr, always as text, and with `--output json` a
+//! failed call's problem details on stdout as well, so that a script reads JSON either way.
 
 use std::fmt::Write as _;
 
@@ -9,7 +10,7 @@ use serde::Serialize;
 
 use super::Exit;
 use crate::domain::{Cursor, FencingToken, Key, Metadata};
-use snapfence_client::Error;
+use snapfence_client::{Error, Problem, RefusalFields};
 
 /// How answers are printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -24,10 +25,7 @@ impl Output {
     /// Prints `value` as JSON, or as the table `table` makes of it.
     pub fn print<T: Serialize>(self, value: &T, table: impl FnOnce(&T) -> String) {
         match self {
-            Self::Json => println!(
-                "{}",
-                serde_json::to_string_pretty(value).expect("answers serialize")
-            ),
+            Self::Json => print_json(value),
             Self::Table => print!("{}", table(value)),
         }
     }
@@ -51,6 +49,14 @@ impl Output {
             format!("{}: key {} (token {})\n", d.result, d.key, d.token)
         });
     }
+}
+
+/// Prints `value` on stdout as pretty-printed JSON.
+pub fn print_json<T: Serialize>(value: &T) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).expect("answers serialize")
+    );
 }
 
 /// What a fenced call that answers nothing did (release, abandon, require-recovery, delete),
@@ -176,6 +182,67 @@ pub fn message(url: &str, e: &Error, check: Option<&str>) -> String {
             )
         }
     }
+}
+
+/// The problem details of a failed call, as `--output json` prints them. An answer with a
+/// contract code gives the server's problem back as the contract shapes it (`type`, `title`,
+/// `status`, `detail`, `code` and the code's own members), rebuilt from the error since the
+/// client keeps its parts, not its bytes. A failure without one (no connection, an answer that
+/// is not the contract's) is a problem of the same shape whose `code` is null, whose `status` is
+/// the HTTP status if there was an answer, and whose `detail` is the message of [`report`].
+pub fn problem(url: &str, e: &Error, check: Option<&str>) -> Problem {
+    let reason = |status: u16| {
+        reqwest::StatusCode::from_u16(status)
+            .ok()
+            .and_then(|s| s.canonical_reason())
+            .unwrap_or("Error")
+    };
+    let Some(code) = e.code() else {
+        let (title, status) = match e {
+            Error::Unexpected { status, .. } => {
+                (reason(status.as_u16()).to_owned(), Some(status.as_u16()))
+            }
+            other => (other.to_string(), None),
+        };
+        return Problem {
+            type_uri: Some("about:blank".to_owned()),
+            title: Some(title),
+            status,
+            detail: Some(message(url, e, check)),
+            code: None,
+            holder: None,
+            recovery: None,
+            refusal: None,
+        };
+    };
+    let mut problem = Problem::new(code, reason(code.status()), e.to_string());
+    let refusal = |presented_token, highest_token, audit_id| {
+        Some(RefusalFields {
+            presented_token,
+            highest_token,
+            audit_id,
+        })
+    };
+    match e {
+        Error::LeaseHeld { holder, .. } => problem.holder = Some((**holder).clone()),
+        Error::RecoveryRequired { recovery, .. } => {
+            problem.recovery = Some((**recovery).clone());
+        }
+        Error::StaleToken {
+            presented,
+            highest,
+            audit_id,
+            ..
+        } => problem.refusal = refusal(*presented, Some(*highest), *audit_id),
+        Error::UnknownToken {
+            presented,
+            highest,
+            audit_id,
+            ..
+        } => problem.refusal = refusal(*presented, *highest, *audit_id),
+        _ => {}
+    }
+    problem
 }
 
 /// The chain of causes of a transport error, innermost last: reqwest's own message names only

@@ -5,8 +5,8 @@
 //! `SNAPFENCE_TOKEN` and `SNAPFENCE_OWNER` (and `SNAPFENCE_API_KEY`, `SNAPFENCE_CA_CERT` when
 //! `run` was given them, so that CMD's own `snapfence` calls reach the server as `run` does). A
 //! [`LeaseKeeper`] renews the lease. The keeper
-//! declares the lease lost `grace` + [`STOP_ALLOWANCE`] before the latest moment the server can
-//! expire it; the whole group then gets SIGTERM, and SIGKILL once `grace` has passed, so every
+//! declares the lease lost `grace` + a stop allowance ([`Plan`]) before the latest moment the
+//! server can expire it; the whole group then gets SIGTERM, and SIGKILL once `grace` has passed, so every
 //! process of the group is gone while the server still holds the lease and no other holder can
 //! have started. When CMD exits, whatever it left running in its group is stopped the same way
 //! before the lease is released, since the lease covers the group.
@@ -17,7 +17,6 @@
 //! CMD if `run` itself is killed with SIGKILL, since only `run` can stop it.
 
 use std::ffi::OsString;
-use std::io::ErrorKind;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, ExitStatus};
 use std::time::Duration;
@@ -39,12 +38,16 @@ use snapfence_client::{
 };
 
 /// Time allowed, beyond `--grace`, between the keeper declaring the lease lost and the server's
-/// earliest possible expiry: for SIGKILL to take the group down and for the scheduler.
+/// earliest possible expiry, for SIGKILL to take the group down and for the scheduler: this,
+/// or a fifth of the TTL when that is shorter (see [`Plan`]).
 const STOP_ALLOWANCE: Duration = Duration::from_secs(1);
-/// The least time that `--ttl` must leave for renewing once `--grace` and [`STOP_ALLOWANCE`]
-/// are reserved: several renewal attempts.
+/// The least time that `--ttl` must leave for renewing once `--grace` and the stop allowance are
+/// reserved, for several renewal attempts: this, or a fifth of the TTL when that is shorter.
 const MIN_RENEW_WINDOW: Duration = Duration::from_secs(1);
-/// How often the process group is looked at while it is being stopped.
+/// The longest `--grace` when none is given; below three times this, a third of the TTL.
+const DEFAULT_GRACE: Duration = Duration::from_secs(5);
+/// How often the process group is looked at while it is being stopped (less when the stop
+/// allowance is short).
 const POLL: Duration = Duration::from_millis(10);
 
 /// `snapfence run`.
@@ -55,8 +58,8 @@ pub struct RunArgs {
     /// Who holds the lease [default: USER@HOST].
     #[arg(long)]
     pub owner: Option<Owner>,
-    /// The lease's TTL. It must exceed --grace by at least 2s: 1s to stop the command's
-    /// processes, and 1s to renew in.
+    /// The lease's TTL. It must exceed --grace by 2s (1s to stop the command's processes, 1s to
+    /// renew in), or by two fifths of itself when that is less.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "15s")]
     pub ttl: Duration,
     /// While someone else holds the key, retry for up to this long [default: fail at once].
@@ -69,9 +72,10 @@ pub struct RunArgs {
     /// Replace a recovery record left by a previous holder (state that it is dealt with).
     #[arg(long)]
     pub reconciled: bool,
-    /// How long the command's processes have between SIGTERM and SIGKILL.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
-    pub grace: Duration,
+    /// How long the command's processes have between SIGTERM and SIGKILL [default: a third of
+    /// --ttl, at most 5s].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub grace: Option<Duration>,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<OsString>,
@@ -79,23 +83,13 @@ pub struct RunArgs {
 
 /// Runs the command under the lease; see the module docs.
 pub async fn main(ctx: &Ctx, args: RunArgs) -> Exit {
-    let margin = args.grace + STOP_ALLOWANCE;
-    if args.ttl < margin + MIN_RENEW_WINDOW {
-        eprintln!(
-            "snapfence: --ttl {} is too short for --grace {}: the command must be stopped before the lease can expire, which takes --grace plus {}, and the lease needs at least {} more to be renewed in. Use --ttl {} or more{}",
-            humantime::format_duration(args.ttl),
-            humantime::format_duration(args.grace),
-            humantime::format_duration(STOP_ALLOWANCE),
-            humantime::format_duration(MIN_RENEW_WINDOW),
-            humantime::format_duration(margin + MIN_RENEW_WINDOW),
-            if args.grace.is_zero() {
-                ""
-            } else {
-                ", or a shorter --grace"
-            },
-        );
-        return Exit::Usage;
-    }
+    let plan = match Plan::new(args.ttl, args.grace) {
+        Ok(plan) => plan,
+        Err(message) => {
+            eprintln!("snapfence: {message}");
+            return Exit::Usage;
+        }
+    };
     let mut signals = match Signals::new() {
         Ok(s) => s,
         Err(e) => {
@@ -112,7 +106,7 @@ pub async fn main(ctx: &Ctx, args: RunArgs) -> Exit {
         Ok(granted) => granted,
         Err(exit) => return exit,
     };
-    let options = KeeperOptions::default().margin(margin);
+    let options = KeeperOptions::default().margin(plan.margin());
     let keeper = match LeaseKeeper::start(&ctx.client, lease.clone(), sent, options) {
         Ok(k) => k,
         Err(e) => {
@@ -134,14 +128,11 @@ pub async fn main(ctx: &Ctx, args: RunArgs) -> Exit {
         Ok(child) => child,
         Err(e) => {
             let program = args.command[0].to_string_lossy();
-            eprintln!("snapfence: cannot start {program}: {e}");
+            let (exit, next) = not_started(&e);
+            eprintln!("snapfence: cannot start {program}: {e}; {next}");
             // Nothing ran, so nothing was left to recover: the lease is released plainly.
             finish(ctx, keeper, true, args.crash_recovery).await;
-            return match e.kind() {
-                ErrorKind::NotFound => Exit::CommandNotFound,
-                ErrorKind::PermissionDenied => Exit::CannotExecute,
-                _ => Exit::Failure,
-            };
+            return exit;
         }
     };
     let group = Pid::from_raw(child.id() as i32);
@@ -174,9 +165,9 @@ pub async fn main(ctx: &Ctx, args: RunArgs) -> Exit {
             .map_or_else(|| "the lease was lost".to_owned(), |r| r.to_string());
         eprintln!(
             "snapfence: {reason}; stopping the command (SIGTERM, then SIGKILL after {})",
-            humantime::format_duration(args.grace)
+            humantime::format_duration(plan.grace)
         );
-        if stop_group(group, args.grace).await {
+        if stop_group(group, &plan).await {
             reap(&mut child);
         }
         // Only a lapsing lease can still be live; after lease_lost or a refusal there is
@@ -191,11 +182,88 @@ pub async fn main(ctx: &Ctx, args: RunArgs) -> Exit {
         eprintln!(
             "snapfence: the command exited but left processes in its group; stopping them before releasing"
         );
-        stop_group(group, args.grace).await;
+        stop_group(group, &plan).await;
     }
     let status = reap(&mut child);
     finish(ctx, keeper, status.success(), args.crash_recovery).await;
     exit_of(status)
+}
+
+/// How `run` divides a lease's TTL: from the end, the stop allowance (SIGKILL's time to take
+/// the group down), before it `grace` (SIGTERM's time), and before that the time to renew in.
+/// Both fixed parts shrink with a short TTL, so that every TTL a server accepts works.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Plan {
+    /// Between SIGTERM and SIGKILL.
+    grace: Duration,
+    /// After SIGKILL, until the server's earliest possible expiry.
+    allowance: Duration,
+}
+
+impl Plan {
+    /// The plan for `--ttl` and `--grace` (a third of the TTL, at most [`DEFAULT_GRACE`], when
+    /// none is given), or what to do when the TTL leaves no time to renew in.
+    fn new(ttl: Duration, grace: Option<Duration>) -> Result<Self, String> {
+        let plan = Self {
+            grace: grace.unwrap_or((ttl / 3).min(DEFAULT_GRACE)),
+            allowance: (ttl / 5).min(STOP_ALLOWANCE),
+        };
+        let renew = (ttl / 5).min(MIN_RENEW_WINDOW);
+        if ttl >= plan.margin() + renew {
+            return Ok(plan);
+        }
+        Err(format!(
+            "--ttl {} is too short for --grace {}: the command must be stopped before the lease can expire, which takes --grace plus {}, and the lease needs at least {} more to be renewed in. Use --ttl {} or more{}",
+            humantime::format_duration(ttl),
+            humantime::format_duration(plan.grace),
+            humantime::format_duration(plan.allowance),
+            humantime::format_duration(renew),
+            humantime::format_duration(Self::least_ttl(plan.grace)),
+            if plan.grace.is_zero() {
+                ""
+            } else {
+                ", or a shorter --grace (or none: the default fits every --ttl)"
+            },
+        ))
+    }
+
+    /// How long before the deadline the keeper declares the lease lost.
+    fn margin(&self) -> Duration {
+        self.grace + self.allowance
+    }
+
+    /// The shortest TTL that leaves room for `grace`: `grace` plus 2 s, or five thirds of
+    /// `grace` when the TTL's fifths are shorter than those seconds.
+    fn least_ttl(grace: Duration) -> Duration {
+        (grace * 5 / 3).min(grace + STOP_ALLOWANCE + MIN_RENEW_WINDOW)
+    }
+
+    /// How often a group being stopped is looked at: often enough to notice within the
+    /// allowance.
+    fn poll(&self) -> Duration {
+        POLL.min(self.allowance / 4)
+    }
+}
+
+/// The exit code of a command that could not be started, and what to do about it, as a shell
+/// tells them apart: 127 when there is no such command, 126 when there is but it cannot be
+/// executed (not executable, a file the kernel cannot run (ENOEXEC), a directory), 1 when no
+/// process could be made at all.
+fn not_started(e: &std::io::Error) -> (Exit, &'static str) {
+    match e.raw_os_error().map(Errno::from_raw) {
+        Some(Errno::ENOENT) => (
+            Exit::CommandNotFound,
+            "check its name, or give its path, since it is not on PATH",
+        ),
+        Some(Errno::EAGAIN | Errno::ENOMEM) | None => (
+            Exit::Failure,
+            "the system could not make a process; try again when it has more to spare",
+        ),
+        Some(_) => (
+            Exit::CannotExecute,
+            "check that it is a program you may execute (chmod +x) and that a script starts with a #! line, or run a script through its interpreter (sh SCRIPT)",
+        ),
+    }
 }
 
 /// The lease's metadata: who is running what, for whoever finds the key held.
@@ -341,20 +409,20 @@ fn send(group: Pid, sig: Signal) {
     }
 }
 
-/// SIGTERM to the group; SIGKILL to whatever is left of it once `grace` has passed. Returns
-/// when no process of the group is alive (`true`), or when some outlive SIGKILL for longer
-/// than [`STOP_ALLOWANCE`] (`false`).
-async fn stop_group(group: Pid, grace: Duration) -> bool {
+/// SIGTERM to the group; SIGKILL to whatever is left of it once the plan's grace has passed.
+/// Returns when no process of the group is alive (`true`), or when some outlive SIGKILL for
+/// longer than the plan's stop allowance (`false`).
+async fn stop_group(group: Pid, plan: &Plan) -> bool {
     send(group, Signal::SIGTERM);
-    let kill_at = Instant::now() + grace;
+    let kill_at = Instant::now() + plan.grace;
     while group_alive(group) {
         if Instant::now() >= kill_at {
             send(group, Signal::SIGKILL);
             break;
         }
-        sleep(POLL).await;
+        sleep(plan.poll()).await;
     }
-    let give_up = Instant::now() + STOP_ALLOWANCE;
+    let give_up = Instant::now() + plan.allowance;
     while group_alive(group) {
         if Instant::now() >= give_up {
             eprintln!(
@@ -362,7 +430,7 @@ async fn stop_group(group: Pid, grace: Duration) -> bool {
             );
             return false;
         }
-        sleep(POLL).await;
+        sleep(plan.poll()).await;
     }
     true
 }
@@ -471,6 +539,49 @@ impl Signals {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_grace_fits_every_ttl() {
+        for ms in [1, 7, 100, 999, 1_000, 2_500, 5_000, 15_000, 86_400_000] {
+            let ttl = Duration::from_millis(ms);
+            let plan = Plan::new(ttl, None).unwrap_or_else(|e| panic!("--ttl {ms}ms: {e}"));
+            assert!(plan.grace <= DEFAULT_GRACE, "--ttl {ms}ms: {plan:?}");
+        }
+    }
+
+    #[test]
+    fn the_default_grace_is_a_third_of_the_ttl_up_to_five_seconds() {
+        let grace = |s| Plan::new(Duration::from_secs(s), None).unwrap().grace;
+        assert_eq!(grace(3), Duration::from_secs(1));
+        assert_eq!(grace(15), Duration::from_secs(5));
+        assert_eq!(grace(600), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn the_least_ttl_suggested_for_a_grace_is_accepted_and_a_shorter_one_is_not() {
+        for ms in [1, 10, 300, 2_000, 3_000, 5_000, 60_000] {
+            let grace = Duration::from_millis(ms);
+            let least = Plan::least_ttl(grace);
+            assert!(
+                Plan::new(least, Some(grace)).is_ok(),
+                "{grace:?}: {least:?}"
+            );
+            let shorter = least - Duration::from_millis(1);
+            assert!(
+                Plan::new(shorter, Some(grace)).is_err(),
+                "{grace:?}: {shorter:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_missing_or_unexecutable_command_exits_as_a_shell_would() {
+        let exit = |errno: Errno| not_started(&std::io::Error::from_raw_os_error(errno as i32)).0;
+        assert_eq!(exit(Errno::ENOENT), Exit::CommandNotFound);
+        assert_eq!(exit(Errno::ENOEXEC), Exit::CannotExecute);
+        assert_eq!(exit(Errno::EACCES), Exit::CannotExecute);
+        assert_eq!(exit(Errno::EAGAIN), Exit::Failure);
+    }
 
     #[test]
     fn a_stat_line_gives_the_group_of_live_processes_only() {

@@ -265,6 +265,39 @@ async fn audit_recoveries_prints_the_reconciled_records() {
 }
 
 #[tokio::test]
+async fn with_output_json_a_refused_call_prints_its_problem_on_stdout() {
+    let app = TestApp::spawn().await;
+    grant(&client(&app.instance.base), &key("k"), "worker-7", TTL).await;
+    let args = [
+        "--output", "json", "lease", "acquire", "k", "--owner", "worker-8",
+    ];
+    let ran = cli(&app.instance.base, &args).await;
+    assert_eq!(ran.code, 10, "the exit code is the table's: {}", ran.stderr);
+    let problem: Value = serde_json::from_str(&ran.stdout).expect("a problem on stdout");
+    assert_eq!(problem["code"], "lease_held");
+    assert_eq!(problem["status"], 409);
+    assert_eq!(problem["type"], "urn:snapfence:problem:lease_held");
+    assert_eq!(problem["holder"]["owner"], "worker-7");
+    assert!(
+        ran.stderr.contains("lease_held"),
+        "and the message on stderr: {}",
+        ran.stderr
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn with_output_json_a_failure_without_a_code_prints_a_problem_whose_code_is_null() {
+    let base = format!("http://127.0.0.1:{}", closed_port());
+    let ran = cli(&base, &["--output", "json", "lease", "show", "k"]).await;
+    assert_eq!(ran.code, 13, "{}", ran.stderr);
+    let problem: Value = serde_json::from_str(&ran.stdout).expect("a problem on stdout");
+    assert!(problem["code"].is_null(), "{problem}");
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(detail.contains("nothing was sent"), "{detail}");
+}
+
+#[tokio::test]
 async fn invalid_request_says_what_was_wrong() {
     let app = TestApp::spawn().await;
     let args = ["lease", "acquire", "k", "--owner", "w", "--ttl", "1ms"];

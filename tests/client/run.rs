@@ -96,6 +96,11 @@ async fn all_gone(pids: &[i32]) -> Instant {
     Instant::now()
 }
 
+/// The state of key `k`, as the server at `base` tells it.
+async fn state_of(base: &str, k: &str) -> LeaseState {
+    client(base).lease_status(&key(k)).await.unwrap().state
+}
+
 /// Asserts that the server still held the lease of `key` when this was called: nobody else
 /// can have started. The time is taken before asking, on this machine's clock (the server's
 /// too), so that an answer slowed down by a loaded machine is not taken for a lapsed lease.
@@ -190,11 +195,10 @@ async fn the_commands_exit_status_passes_through_and_the_lease_is_released() {
     )
     .await;
     assert_eq!(ran.code, 7, "{}", ran.stderr);
-    let status = client(&app.instance.base)
-        .lease_status(&key("k"))
-        .await
-        .unwrap();
-    assert_eq!(status.state, LeaseState::Released);
+    assert_eq!(
+        state_of(&app.instance.base, "k").await,
+        LeaseState::Released
+    );
     app.stop().await;
 }
 
@@ -228,11 +232,47 @@ async fn a_command_that_does_not_exist_exits_127_and_releases_the_lease() {
         "{}",
         ran.stderr
     );
-    let status = client(&app.instance.base)
-        .lease_status(&key("k"))
-        .await
-        .unwrap();
-    assert_eq!(status.state, LeaseState::Released);
+    assert_eq!(
+        state_of(&app.instance.base, "k").await,
+        LeaseState::Released
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_file_the_kernel_cannot_execute_exits_126_and_releases_the_lease() {
+    let app = TestApp::spawn().await;
+    let dir = scratch();
+    // Executable, but no program: no ELF header and no #! line, so exec fails with ENOEXEC.
+    let script = dir.path().join("no-shebang");
+    std::fs::write(&script, "echo never\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let ran = run(
+        &app.instance.base,
+        dir.path(),
+        &["k", "--", script.to_str().unwrap()],
+    )
+    .await;
+    assert_eq!(ran.code, 126, "{}", ran.stderr);
+    assert!(ran.stderr.contains("#! line"), "{}", ran.stderr);
+    assert_eq!(
+        state_of(&app.instance.base, "k").await,
+        LeaseState::Released
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_ttl_below_the_old_fixed_grace_works_without_naming_a_grace() {
+    let app = TestApp::spawn().await;
+    let dir = scratch();
+    let ran = run(
+        &app.instance.base,
+        dir.path(),
+        &["k", "--ttl", "1s", "--", "sh", "-c", "sleep 1.5"],
+    )
+    .await;
+    assert_eq!(ran.code, 0, "renewed past its TTL: {}", ran.stderr);
     app.stop().await;
 }
 
@@ -515,11 +555,10 @@ async fn with_crash_recovery_a_succeeding_command_just_releases() {
     )
     .await;
     assert_eq!(ran.code, 0, "{}", ran.stderr);
-    let status = client(&app.instance.base)
-        .lease_status(&key("k"))
-        .await
-        .unwrap();
-    assert_eq!(status.state, LeaseState::Released);
+    assert_eq!(
+        state_of(&app.instance.base, "k").await,
+        LeaseState::Released
+    );
     app.stop().await;
 }
 
