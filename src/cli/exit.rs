@@ -24,7 +24,8 @@ pub enum Exit {
     Lost,
     /// 12: a fenced write was refused (`stale_token`, `unknown_token`).
     Stale,
-    /// 13: the service or its database cannot be reached (`503`, a network failure).
+    /// 13: the service or its database cannot be reached, or is at a limit (`503`, `429`, a
+    /// network failure), after the client's retries.
     Unavailable,
     /// A status passed on: `run`'s command's own exit code, or 128 + the number of the signal
     /// that killed it (or that interrupted `run` while it waited).
@@ -46,8 +47,8 @@ Exit codes:
   11        lost: `lease_lost`, or `run` stopped its command because the lease was lost or about
             to lapse
   12        stale: `stale_token` or `unknown_token`, a refused fenced write
-  13        unavailable: `503`, a gateway's 502/504, no connection to the server, or no answer
-            within `--timeout`
+  13        unavailable: `503`, `429` (a per-key limit), a gateway's 502/504, no connection to
+            the server, or no answer within `--timeout`, after the client's retries
   126, 127  `run`: the command cannot be executed / was not found
   other     `run`: the command's own exit code, or 128 + the signal that killed it";
 
@@ -75,9 +76,11 @@ impl From<&Error> for Exit {
             Error::LeaseHeld { .. } | Error::RecoveryRequired { .. } => Self::Held,
             Error::LeaseLost { .. } => Self::Lost,
             Error::StaleToken { .. } | Error::UnknownToken { .. } => Self::Stale,
-            Error::Unavailable { .. } | Error::Indeterminate { .. } | Error::Transport { .. } => {
-                Self::Unavailable
-            }
+            Error::Unavailable { .. }
+            | Error::Indeterminate { .. }
+            | Error::Transport { .. }
+            | Error::TooManyRequests { .. }
+            | Error::RequestInProgress { .. } => Self::Unavailable,
             Error::Unexpected { status, .. } if matches!(status.as_u16(), 502..=504) => {
                 Self::Unavailable
             }

@@ -5,13 +5,13 @@
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use futures_util::stream;
-use reqwest::{Body, Method, Response, StatusCode};
+use reqwest::{Method, Response, StatusCode};
 use serde_json::{Value, json};
 use snapfence::domain::Scope;
-use tokio::sync::mpsc;
+use tokio::io::AsyncWriteExt;
 
 use crate::harness::{TestApp, enc, problem, token};
+use crate::raw;
 
 /// A changing call with an Idempotency-Key.
 fn acquire_keyed(app: &TestApp, key: &str, idem: &str, body: Value) -> reqwest::RequestBuilder {
@@ -308,24 +308,18 @@ async fn a_write_whose_key_was_revoked_while_its_body_arrived_is_refused_401() {
         .await
         .unwrap();
     let t = token(&grant.json::<Value>().await.unwrap());
-    let (tx, rx) = mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
-    let put = app
-        .request(Method::PUT, "/v1/snapshots/k")
-        .bearer_auth(&bearer)
-        .header("Fencing-Token", t.to_string())
-        .header("Content-Length", "4")
-        .body(Body::wrap_stream(stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|chunk| (chunk, rx))
-        })))
-        .send();
-    let put = tokio::spawn(put);
-    tx.send(Ok(b"he".to_vec())).await.unwrap();
-    // The headers were authenticated; the key is revoked before the body is complete.
+    let mut stream = raw::connect(&app.instance.base).await;
+    let head = format!(
+        "PUT /v1/snapshots/k HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {bearer}\r\n\
+         fencing-token: {t}\r\ncontent-length: 4\r\nexpect: 100-continue\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    // `100 Continue` comes once the request was authenticated and its body is being read.
+    assert_eq!(raw::read_answer(&mut stream).await.status, 100);
     app.revoke_key("ci").await;
-    tx.send(Ok(b"ll".to_vec())).await.unwrap();
-    drop(tx);
-    let r = put.await.unwrap().unwrap();
-    problem(r, StatusCode::UNAUTHORIZED, "unauthorized").await;
+    stream.write_all(b"data").await.unwrap();
+    let answer = raw::read_answer(&mut stream).await;
+    answer.problem(401, "unauthorized");
     assert_eq!(
         count(&app, "SELECT count(*) FROM snapshot_versions").await,
         0
