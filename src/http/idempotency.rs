@@ -20,6 +20,23 @@ static REPLAYED_HEADER: HeaderName = HeaderName::from_static(IDEMPOTENT_REPLAYED
 const REVOKED: &str = "the API key was revoked before this request could run; nothing was \
     changed. Ask an operator for a live key";
 
+/// The operation a PUT's head alone is fingerprinted as (see [`IdempotencyHeader::attach_head`]).
+const PUT_HEAD: &str = "put-head";
+
+/// The SHA-256 of a request's operation, key and `parts`, each length-prefixed so that no two
+/// requests run together.
+fn fingerprint(operation: &str, key: &Key, parts: &[&[u8]]) -> [u8; 32] {
+    let mut digest = Sha256::new();
+    for part in [operation.as_bytes(), key.as_str().as_bytes()]
+        .iter()
+        .chain(parts)
+    {
+        digest.update((part.len() as u64).to_be_bytes());
+        digest.update(part);
+    }
+    digest.finalize().into()
+}
+
 /// The optional `Idempotency-Key` header of a changing call.
 pub struct IdempotencyHeader(pub Option<IdempotencyKey>);
 
@@ -42,22 +59,32 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyHeader {
 impl IdempotencyHeader {
     /// Puts the key, if one was sent, into `ctx` with the fingerprint of the request: the
     /// operation, the key it is on, and `parts` (its token, preconditions and body, in an order
-    /// fixed by the caller). Each part is length-prefixed, so no two requests run together.
+    /// fixed by the caller).
     pub fn attach(&self, ctx: &mut RequestContext, operation: &str, key: &Key, parts: &[&[u8]]) {
-        ctx.idempotency = self.0.as_ref().map(|k| {
-            let mut digest = Sha256::new();
-            for part in [operation.as_bytes(), key.as_str().as_bytes()]
-                .iter()
-                .chain(parts)
-            {
-                digest.update((part.len() as u64).to_be_bytes());
-                digest.update(part);
-            }
-            Idempotency {
-                key: k.clone(),
-                fingerprint: digest.finalize().into(),
-            }
+        ctx.idempotency = self.0.as_ref().map(|k| Idempotency {
+            key: k.clone(),
+            fingerprint: fingerprint(operation, key, parts),
+            head_fingerprint: None,
         });
+    }
+
+    /// For a snapshot PUT before its body is read: the key, if one was sent, with the
+    /// fingerprint of the request's head alone (`head`: token, `If-Match`, `Content-Type`),
+    /// under which the check made before reading the body records a refusal. That refusal does
+    /// not depend on the body, so it is the answer to any body sent with this head.
+    pub fn attach_head(&self, ctx: &mut RequestContext, key: &Key, head: &[&[u8]]) {
+        self.attach(ctx, PUT_HEAD, key, head);
+    }
+
+    /// For a snapshot PUT once its body is in: as [`attach`](Self::attach) over `head` and the
+    /// body's ETag, also answering to a record made by the check of the head alone.
+    pub fn attach_put(&self, ctx: &mut RequestContext, key: &Key, head: &[&[u8]], etag: &[u8]) {
+        let mut parts = head.to_vec();
+        parts.push(etag);
+        self.attach(ctx, "put", key, &parts);
+        if let Some(i) = &mut ctx.idempotency {
+            i.head_fingerprint = Some(fingerprint(PUT_HEAD, key, head));
+        }
     }
 
     /// The answer of a changing call from what its statement did: `render` makes the answer

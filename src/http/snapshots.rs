@@ -2,6 +2,9 @@
 
 use axum::Json;
 use axum::body::Body;
+use bytes::Bytes;
+use futures_util::{FutureExt, StreamExt};
+use http_body_util::BodyExt;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -18,6 +21,7 @@ use crate::domain::{
     Cursor, ETag, EntityTagCondition, Key, Page, PageLimit, SnapshotMeta, Version,
 };
 use crate::state::AppState;
+use crate::store::idempotency::Gated;
 use crate::store::snapshots::{self, PutRequest, Snapshot, WriteOutcome, Written};
 
 const SNAPSHOT_TOO_LARGE: &str =
@@ -75,19 +79,30 @@ async fn write(
         hint: SNAPSHOT_TOO_LARGE,
         budget: state.limits.bodies().clone(),
     };
-    let body = read_limited(body, content_length(&headers), limit).await?;
+    let token_bytes = token.get().to_be_bytes();
+    let head: [&[u8]; 3] = [&token_bytes, raw_if_match(&headers), content_type.as_bytes()];
+    let length = content_length(&headers);
+    let (body, in_hand) = arrived_with_head(body, length);
+    // A body announced over the limit is refused (413) before anything is read or checked.
+    let too_large = length.is_some_and(|n| n > state.rules.max_snapshot_bytes as u64);
+    if !in_hand && !too_large {
+        // The token is checked before the body is read: an upload that can only be refused
+        // is refused (and audited) at once, never received.
+        let mut early = ctx.clone();
+        idempotency.attach_head(&mut early, &key, &head);
+        match snapshots::precheck(&state.db, &key, token, &early).await {
+            Ok(Gated::Ran(None) | Gated::KeyReused | Gated::InProgress) => {}
+            checked => {
+                return idempotency.respond(checked, |refusal| {
+                    let refusal = refusal.expect("only a refusal ends a write before its body");
+                    Err(ApiError::Refused { key, refusal })
+                });
+            }
+        }
+    }
+    let body = read_limited(body, length, limit).await?;
     let etag = ETag::of(&body);
-    idempotency.attach(
-        &mut ctx,
-        "put",
-        &key,
-        &[
-            &token.get().to_be_bytes(),
-            raw_if_match(&headers),
-            content_type.as_bytes(),
-            etag.as_str().as_bytes(),
-        ],
-    );
+    idempotency.attach_put(&mut ctx, &key, &head, etag.as_str().as_bytes());
     let req = PutRequest {
         key: key.clone(),
         token,
@@ -128,6 +143,30 @@ async fn delete(
         refused(key, outcome)?;
         Ok(StatusCode::NO_CONTENT.into_response())
     })
+}
+
+/// The body, and whether all of it came with the request's head: polled once, without
+/// waiting. A small body sent with its head is usually all there; then the write's own statement
+/// checks the token, and no round trip is spent on checking it first.
+fn arrived_with_head(mut body: Body, length: Option<u64>) -> (Body, bool) {
+    match body.frame().now_or_never() {
+        // The body had ended: nothing (or nothing more) will come.
+        Some(None) => (Body::empty(), true),
+        Some(Some(Ok(frame))) => {
+            let Ok(data) = frame.into_data() else {
+                // Trailers first: no body to speak of; the reader sees it end.
+                return (Body::empty(), true);
+            };
+            let whole = length == Some(data.len() as u64);
+            let first = futures_util::stream::once(async { Ok::<_, axum::Error>(data) });
+            (Body::from_stream(first.chain(body.into_data_stream())), whole)
+        }
+        Some(Some(Err(e))) => (
+            Body::from_stream(futures_util::stream::once(async { Err::<Bytes, _>(e) })),
+            false,
+        ),
+        None => (body, false),
+    }
 }
 
 /// A snapshot as an HTTP answer: its bytes with the contract's headers, or `304` when

@@ -28,6 +28,9 @@ pub struct Idempotency {
     /// The SHA-256 of the request's method, route, key, token, preconditions and body: a key
     /// sent again with another fingerprint is a key reused for another request.
     pub fingerprint: [u8; 32],
+    /// For a snapshot PUT, the fingerprint of its head alone: a refusal recorded before its
+    /// body was read (which no body changes) is this request's answer too.
+    pub head_fingerprint: Option<[u8; 32]>,
 }
 
 /// How the gate of a changing statement let it through.
@@ -88,8 +91,12 @@ impl<T> GatedRow<T> {
         match self.gate.as_str() {
             "run" => Gated::Ran(self.answer),
             "replay" => {
-                let sent = ctx.idempotency.as_ref().map(|i| &i.fingerprint[..]);
-                if self.prior_fingerprint.as_deref() == sent {
+                let prior = self.prior_fingerprint.as_deref();
+                let same = ctx.idempotency.as_ref().is_some_and(|i| {
+                    prior == Some(&i.fingerprint[..])
+                        || i.head_fingerprint.is_some_and(|h| prior == Some(&h[..]))
+                });
+                if same {
                     Gated::Replayed(self.answer)
                 } else {
                     Gated::KeyReused

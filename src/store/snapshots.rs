@@ -160,6 +160,26 @@ fn put_statement(uploaded: bool) -> &'static str {
     if uploaded { &PUT_UPLOADED } else { PUT }
 }
 
+/// The fenced write's check before its body is read: `sql/fenced.sql`, then
+/// `sql/precheck.sql`, between the gate and the record.
+const PRECHECK: &str = concat!(
+    include_str!("sql/gate.sql"),
+    include_str!("sql/fenced.sql"),
+    include_str!("sql/precheck.sql"),
+    include_str!("sql/remember.sql")
+);
+
+/// The check before a body is read that this process runs (broken as the write is, under the
+/// negative control, so that the control is not caught early instead).
+fn precheck_statement() -> &'static str {
+    #[cfg(feature = "fault-controls")]
+    if fencing_broken() {
+        static BROKEN: LazyLock<String> = LazyLock::new(|| checked_against_written_tokens(PRECHECK));
+        return &BROKEN;
+    }
+    PRECHECK
+}
+
 /// The fenced delete's first statement: `sql/fenced.sql`, then `sql/delete_head.sql`. Its
 /// versions are removed by a second statement in the same transaction (see [`delete`]).
 const DELETE_HEAD: &str = concat!(
@@ -255,6 +275,36 @@ pub async fn put(
                 updated_at: r.updated_at.expect("an accepted write has a time"),
             },
         })
+    }))
+}
+
+/// The fencing rule for a write whose body has not been read: one statement
+/// (`sql/precheck.sql`) that refuses a stale or unknown token at once, with its audit row (and
+/// its Idempotency-Key's record), and otherwise changes nothing; the write's own statement
+/// checks again once the body is in. `Some` is the refusal.
+#[tracing::instrument(level = "debug", skip_all, fields(key = %key, token = %token))]
+pub async fn precheck(
+    db: &Db,
+    key: &Key,
+    token: FencingToken,
+    ctx: &RequestContext,
+) -> Result<Gated<Option<Refusal>>> {
+    let gated = idempotency::gated(ctx, || {
+        db.fetch_one(Effect::Changes, || {
+            bind_gate(sqlx::query_as(precheck_statement()), ctx)
+                .bind(key.as_str())
+                .bind(token.get())
+                .bind(false)
+                .bind(None::<Vec<String>>)
+                .bind(ctx.request_id.as_deref())
+                .bind(ctx.remote_addr.as_deref())
+                .bind(AuditOperation::Put.as_str())
+        })
+    })
+    .await?;
+    Ok(gated.map(|row: FencedRow| match row.outcome(token, |_| ()) {
+        WriteOutcome::Refused(refusal) => Some(refusal),
+        WriteOutcome::Accepted(()) | WriteOutcome::PreconditionFailed => None,
     }))
 }
 

@@ -6,6 +6,7 @@ use futures_util::{StreamExt, stream};
 use rand::RngCore;
 use reqwest::{Body, Method, StatusCode};
 use serde_json::Value;
+use tokio::io::AsyncWriteExt;
 
 use crate::harness::{TestApp, problem, rules, token};
 
@@ -713,5 +714,75 @@ async fn a_large_write_with_a_wrong_if_match_answers_412_and_the_connection_serv
         app.get("/v1/snapshots/big").await.bytes().await.unwrap(),
         last
     );
+    app.stop().await;
+}
+
+/// The head of a PUT to `k` with `token` and a body of `length` bytes (not sent), with
+/// `extra` headers.
+fn withheld_put(token: i64, length: usize, extra: &str) -> String {
+    format!(
+        "PUT /v1/snapshots/k HTTP/1.1\r\nhost: x\r\nfencing-token: {token}\r\n\
+         content-length: {length}\r\n{extra}\r\n"
+    )
+}
+
+#[tokio::test]
+async fn a_stale_token_is_refused_and_audited_before_the_body_is_sent() {
+    let app = TestApp::spawn().await;
+    let old = token(&app.acquire("k", "a", 100).await);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    app.acquire("k", "b", 30000).await;
+    let mut stream = crate::raw::connect(&app.instance.base).await;
+    let head = withheld_put(old, 4 * 1024 * 1024, "");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    // No byte of the body is ever sent: the answer comes from the head alone.
+    let answer = crate::raw::read_answer(&mut stream).await;
+    let p = answer.problem(409, "stale_token");
+    assert!(p["audit_id"].is_i64());
+    assert_eq!(rejection_count(&app).await, 1);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_refusal_before_the_body_is_replayed_for_its_idempotency_key_whatever_the_body() {
+    let app = TestApp::spawn().await;
+    let old = token(&app.acquire("k", "a", 100).await);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    app.acquire("k", "b", 30000).await;
+    let mut stream = crate::raw::connect(&app.instance.base).await;
+    let head = withheld_put(old, 1000, "idempotency-key: early\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let first = crate::raw::read_answer(&mut stream).await;
+    let first = first.problem(409, "stale_token");
+    // Sent again whole, with its key: the refusal is the answer, and it is not audited twice.
+    let again = app
+        .request(Method::PUT, "/v1/snapshots/k")
+        .header("Fencing-Token", old.to_string())
+        .header("Idempotency-Key", "early")
+        .body(vec![b'x'; 1000])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let again = problem(again, StatusCode::CONFLICT, "stale_token").await;
+    assert_eq!(again["audit_id"], first["audit_id"]);
+    assert_eq!(rejection_count(&app).await, 1);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_live_token_whose_body_comes_after_its_head_is_written() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("k", "a", 30000).await);
+    let mut stream = crate::raw::connect(&app.instance.base).await;
+    let head = withheld_put(t, 5, "expect: 100-continue\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    // The token passed its check before the body was read; the body is asked for.
+    assert_eq!(crate::raw::read_answer(&mut stream).await.status, 100);
+    stream.write_all(b"later").await.unwrap();
+    let answer = crate::raw::read_answer(&mut stream).await;
+    assert_eq!(answer.status, 201);
+    let stored = app.get("/v1/snapshots/k").await.bytes().await.unwrap();
+    assert_eq!(&stored[..], b"later");
     app.stop().await;
 }
