@@ -2,13 +2,13 @@
 
 use axum::Json;
 use axum::body::Body;
-use bytes::Bytes;
-use futures_util::{FutureExt, StreamExt};
-use http_body_util::BodyExt;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use bytes::Bytes;
+use futures_util::{FutureExt, StreamExt};
+use http_body_util::BodyExt;
 use serde::Deserialize;
 
 use super::Routes;
@@ -80,7 +80,11 @@ async fn write(
         budget: state.limits.bodies().clone(),
     };
     let token_bytes = token.get().to_be_bytes();
-    let head: [&[u8]; 3] = [&token_bytes, raw_if_match(&headers), content_type.as_bytes()];
+    let head: [&[u8]; 3] = [
+        &token_bytes,
+        raw_if_match(&headers),
+        content_type.as_bytes(),
+    ];
     let length = content_length(&headers);
     let (body, in_hand) = arrived_with_head(body, length);
     // A body announced over the limit is refused (413) before anything is read or checked.
@@ -159,7 +163,10 @@ fn arrived_with_head(mut body: Body, length: Option<u64>) -> (Body, bool) {
             };
             let whole = length == Some(data.len() as u64);
             let first = futures_util::stream::once(async { Ok::<_, axum::Error>(data) });
-            (Body::from_stream(first.chain(body.into_data_stream())), whole)
+            (
+                Body::from_stream(first.chain(body.into_data_stream())),
+                whole,
+            )
         }
         Some(Some(Err(e))) => (
             Body::from_stream(futures_util::stream::once(async { Err::<Bytes, _>(e) })),

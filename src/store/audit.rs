@@ -229,7 +229,18 @@ pub async fn prune(pool: &PgPool, log: Log, retention: Duration, batch: i64) -> 
             ORDER BY at LIMIT $2 FOR UPDATE SKIP LOCKED)",
         t = log.table()
     );
-    let done = sqlx::query(&sql)
+    delete_batch(pool, &sql, retention, batch).await
+}
+
+/// Runs a retention statement (`$1` the retention in ms, `$2` the batch) and returns how many
+/// rows it deleted.
+pub(crate) async fn delete_batch(
+    pool: &PgPool,
+    sql: &str,
+    retention: Duration,
+    batch: i64,
+) -> Result<u64> {
+    let done = sqlx::query(sql)
         .bind(retention.as_millis() as i64)
         .bind(batch)
         .execute(pool)

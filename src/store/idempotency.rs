@@ -17,7 +17,7 @@ use sqlx::query::QueryAs;
 use sqlx::types::Json;
 use sqlx::{FromRow, PgPool, Postgres, Row};
 
-use super::{Bounded, RequestContext, Result, StoreError};
+use super::{RequestContext, Result, StoreError};
 use crate::domain::IdempotencyKey;
 
 /// A changing call's Idempotency-Key, and what makes a request the same request.
@@ -147,11 +147,6 @@ where
 /// Deletes up to `batch` records older than `retention`, oldest first, and returns how many it
 /// deleted; `sql/idempotency_prune.sql` says why it never holds up a request.
 pub async fn prune(pool: &PgPool, retention: Duration, batch: i64) -> Result<u64> {
-    let done = sqlx::query(include_str!("sql/idempotency_prune.sql"))
-        .bind(retention.as_millis() as i64)
-        .bind(batch)
-        .execute(pool)
-        .bounded_change(pool)
-        .await?;
-    Ok(done.rows_affected())
+    let sql = include_str!("sql/idempotency_prune.sql");
+    super::audit::delete_batch(pool, sql, retention, batch).await
 }

@@ -174,7 +174,8 @@ const PRECHECK: &str = concat!(
 fn precheck_statement() -> &'static str {
     #[cfg(feature = "fault-controls")]
     if fencing_broken() {
-        static BROKEN: LazyLock<String> = LazyLock::new(|| checked_against_written_tokens(PRECHECK));
+        static BROKEN: LazyLock<String> =
+            LazyLock::new(|| checked_against_written_tokens(PRECHECK));
         return &BROKEN;
     }
     PRECHECK
@@ -302,10 +303,12 @@ pub async fn precheck(
         })
     })
     .await?;
-    Ok(gated.map(|row: FencedRow| match row.outcome(token, |_| ()) {
-        WriteOutcome::Refused(refusal) => Some(refusal),
-        WriteOutcome::Accepted(()) | WriteOutcome::PreconditionFailed => None,
-    }))
+    Ok(
+        gated.map(|row: FencedRow| match row.outcome(token, |_| ()) {
+            WriteOutcome::Refused(refusal) => Some(refusal),
+            WriteOutcome::Accepted(()) | WriteOutcome::PreconditionFailed => None,
+        }),
+    )
 }
 
 /// A fenced delete: one short transaction. The first statement (`DELETE_HEAD`) checks,

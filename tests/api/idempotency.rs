@@ -269,7 +269,10 @@ async fn concurrent_requests_with_one_key_through_two_instances_grant_once() {
     // The key's lease is that one grant. (A statement that lost the race for the key's record
     // may have drawn a sequence value before it was rolled back: a gap, never a grant.)
     let held = count(&app, "SELECT token FROM leases WHERE key = 'k'").await;
-    assert_eq!(held, tokens[0], "the key holds the one grant every answer named");
+    assert_eq!(
+        held, tokens[0],
+        "the key holds the one grant every answer named"
+    );
     second.stop().await;
     app.stop().await;
 }

@@ -126,18 +126,15 @@ async fn a_write_is_retried_while_the_connection_is_refused() {
     app.stop().await;
 }
 
-#[tokio::test]
-async fn a_write_answered_unavailable_is_retried_and_lands_once() {
+/// A write whose first attempt a proxy answers with `refusal` (an answer that changed nothing)
+/// is retried, and stored once.
+async fn first_answered_then_stored_once(refusal: Mode) {
     let app = TestApp::spawn().await;
     let c = client(&app.instance.base);
     let k = key("k");
     let t = grant(&c, &k, "w", TTL).await.lease.token;
     let proxy = Proxy::start(upstream(&app.instance.base)).await;
-    proxy.next_connections(vec![Mode::problem(
-        "503 Service Unavailable",
-        "unavailable",
-        "the database is unavailable; nothing was changed. Retry with backoff",
-    )]);
+    proxy.next_connections(vec![refusal]);
     client(&proxy.base())
         .put_snapshot(&k, t, "x", &PutOptions::default())
         .await
@@ -146,6 +143,16 @@ async fn a_write_answered_unavailable_is_retried_and_lands_once() {
     assert_eq!(versions.items.len(), 1);
     assert_eq!(proxy.connections(), 2);
     app.stop().await;
+}
+
+#[tokio::test]
+async fn a_write_answered_unavailable_is_retried_and_lands_once() {
+    first_answered_then_stored_once(Mode::problem(
+        "503 Service Unavailable",
+        "unavailable",
+        "the database is unavailable; nothing was changed. Retry with backoff",
+    ))
+    .await;
 }
 
 #[tokio::test]
@@ -178,22 +185,10 @@ async fn a_put_whose_outcome_stayed_unknown_is_resolved_with_find_write() {
 
 #[tokio::test]
 async fn a_write_answered_too_many_requests_is_retried_and_lands_once() {
-    let app = TestApp::spawn().await;
-    let c = client(&app.instance.base);
-    let k = key("k");
-    let t = grant(&c, &k, "w", TTL).await.lease.token;
-    let proxy = Proxy::start(upstream(&app.instance.base)).await;
-    proxy.next_connections(vec![Mode::problem(
+    first_answered_then_stored_once(Mode::problem(
         "429 Too Many Requests",
         "too_many_requests",
         "key \"ci\" has 64 requests in flight on this instance; nothing was changed",
-    )]);
-    client(&proxy.base())
-        .put_snapshot(&k, t, "x", &PutOptions::default())
-        .await
-        .unwrap();
-    let versions = c.list_versions(&k, &Default::default()).await.unwrap();
-    assert_eq!(versions.items.len(), 1);
-    assert_eq!(proxy.connections(), 2);
-    app.stop().await;
+    ))
+    .await;
 }
