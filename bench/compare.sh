@@ -96,8 +96,8 @@ api_key=$("$sf" keys create --name bench --scope write 2>/dev/null)
 
 # pgbench runs the service's own statements, the files of src/store/sql joined as src/store joins
 # them (gate.sql, the operation's files, remember.sql for a change; a fenced write is fenced.sql
-# followed by put.sql), with `$N` turned into pgbench's `:pN`; their comments go along, as they do
-# to the service's PostgreSQL. Each client takes the keys of its own slice in turn, as the
+# followed by put.sql), with `$N` turned into pgbench's `:pN` and their comments (whole lines)
+# left out, since pgbench would turn a `$N` named in a comment into a parameter of its own. Each client takes the keys of its own slice in turn, as the
 # workers of `snapfence-bench` do. pgbench cannot bind NULL, so gate.sql's parameters ($1 to $4:
 # no Idempotency-Key, no principal) are written in as NULL literals, and an absent value is bound
 # as what the service's NULL stands for there: `'{}'` for If-Match's tags (not sent, so never
@@ -110,6 +110,7 @@ script() { # op -> a pgbench script on stdout
     get) sql=$(cat "$sqldir/get.sql") ;;
     *) sql=$(cat "$sqldir/gate.sql" "$sqldir/$op.sql" "$sqldir/remember.sql") ;;
     esac
+    sql=$(grep -v '^[[:space:]]*--' <<<"$sql")
     if [ "$op" = get ]; then
         for n in 4 3 2 1; do sql=${sql//\$$n/:p$n}; done
         printf '\\set i :n %% :per + :client_id * :per\n\\set n :n + 1\n\\set p1 :base_key + :i\n'
