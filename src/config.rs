@@ -14,6 +14,10 @@ use crate::http::extract::MAX_JSON_BYTES;
 use crate::state::{RateLimit, Rules};
 use crate::store::DbSettings;
 
+/// The shortest `--idempotency-retention` `serve` accepts: an answer must outlive every retry of
+/// its call (a client's retries, the body timeout and the database bound together take seconds).
+pub const MIN_IDEMPOTENCY_RETENTION: Duration = Duration::from_secs(300);
+
 /// The embedded PostgreSQL's data directory when none is given: `./snapfence-data`, or, for
 /// root, `/var/lib/snapfence`. As root the cluster runs as the `postgres` user, which must be
 /// able to reach it, and a checkout under a private home (`/root`, a `mktemp -d`) is out of its
@@ -89,7 +93,8 @@ pub struct ServeConfig {
     pub audit_retention: Duration,
 
     /// How long the answer of a changing call sent with an Idempotency-Key is kept (and so how
-    /// long a retry with the same key finds it); at least this long, pruned soon after.
+    /// long a retry with the same key finds it); at least this long, pruned soon after. At
+    /// least 5 minutes, longer than any client keeps retrying one call.
     #[arg(long, env = "SNAPFENCE_IDEMPOTENCY_RETENTION", value_parser = humantime::parse_duration, default_value = "24h")]
     pub idempotency_retention: Duration,
 
@@ -200,6 +205,13 @@ impl ServeConfig {
             return Err(format!(
                 "--max-body-bytes-in-flight {} is below the largest body a request may send ({largest} bytes, from --max-snapshot-bytes or a lease request's limit), which could then never be received; raise it, or lower --max-snapshot-bytes",
                 self.max_body_bytes_in_flight
+            ));
+        }
+        if self.idempotency_retention < MIN_IDEMPOTENCY_RETENTION {
+            return Err(format!(
+                "--idempotency-retention {} is below {}: a client still retrying a call would find its answer gone and the change done again; keep it at least that long (the default is 24h)",
+                humantime::format_duration(self.idempotency_retention),
+                humantime::format_duration(MIN_IDEMPOTENCY_RETENTION)
             ));
         }
         Ok(())

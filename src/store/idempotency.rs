@@ -9,6 +9,7 @@
 //! written in `sql/gate.sql`.
 
 use std::future::Future;
+use std::marker::PhantomData;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -63,33 +64,40 @@ impl<T> Gated<T> {
 }
 
 /// A changing statement's answer: the gate's verdict, the fingerprint stored with a replayed
-/// record, and the answer (this statement's, or the stored one) as JSON.
+/// record, and the answer (this statement's, or the stored one) as JSON, read as `T` only once
+/// it is known to be this operation's (a key reused for another operation has another's).
 pub(crate) struct GatedRow<T> {
     gate: String,
     prior_fingerprint: Option<Vec<u8>>,
-    answer: T,
+    answer: serde_json::Value,
+    answers: PhantomData<T>,
 }
 
-impl<'r, T: DeserializeOwned> FromRow<'r, PgRow> for GatedRow<T> {
+impl<'r, T> FromRow<'r, PgRow> for GatedRow<T> {
     fn from_row(row: &'r PgRow) -> sqlx::Result<Self> {
         Ok(Self {
             gate: row.try_get("gate")?,
             prior_fingerprint: row.try_get("prior_fingerprint")?,
-            answer: row.try_get::<Json<T>, _>("answer")?.0,
+            answer: row.try_get::<Json<serde_json::Value>, _>("answer")?.0,
+            answers: PhantomData,
         })
     }
 }
 
-impl<T> GatedRow<T> {
+impl<T: DeserializeOwned> GatedRow<T> {
     /// This statement's own answer, if the gate let it run.
-    pub(crate) fn ran(&self) -> Option<&T> {
-        (self.gate == "run").then_some(&self.answer)
+    pub(crate) fn ran(&self) -> Result<Option<T>> {
+        if self.gate == "run" {
+            read(&self.answer).map(Some)
+        } else {
+            Ok(None)
+        }
     }
 
     /// The verdict, with a replay's fingerprint compared with the request's.
-    fn into_gated(self, ctx: &RequestContext) -> Gated<T> {
-        match self.gate.as_str() {
-            "run" => Gated::Ran(self.answer),
+    fn into_gated(self, ctx: &RequestContext) -> Result<Gated<T>> {
+        Ok(match self.gate.as_str() {
+            "run" => Gated::Ran(read(&self.answer)?),
             "replay" => {
                 let prior = self.prior_fingerprint.as_deref();
                 let same = ctx.idempotency.as_ref().is_some_and(|i| {
@@ -97,7 +105,7 @@ impl<T> GatedRow<T> {
                         || i.head_fingerprint.is_some_and(|h| prior == Some(&h[..]))
                 });
                 if same {
-                    Gated::Replayed(self.answer)
+                    Gated::Replayed(read(&self.answer)?)
                 } else {
                     Gated::KeyReused
                 }
@@ -105,8 +113,14 @@ impl<T> GatedRow<T> {
             "in_progress" => Gated::InProgress,
             "revoked" => Gated::Revoked,
             other => unreachable!("gate.sql's verdicts do not include {other:?}"),
-        }
+        })
     }
+}
+
+/// A statement's answer as its operation's type; one that does not read so is a bug of ours
+/// (the statement and its type disagree), said loudly.
+fn read<T: DeserializeOwned>(answer: &serde_json::Value) -> Result<T> {
+    T::deserialize(answer).map_err(|e| StoreError::Internal(sqlx::Error::Decode(Box::new(e))))
 }
 
 /// Binds `sql/gate.sql`'s parameters ($1 to $4) for the request of `ctx`.
@@ -131,7 +145,10 @@ fn lost_record_race(e: &StoreError) -> bool {
 /// Runs a changing statement (`run`, which runs it once) until it is not rolled back by the
 /// race for its Idempotency-Key's record, and reads its gate. Each run is bounded by the
 /// request's deadline, so together they are too.
-pub(crate) async fn gated<T, F, Fut>(ctx: &RequestContext, mut run: F) -> Result<Gated<T>>
+pub(crate) async fn gated<T: DeserializeOwned, F, Fut>(
+    ctx: &RequestContext,
+    mut run: F,
+) -> Result<Gated<T>>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<GatedRow<T>>>,
@@ -139,7 +156,7 @@ where
     loop {
         match run().await {
             Err(e) if lost_record_race(&e) => continue,
-            row => return Ok(row?.into_gated(ctx)),
+            row => return row?.into_gated(ctx),
         }
     }
 }

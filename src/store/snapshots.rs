@@ -338,7 +338,7 @@ pub async fn delete(
             .fetch_one(&mut *tx)
             .bounded(pool)
             .await?;
-        if row.ran().is_some_and(|r| r.outcome == "accepted") {
+        if row.ran()?.is_some_and(|r| r.outcome == "accepted") {
             sqlx::query(include_str!("sql/delete_versions.sql"))
                 .bind(key.as_str())
                 .execute(&mut *tx)

@@ -366,3 +366,56 @@ async fn a_record_past_its_retention_is_pruned_and_the_key_runs_anew() {
     assert!(token(&again.json::<Value>().await.unwrap()) > first);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_key_reused_for_another_operation_answers_422_and_changes_nothing() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("k", "a", 30000).await);
+    let renewed = app
+        .request(Method::POST, "/v1/leases/k/renew")
+        .header("Idempotency-Key", "shared")
+        .json(&json!({"token": t}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(renewed.status(), StatusCode::OK);
+    let acquire = acquire_keyed(
+        &app,
+        "other",
+        "shared",
+        json!({"owner": "b", "ttl_ms": 1000}),
+    );
+    let acquire = acquire.send().await.unwrap();
+    problem(
+        acquire,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency_key_reused",
+    )
+    .await;
+    let put = put_keyed(&app, "k", t, "shared", "x").send().await.unwrap();
+    problem(
+        put,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency_key_reused",
+    )
+    .await;
+    let delete = app
+        .request(Method::DELETE, "/v1/snapshots/k")
+        .header("Fencing-Token", t.to_string())
+        .header("Idempotency-Key", "shared")
+        .send()
+        .await
+        .unwrap();
+    problem(
+        delete,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency_key_reused",
+    )
+    .await;
+    assert_eq!(count(&app, "SELECT count(*) FROM leases").await, 1);
+    assert_eq!(
+        count(&app, "SELECT count(*) FROM snapshot_versions").await,
+        0
+    );
+    app.stop().await;
+}

@@ -192,3 +192,29 @@ async fn a_write_answered_too_many_requests_is_retried_and_lands_once() {
     ))
     .await;
 }
+
+#[tokio::test]
+async fn a_write_lost_once_then_answered_unavailable_is_indeterminate_not_unchanged() {
+    let app = TestApp::spawn().await;
+    let c = client(&app.instance.base);
+    let k = key("k");
+    let t = grant(&c, &k, "w", TTL).await.lease.token;
+    let proxy = Proxy::start(upstream(&app.instance.base)).await;
+    let unavailable = Mode::problem(
+        "503 Service Unavailable",
+        "unavailable",
+        "the database is unavailable; nothing was changed. Retry with backoff",
+    );
+    // The first attempt lands and its answer is lost; every retry is told only that it, itself,
+    // changed nothing.
+    proxy.next_connections(vec![Mode::DropAnswer, unavailable.clone(), unavailable]);
+    let e = client(&proxy.base())
+        .put_snapshot(&k, t, "x", &PutOptions::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Indeterminate { .. }), "{e:?}");
+    assert!(e.is_indeterminate());
+    let versions = c.list_versions(&k, &Default::default()).await.unwrap();
+    assert_eq!(versions.items.len(), 1, "the first attempt did land");
+    app.stop().await;
+}

@@ -210,6 +210,33 @@ fn transport_message(may_have_reached: bool) -> &'static str {
 }
 
 impl Error {
+    /// The last attempt's failure as it reads for the whole call when an earlier attempt's
+    /// outcome was unknown: an answer that only says this attempt changed nothing
+    /// (`unavailable`, `429`, `request_in_progress`, no connection) leaves the call
+    /// [`Indeterminate`](Self::Indeterminate); any other answer settles it and is kept.
+    pub(crate) fn after_unknown_attempt(self, call: &dyn fmt::Display) -> Self {
+        let this_attempt_only = matches!(
+            self,
+            Self::Unavailable { .. }
+                | Self::TooManyRequests { .. }
+                | Self::RequestInProgress { .. }
+                | Self::Transport {
+                    may_have_reached: false,
+                    ..
+                }
+        );
+        if !this_attempt_only {
+            return self;
+        }
+        Self::Indeterminate {
+            detail: format!(
+                "an earlier attempt of {call} may have taken effect (its answer was lost), and \
+                 the last attempt said only that it changed nothing itself ({self}); check \
+                 what happened before you retry"
+            ),
+        }
+    }
+
     /// How long the server asked the client to wait before it retries, if it said so.
     pub fn retry_after(&self) -> Option<std::time::Duration> {
         match self {

@@ -47,6 +47,9 @@ impl Client {
         let url = format!("{}{}", self.base, call.path);
         let idempotency_key = (kind == CallKind::Change).then(|| uuid::Uuid::new_v4().to_string());
         let mut attempt = 1;
+        // Whether an earlier attempt of this change may have taken effect: then an answer that
+        // says "nothing changed" speaks for its own attempt only, not for the call.
+        let mut earlier_unknown = false;
         loop {
             let mut request = build(self.http.request(call.method.clone(), &url));
             if let Some(key) = &idempotency_key {
@@ -60,8 +63,14 @@ impl Client {
                 Err(e) => Error::transport(e),
             };
             if attempt >= self.retry.max_attempts || !kind.may_retry(&error) {
-                return Err(error);
+                return Err(if earlier_unknown {
+                    error.after_unknown_attempt(&call)
+                } else {
+                    error
+                });
             }
+            earlier_unknown |= kind == CallKind::Change
+                && (error.is_indeterminate() || matches!(error, Error::RequestInProgress { .. }));
             // A server that said when to come back is believed, over the backoff.
             let pause = error.retry_after().map_or_else(
                 || self.retry.backoff(attempt),

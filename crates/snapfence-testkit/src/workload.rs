@@ -298,6 +298,7 @@ impl Client {
         if changing {
             self.recorder.changing_calls.fetch_add(1, Ordering::Relaxed);
         }
+        let mut uncertain = false;
         let outcome = loop {
             let request = self
                 .request(key, &call, &owner, body.clone())
@@ -331,8 +332,15 @@ impl Client {
                 // Another service may answer where this one could not.
                 self.at = (self.at + 1) % self.endpoints.len();
             }
-            if !(changing && unknown && Instant::now() < give_up) {
+            // After an attempt whose outcome is unknown, `503 unavailable` speaks for its own
+            // attempt only: the call is settled by an answer that says what happened.
+            let unsettled = unknown || (uncertain && matches!(outcome, Outcome::NoEffect));
+            uncertain |= unknown;
+            if !(changing && unsettled) {
                 break outcome;
+            }
+            if Instant::now() >= give_up {
+                break Outcome::Indeterminate(format!("still unsettled after {SETTLE_WITHIN:?}"));
             }
             self.recorder
                 .unknown_attempts
