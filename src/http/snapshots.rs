@@ -86,7 +86,16 @@ async fn write(
         content_type.as_bytes(),
     ];
     let length = content_length(&headers);
-    let (body, in_hand) = arrived_with_head(body, length);
+    // A client that asked to be told to go on (`Expect: 100-continue`) has sent no body yet, and
+    // polling the body would tell it to go on before the checks below had their say.
+    let expects_continue = headers
+        .get(header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let (body, in_hand) = if expects_continue {
+        (body, false)
+    } else {
+        arrived_with_head(body, length)
+    };
     // A body announced over the limit is refused (413) before anything is read or checked.
     let too_large = length.is_some_and(|n| n > state.rules.max_snapshot_bytes as u64);
     if !in_hand && !too_large {

@@ -786,3 +786,18 @@ async fn a_live_token_whose_body_comes_after_its_head_is_written() {
     assert_eq!(&stored[..], b"later");
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_stale_token_that_asked_to_continue_is_refused_instead_of_told_to_send_its_body() {
+    let app = TestApp::spawn().await;
+    let old = token(&app.acquire("k", "a", 100).await);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    app.acquire("k", "b", 30000).await;
+    let mut stream = crate::raw::connect(&app.instance.base).await;
+    let head = withheld_put(old, 1000, "expect: 100-continue\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let answer = crate::raw::read_answer(&mut stream).await;
+    answer.problem(409, "stale_token");
+    assert_eq!(rejection_count(&app).await, 1);
+    app.stop().await;
+}
