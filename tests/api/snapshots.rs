@@ -717,6 +717,14 @@ async fn a_large_write_with_a_wrong_if_match_answers_412_and_the_connection_serv
     app.stop().await;
 }
 
+/// A token of `k` that a newer grant superseded.
+async fn superseded_token(app: &TestApp) -> i64 {
+    let old = token(&app.acquire("k", "a", 100).await);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    app.acquire("k", "b", 30000).await;
+    old
+}
+
 /// The head of a PUT to `k` with `token` and a body of `length` bytes (not sent), with
 /// `extra` headers.
 fn withheld_put(token: i64, length: usize, extra: &str) -> String {
@@ -729,9 +737,7 @@ fn withheld_put(token: i64, length: usize, extra: &str) -> String {
 #[tokio::test]
 async fn a_stale_token_is_refused_and_audited_before_the_body_is_sent() {
     let app = TestApp::spawn().await;
-    let old = token(&app.acquire("k", "a", 100).await);
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    app.acquire("k", "b", 30000).await;
+    let old = superseded_token(&app).await;
     let mut stream = crate::raw::connect(&app.instance.base).await;
     let head = withheld_put(old, 4 * 1024 * 1024, "");
     stream.write_all(head.as_bytes()).await.unwrap();
@@ -746,9 +752,7 @@ async fn a_stale_token_is_refused_and_audited_before_the_body_is_sent() {
 #[tokio::test]
 async fn a_refusal_before_the_body_is_replayed_for_its_idempotency_key_whatever_the_body() {
     let app = TestApp::spawn().await;
-    let old = token(&app.acquire("k", "a", 100).await);
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    app.acquire("k", "b", 30000).await;
+    let old = superseded_token(&app).await;
     let mut stream = crate::raw::connect(&app.instance.base).await;
     let head = withheld_put(old, 1000, "idempotency-key: early\r\n");
     stream.write_all(head.as_bytes()).await.unwrap();
@@ -790,9 +794,7 @@ async fn a_live_token_whose_body_comes_after_its_head_is_written() {
 #[tokio::test]
 async fn a_stale_token_that_asked_to_continue_is_refused_instead_of_told_to_send_its_body() {
     let app = TestApp::spawn().await;
-    let old = token(&app.acquire("k", "a", 100).await);
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    app.acquire("k", "b", 30000).await;
+    let old = superseded_token(&app).await;
     let mut stream = crate::raw::connect(&app.instance.base).await;
     let head = withheld_put(old, 1000, "expect: 100-continue\r\n");
     stream.write_all(head.as_bytes()).await.unwrap();

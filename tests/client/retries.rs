@@ -14,6 +14,32 @@ use crate::support::{client, closed_port, grant, key, upstream};
 
 const TTL: Duration = Duration::from_secs(30);
 
+/// A service, a client of it, a lease on `k` and its token, and a proxy in front of the service.
+struct Leased {
+    app: TestApp,
+    c: snapfence_client::Client,
+    k: snapfence::domain::Key,
+    t: snapfence::domain::FencingToken,
+    proxy: Proxy,
+}
+
+impl Leased {
+    async fn behind_a_proxy() -> Self {
+        let app = TestApp::spawn().await;
+        let c = client(&app.instance.base);
+        let k = key("k");
+        let t = grant(&c, &k, "w", TTL).await.lease.token;
+        let proxy = Proxy::start(upstream(&app.instance.base)).await;
+        Self {
+            app,
+            c,
+            k,
+            t,
+            proxy,
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_read_is_retried_after_a_broken_connection() {
     let app = TestApp::spawn().await;
@@ -41,11 +67,13 @@ async fn a_read_is_retried_after_a_gateway_error() {
 
 #[tokio::test]
 async fn a_write_whose_connection_broke_is_retried_with_its_key_and_lands_once() {
-    let app = TestApp::spawn().await;
-    let c = client(&app.instance.base);
-    let k = key("k");
-    let t = grant(&c, &k, "w", TTL).await.lease.token;
-    let proxy = Proxy::start(upstream(&app.instance.base)).await;
+    let Leased {
+        app,
+        c: _,
+        k,
+        t,
+        proxy,
+    } = Leased::behind_a_proxy().await;
     proxy.next_connections(vec![Mode::Reset]);
     let written = client(&proxy.base())
         .put_snapshot(&k, t, "x", &PutOptions::default())
@@ -58,11 +86,13 @@ async fn a_write_whose_connection_broke_is_retried_with_its_key_and_lands_once()
 
 #[tokio::test]
 async fn a_write_whose_answer_was_lost_is_answered_by_its_retry_and_stored_once() {
-    let app = TestApp::spawn().await;
-    let c = client(&app.instance.base);
-    let k = key("k");
-    let t = grant(&c, &k, "w", TTL).await.lease.token;
-    let proxy = Proxy::start(upstream(&app.instance.base)).await;
+    let Leased {
+        app,
+        c,
+        k,
+        t,
+        proxy,
+    } = Leased::behind_a_proxy().await;
     proxy.next_connections(vec![Mode::DropAnswer]);
     let written = client(&proxy.base())
         .put_snapshot(&k, t, "once", &PutOptions::default())
@@ -129,11 +159,13 @@ async fn a_write_is_retried_while_the_connection_is_refused() {
 /// A write whose first attempt a proxy answers with `refusal` (an answer that changed nothing)
 /// is retried, and stored once.
 async fn first_answered_then_stored_once(refusal: Mode) {
-    let app = TestApp::spawn().await;
-    let c = client(&app.instance.base);
-    let k = key("k");
-    let t = grant(&c, &k, "w", TTL).await.lease.token;
-    let proxy = Proxy::start(upstream(&app.instance.base)).await;
+    let Leased {
+        app,
+        c,
+        k,
+        t,
+        proxy,
+    } = Leased::behind_a_proxy().await;
     proxy.next_connections(vec![refusal]);
     client(&proxy.base())
         .put_snapshot(&k, t, "x", &PutOptions::default())
@@ -157,11 +189,13 @@ async fn a_write_answered_unavailable_is_retried_and_lands_once() {
 
 #[tokio::test]
 async fn a_put_whose_outcome_stayed_unknown_is_resolved_with_find_write() {
-    let app = TestApp::spawn().await;
-    let c = client(&app.instance.base);
-    let k = key("k");
-    let t = grant(&c, &k, "w", TTL).await.lease.token;
-    let proxy = Proxy::start(upstream(&app.instance.base)).await;
+    let Leased {
+        app,
+        c,
+        k,
+        t,
+        proxy,
+    } = Leased::behind_a_proxy().await;
     proxy.next_connections(vec![Mode::DropAnswer]);
     let once = client(&proxy.base()).with_retry(RetryPolicy::none());
     let e = once
@@ -195,11 +229,13 @@ async fn a_write_answered_too_many_requests_is_retried_and_lands_once() {
 
 #[tokio::test]
 async fn a_write_lost_once_then_answered_unavailable_is_indeterminate_not_unchanged() {
-    let app = TestApp::spawn().await;
-    let c = client(&app.instance.base);
-    let k = key("k");
-    let t = grant(&c, &k, "w", TTL).await.lease.token;
-    let proxy = Proxy::start(upstream(&app.instance.base)).await;
+    let Leased {
+        app,
+        c,
+        k,
+        t,
+        proxy,
+    } = Leased::behind_a_proxy().await;
     let unavailable = Mode::problem(
         "503 Service Unavailable",
         "unavailable",
