@@ -103,23 +103,23 @@ api_key=$("$sf" keys create --name bench --scope write 2>/dev/null)
 # as what the service's NULL stands for there: `'{}'` for If-Match's tags (not sent, so never
 # read), an empty metadata object, and the current version (1) for the read (which reads its
 # body).
-script() { # op -> a pgbench script on stdout
+script() { # op -> a pgbench script on stdout: the service's statement over a batch of one
     local op=$1 sql sqldir=$root/src/store/sql
     case $op in
-    put) sql=$(cat "$sqldir/gate.sql" "$sqldir/fenced.sql" "$sqldir/put.sql" "$sqldir/remember.sql") ;;
+    put) sql=$(cat "$sqldir/fenced_in.sql" "$sqldir/gate.sql" "$sqldir/fenced.sql" "$sqldir/put.sql" "$sqldir/remember.sql") ;;
     get) sql=$(cat "$sqldir/get.sql") ;;
-    *) sql=$(cat "$sqldir/gate.sql" "$sqldir/$op.sql" "$sqldir/remember.sql") ;;
+    *) sql=$(cat "$sqldir/${op}_in.sql" "$sqldir/gate.sql" "$sqldir/$op.sql" "$sqldir/remember.sql") ;;
     esac
     sql=$(grep -v '^[[:space:]]*--' <<<"$sql")
+    # Each array parameter `$n::type[]` becomes a one-element array of pgbench's `:pn`; the gate's
+    # $1 to $4 (no Idempotency-Key, no authentication) are NULL.
+    if [ "$op" != get ]; then
+        sql=$(sed -E 's/\$([1-4])::([a-z]+)\[\]/ARRAY[NULL::\2]/g' <<<"$sql")
+    fi
+    sql=$(sed -E 's/\$([0-9]+)::([a-z]+)\[\]/ARRAY[:p\1::\2]/g' <<<"$sql")
     if [ "$op" = get ]; then
-        for n in 4 3 2 1; do sql=${sql//\$$n/:p$n}; done
         printf '\\set i :n %% :per + :client_id * :per\n\\set n :n + 1\n\\set p1 :base_key + :i\n'
     else
-        for n in 16 15 14 13 12 11 10 9 8 7 6 5; do sql=${sql//\$$n/:p$n}; done
-        sql=${sql//\$4/NULL::bigint}
-        sql=${sql//\$3/NULL::text}
-        sql=${sql//\$2/NULL::bytea}
-        sql=${sql//\$1/NULL::text}
         printf '\\set i :n %% :per + :client_id * :per\n\\set n :n + 1\n\\set p5 :base_key + :i\n'
         [ "$op" != acquire ] && printf '\\set p6 :base_token + :i\n'
     fi
@@ -130,8 +130,8 @@ pg_vars() { # op -> the fixed parameters of its statement
     case $1 in
     acquire) echo "-D p6=pgbench -D p7=$3 -D p8={} -D p9=false -D p10=false -D p11=pgbench -D p12=127.0.0.1" ;;
     renew) echo "-D p7=600000" ;;
-    put) echo "-D p7=false -D p8={} -D p9=pgbench -D p10=127.0.0.1 -D p11=put -D p12=pgbench-etag -D p13=1024 -D p14=application/octet-stream -D p15=\\x$body_hex -D p16=10" ;;
-    get) echo "-D p2=10 -D p3=1 -D p4=true" ;;
+    put) echo "-D p7=false -D p8=[] -D p9=pgbench -D p10=127.0.0.1 -D p11=put -D p12=pgbench-etag -D p13=1024 -D p14=application/octet-stream -D p15=\\x$body_hex -D p16=10" ;;
+    get) echo "-D p2=1 -D p3=true -D p4=10" ;;
     esac
 }
 base_key() { case $1 in acquire) echo 10000000 ;; renew) echo 20000000 ;; put) echo 30000000 ;; get) echo 40000000 ;; esac; }

@@ -78,7 +78,8 @@ pub struct Metrics {
     /// Connections of the pool the requests use, by state (`in_use`, `idle`), read at scrape
     /// time.
     pub pool_connections: Family<Label, Gauge>,
-    /// Requests waiting for a connection of that pool, read at scrape time.
+    /// Requests waiting for a connection of that pool, or in a batch not sent yet, read at
+    /// scrape time.
     pub pool_waiting: Gauge,
     /// That pool's size limit.
     pub pool_max: Gauge,
@@ -168,7 +169,7 @@ impl Metrics {
         );
         registry.register(
             "db_pool_waiting",
-            "Requests waiting for a database pool connection",
+            "Requests waiting for a database pool connection or in a batch not sent yet",
             m.pool_waiting.clone(),
         );
         registry.register(

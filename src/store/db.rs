@@ -10,6 +10,7 @@
 //! audit log, keys, readiness) uses sqlx's own pool, which [`Db`] dereferences to.
 
 use std::ops::Deref;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use deadpool::managed::{self, Metrics, Object, PoolError, RecycleError, RecycleResult, Timeouts};
@@ -18,7 +19,10 @@ use sqlx::query::QueryAs;
 use sqlx::{Connection, Executor, FromRow, PgConnection, Postgres};
 use tokio::time::Instant;
 
-use super::{CHECK_IDLE_AFTER, Result, StoreError, deadline, timed_out};
+use super::batch::Batcher;
+use super::{
+    CHECK_IDLE_AFTER, Result, StoreError, deadline, leases, rolled_back_race, snapshots, timed_out,
+};
 
 /// Opens hot connections and checks idle ones.
 #[derive(Debug)]
@@ -41,20 +45,23 @@ impl managed::Manager for Connector {
 }
 
 /// Runs the statement `$q()` with `$fetch` on a hot connection, bounded like every call: the
-/// wait for a connection, the statement and any second try share the request's deadline. A
-/// statement that could not be written because the server had already closed the connection (a
-/// restart since the connection was last used) never reached it, so it is sent once more on a
-/// fresh connection: a restart costs no request an answer. A change that was sent and whose
-/// answer did not come back is [`StoreError::Indeterminate`]; see [`Effect`].
+/// wait for a connection, the statement and any second try end by `$deadline`. A statement that
+/// could not be written because the server had already closed the connection (a restart since
+/// the connection was last used) never reached it, so it is sent once more on a fresh
+/// connection: a restart costs no request an answer. A statement the database rolled back whole
+/// for a reason a second run does not meet ([`super::rolled_back_race`]) runs again, until the
+/// deadline. A change that was sent and whose answer did not come back is
+/// [`StoreError::Indeterminate`]; see [`Effect`].
 macro_rules! hot {
-    ($db:ident, $effect:ident, $q:ident, $fetch:ident) => {{
-        let deadline = deadline(&$db.pool);
+    ($conns:ident, $deadline:expr, $effect:ident, $q:ident, $fetch:ident) => {{
+        let deadline = $deadline;
         let mut fresh = false;
         loop {
-            let mut conn = $db.checkout(deadline).await?;
+            let mut conn = $conns.checkout(deadline).await?;
             let answer = tokio::time::timeout_at(deadline, $q().$fetch(conn.get())).await;
-            match conn.finish(answer, &$db.pool) {
+            match conn.finish(answer, &$conns.pool) {
                 Err(e) if !fresh && never_sent(&e) => fresh = true,
+                Err(e) if rolled_back_race(&e) && Instant::now() < deadline => continue,
                 Err(e) if $effect == Effect::Changes => break Err(e.after_sending()),
                 answer => break answer,
             }
@@ -87,19 +94,46 @@ fn never_sent(e: &StoreError) -> bool {
     matches!(e, StoreError::Unavailable(sqlx::Error::Io(io)) if io.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
-/// The database of an instance: sqlx's pool for everything (it dereferences to it), and a pool
-/// of hot connections for the one-statement paths. Cheap to clone.
+/// The connections of an instance: sqlx's pool, and the pool of hot connections for the
+/// one-statement paths. Cheap to clone.
 #[derive(Debug, Clone)]
-pub struct Db {
+pub(crate) struct Conns {
     pool: PgPool,
     hot: managed::Pool<Connector>,
+}
+
+/// The dispatchers of the batched hot paths, one per kind of statement (see
+/// [`super::batch`]). Each ends when this is dropped.
+#[derive(Debug)]
+pub(crate) struct Batches {
+    /// Acquires.
+    pub(crate) acquire: Batcher<leases::AcquireBatch>,
+    /// Renewals.
+    pub(crate) renew: Batcher<leases::RenewBatch>,
+    /// Releases, abandons and require-recovery marks.
+    pub(crate) end: Batcher<leases::EndBatch>,
+    /// Fenced writes with their body bound.
+    pub(crate) put: Batcher<snapshots::PutBatch>,
+    /// Checks of a fenced write before its body is read.
+    pub(crate) precheck: Batcher<snapshots::PrecheckBatch>,
+    /// Snapshot reads.
+    pub(crate) get: Batcher<snapshots::GetBatch>,
+}
+
+/// The database of an instance: sqlx's pool for everything (it dereferences to it), a pool of
+/// hot connections for the one-statement paths, and the batches those are gathered in. Cheap
+/// to clone.
+#[derive(Debug, Clone)]
+pub struct Db {
+    conns: Conns,
+    batches: Arc<Batches>,
 }
 
 impl Deref for Db {
     type Target = PgPool;
 
     fn deref(&self) -> &PgPool {
-        &self.pool
+        &self.conns.pool
     }
 }
 
@@ -110,15 +144,28 @@ pub struct HotPoolStatus {
     pub open: usize,
     /// Connections open and not in use.
     pub idle: usize,
-    /// Requests waiting for a connection.
+    /// Requests waiting for a connection: for one of the pool, or in a batch not sent yet.
     pub waiting: usize,
     /// The most connections it opens.
     pub max: usize,
 }
 
+impl Batches {
+    /// The requests waiting in batches to be sent.
+    fn queued(&self) -> usize {
+        self.acquire.queued()
+            + self.renew.queued()
+            + self.end.queued()
+            + self.put.queued()
+            + self.precheck.queued()
+            + self.get.queued()
+    }
+}
+
 impl Db {
-    /// The hot pool beside `pool`, with its connection settings, size and timeout. Opens no
-    /// connection until one is needed.
+    /// The hot pool beside `pool`, with its connection settings, size and timeout, and the
+    /// dispatchers of the batched hot paths. Opens no connection until one is needed; must be
+    /// called within a Tokio runtime (the dispatchers are tasks of it).
     pub fn new(pool: PgPool) -> Self {
         let timeout = pool.options().get_acquire_timeout();
         let hot = managed::Pool::builder(Connector((*pool.connect_options()).clone()))
@@ -131,30 +178,63 @@ impl Db {
             .runtime(deadpool::Runtime::Tokio1)
             .build()
             .expect("a runtime is set, so the timeouts can be");
-        Self { pool, hot }
+        let conns = Conns { pool, hot };
+        let batches = Arc::new(Batches {
+            acquire: Batcher::start(conns.clone()),
+            renew: Batcher::start(conns.clone()),
+            end: Batcher::start(conns.clone()),
+            put: Batcher::start(conns.clone()),
+            precheck: Batcher::start(conns.clone()),
+            get: Batcher::start(conns.clone()),
+        });
+        Self { conns, batches }
     }
 
     /// The hot pool's state, for the metrics.
     pub fn hot_status(&self) -> HotPoolStatus {
-        let s = self.hot.status();
+        let s = self.conns.hot.status();
         HotPoolStatus {
             open: s.size,
             idle: s.available,
-            waiting: s.waiting,
+            waiting: s.waiting + self.batches.queued(),
             max: s.max_size,
         }
     }
 
-    /// Runs a statement that answers one row on a hot connection; see [`hot!`].
-    pub(crate) async fn fetch_one<'q, O>(
+    /// The connections, for a statement run on its own.
+    pub(crate) fn conns(&self) -> &Conns {
+        &self.conns
+    }
+
+    /// The batches the hot paths are gathered in.
+    pub(crate) fn batches(&self) -> &Batches {
+        &self.batches
+    }
+}
+
+impl Conns {
+    /// When a call starting now for the request being served must have its answer.
+    pub(crate) fn deadline(&self) -> Instant {
+        deadline(&self.pool)
+    }
+
+    /// The error of a call that had no answer by its deadline.
+    pub(crate) fn timed_out(&self) -> StoreError {
+        timed_out(&self.pool)
+    }
+
+    /// Runs a batched statement, which answers a row per request (or none for some), on a hot
+    /// connection by `deadline`; see [`hot!`].
+    pub(crate) async fn fetch_batch<'q, O>(
         &self,
         effect: Effect,
+        deadline: Instant,
         q: impl Fn() -> QueryAs<'q, Postgres, O, PgArguments>,
-    ) -> Result<O>
+    ) -> Result<Vec<O>>
     where
         O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
-        hot!(self, effect, q, fetch_one)
+        hot!(self, deadline, effect, q, fetch_all)
     }
 
     /// Runs a statement that answers at most one row on a hot connection; see [`hot!`].
@@ -166,7 +246,7 @@ impl Db {
     where
         O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
-        hot!(self, effect, q, fetch_optional)
+        hot!(self, self.deadline(), effect, q, fetch_optional)
     }
 
     /// Runs a statement that answers one row and reads its body from

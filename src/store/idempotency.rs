@@ -18,7 +18,7 @@ use sqlx::query::QueryAs;
 use sqlx::types::Json;
 use sqlx::{FromRow, PgPool, Postgres, Row};
 
-use super::{RequestContext, Result, StoreError};
+use super::{RequestContext, Result, StoreError, rolled_back_race};
 use crate::domain::IdempotencyKey;
 
 /// A changing call's Idempotency-Key, and what makes a request the same request.
@@ -95,7 +95,7 @@ impl<T: DeserializeOwned> GatedRow<T> {
     }
 
     /// The verdict, with a replay's fingerprint compared with the request's.
-    fn into_gated(self, ctx: &RequestContext) -> Result<Gated<T>> {
+    pub(crate) fn into_gated(self, ctx: &RequestContext) -> Result<Gated<T>> {
         Ok(match self.gate.as_str() {
             "run" => Gated::Ran(read(&self.answer)?),
             "replay" => {
@@ -123,23 +123,42 @@ fn read<T: DeserializeOwned>(answer: &serde_json::Value) -> Result<T> {
     T::deserialize(answer).map_err(|e| StoreError::Internal(sqlx::Error::Decode(Box::new(e))))
 }
 
-/// Binds `sql/gate.sql`'s parameters ($1 to $4) for the request of `ctx`.
-pub(crate) fn bind_gate<'q, O>(
+/// Binds `sql/gate.sql`'s parameters ($1 to $4), one element per request of a batch, for the
+/// requests of `ctxs` in their order.
+pub(crate) fn bind_gates<'q, O>(
     q: QueryAs<'q, Postgres, O, PgArguments>,
-    ctx: &'q RequestContext,
+    ctxs: impl Iterator<Item = &'q RequestContext> + Clone,
 ) -> QueryAs<'q, Postgres, O, PgArguments> {
-    let idempotency = ctx.idempotency.as_ref();
-    q.bind(idempotency.map(|i| i.key.as_str()))
-        .bind(idempotency.map(|i| &i.fingerprint[..]))
-        .bind(ctx.principal.as_deref())
-        .bind(ctx.key_id)
+    let idempotency = ctxs.clone().map(|c| c.idempotency.as_ref());
+    q.bind(
+        idempotency
+            .clone()
+            .map(|i| i.map(|i| i.key.as_str()))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        idempotency
+            .map(|i| i.map(|i| &i.fingerprint[..]))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        ctxs.clone()
+            .map(|c| c.principal.as_deref())
+            .collect::<Vec<_>>(),
+    )
+    .bind(ctxs.map(|c| c.key_id).collect::<Vec<_>>())
 }
 
-/// Whether a changing statement failed on another statement's record for its key (the race of
-/// `sql/gate.sql`): it was rolled back whole, and running it again finds that record.
-fn lost_record_race(e: &StoreError) -> bool {
-    matches!(e, StoreError::Internal(sqlx::Error::Database(d))
-        if d.constraint() == Some("idempotency_records_pkey"))
+/// What a batch of changing requests must not share: the Idempotency-Key with its principal
+/// (see [`super::batch::Kind::claims`]); none without a key.
+pub(crate) fn claim(ctx: &RequestContext) -> Option<String> {
+    ctx.idempotency.as_ref().map(|i| {
+        format!(
+            "idempotency\0{}\0{}",
+            ctx.principal.as_deref().unwrap_or(""),
+            i.key.as_str()
+        )
+    })
 }
 
 /// Runs a changing statement (`run`, which runs it once) until it is not rolled back by the
@@ -155,7 +174,7 @@ where
 {
     loop {
         match run().await {
-            Err(e) if lost_record_race(&e) => continue,
+            Err(e) if rolled_back_race(&e) => continue,
             row => return row?.into_gated(ctx),
         }
     }

@@ -9,10 +9,14 @@
 
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
-use sqlx::{FromRow, PgPool};
+use sqlx::{FromRow, PgPool, Postgres};
 
+use sqlx::postgres::PgArguments;
+use sqlx::query::QueryAs;
+
+use super::batch::{Indexed, Kind, change_claims, column};
 use super::db::Effect;
-use super::idempotency::{self, Gated, bind_gate};
+use super::idempotency::{self, Gated, GatedRow, bind_gates};
 use super::{Bounded, Db, RequestContext, Result};
 use crate::domain::{
     Cursor, FencingToken, Key, KeyPrefix, KeyStatus, Lease, LeaseState, Metadata, Owner, Page,
@@ -140,10 +144,11 @@ impl StatusRow {
     }
 }
 
-/// The acquire statement, between the gate and the record of its Idempotency-Key. What it locks
-/// and why it is race-free, also on a key's first grant, is written beside it in
-/// `sql/acquire.sql`.
+/// The acquire statement over a batch: its requests, the gate, the grants, the records of their
+/// Idempotency-Keys. What it locks and why it is race-free, also on a key's first grant, is
+/// written beside it in `sql/acquire.sql`.
 const ACQUIRE: &str = concat!(
+    include_str!("sql/acquire_in.sql"),
     include_str!("sql/gate.sql"),
     include_str!("sql/acquire.sql"),
     include_str!("sql/remember.sql")
@@ -151,7 +156,7 @@ const ACQUIRE: &str = concat!(
 
 /// What an acquire did (`result` in `sql/acquire.sql`).
 #[derive(Debug, Deserialize)]
-struct AcquireAnswer {
+pub(crate) struct AcquireAnswer {
     verdict: String,
     /// The new lease, if one was granted.
     granted: Option<LeaseRow>,
@@ -188,8 +193,50 @@ impl AcquireAnswer {
     }
 }
 
-/// Acquires a key: one statement (`ACQUIRE`), run a second time only when it lost the race
-/// to create a new key's row (rows are never deleted, so a second run always finds one).
+/// Acquires, gathered into batches ([`super::batch`]).
+#[derive(Debug)]
+pub(crate) struct AcquireBatch;
+
+/// One acquire of a batch.
+#[derive(Debug)]
+pub(crate) struct AcquireJob {
+    req: NewLease,
+    ctx: RequestContext,
+}
+
+impl Kind for AcquireBatch {
+    type Job = AcquireJob;
+    type Row = GatedRow<AcquireAnswer>;
+    const EFFECT: Effect = Effect::Changes;
+
+    fn claims(job: &AcquireJob) -> Vec<String> {
+        change_claims(&job.req.key, &job.ctx)
+    }
+
+    fn order(job: &AcquireJob) -> &str {
+        job.req.key.as_str()
+    }
+
+    fn query<'q>(
+        jobs: &[&'q AcquireJob],
+    ) -> QueryAs<'q, Postgres, Indexed<Self::Row>, PgArguments> {
+        bind_gates(sqlx::query_as(ACQUIRE), jobs.iter().map(|&j| &j.ctx))
+            .bind(column(jobs, |j| j.req.key.as_str()))
+            .bind(column(jobs, |j| j.req.owner.as_str()))
+            .bind(column(jobs, |j| j.req.ttl.get()))
+            .bind(column(jobs, |j| {
+                j.req.metadata.as_ref().map(|m| m.as_json().to_string())
+            }))
+            .bind(column(jobs, |j| j.req.crash_recovery))
+            .bind(column(jobs, |j| j.req.reconciled))
+            .bind(column(jobs, |j| j.ctx.request_id.as_deref()))
+            .bind(column(jobs, |j| j.ctx.remote_addr.as_deref()))
+    }
+}
+
+/// Acquires a key: its request goes in the next batch of acquires (`ACQUIRE`), and again only
+/// when it lost the race to create a new key's row (rows are never deleted, so a second run
+/// always finds one).
 #[tracing::instrument(level = "debug", skip_all, fields(key = %req.key))]
 pub async fn acquire(
     db: &Db,
@@ -198,16 +245,9 @@ pub async fn acquire(
 ) -> Result<Gated<AcquireOutcome>> {
     loop {
         let gated = idempotency::gated(ctx, || {
-            db.fetch_one(Effect::Changes, || {
-                bind_gate(sqlx::query_as(ACQUIRE), ctx)
-                    .bind(req.key.as_str())
-                    .bind(req.owner.as_str())
-                    .bind(req.ttl.get())
-                    .bind(req.metadata.as_ref().map(|m| m.as_json().to_string()))
-                    .bind(req.crash_recovery)
-                    .bind(req.reconciled)
-                    .bind(ctx.request_id.as_deref())
-                    .bind(ctx.remote_addr.as_deref())
+            db.batches().acquire.answer(AcquireJob {
+                req: req.clone(),
+                ctx: ctx.clone(),
             })
         })
         .await?;
@@ -221,7 +261,7 @@ pub async fn acquire(
 /// What a renewal or an ending did (`result` in `sql/renew.sql` and `sql/end.sql`): the lease as
 /// changed, or none when the token was not the key's live lease.
 #[derive(Debug, Deserialize)]
-struct ChangeAnswer {
+pub(crate) struct ChangeAnswer {
     lease: Option<LeaseRow>,
 }
 
@@ -232,16 +272,90 @@ impl ChangeAnswer {
     }
 }
 
-/// The renew statement ([`renew`]), between the gate and the record; its race-freedom argument
-/// is in `sql/renew.sql`.
+/// The renew statement over a batch ([`renew`]), between the gate and the record; its
+/// race-freedom argument is in `sql/renew.sql`.
 const RENEW: &str = concat!(
+    include_str!("sql/renew_in.sql"),
     include_str!("sql/gate.sql"),
     include_str!("sql/renew.sql"),
     include_str!("sql/remember.sql")
 );
 
-/// Renews a live lease: one `UPDATE` (`sql/renew.sql`) that changes it only while the token is the
-/// key's live lease.
+/// A change of a live lease in a batch: the key, the token that must be its live lease, and
+/// what the change is (the new TTL of a renewal, the ending of an ending).
+#[derive(Debug)]
+pub(crate) struct ChangeJob<C> {
+    key: Key,
+    token: FencingToken,
+    change: C,
+    ctx: RequestContext,
+}
+
+impl<C> ChangeJob<C> {
+    /// The statement over `jobs` up to the change's own column (gate.sql's $1 to $4, then $5
+    /// keys and $6 tokens), which `change` binds.
+    fn bind<'q, T>(
+        statement: &'static str,
+        jobs: &[&'q Self],
+        change: impl Fn(&'q C) -> T,
+    ) -> QueryAs<'q, Postgres, Indexed<GatedRow<ChangeAnswer>>, PgArguments>
+    where
+        T: 'q + sqlx::Encode<'q, Postgres> + sqlx::Type<Postgres> + Send,
+        Vec<T>: 'q + sqlx::Encode<'q, Postgres> + sqlx::Type<Postgres>,
+    {
+        bind_gates(sqlx::query_as(statement), jobs.iter().map(|&j| &j.ctx))
+            .bind(column(jobs, |j| j.key.as_str()))
+            .bind(column(jobs, |j| j.token.get()))
+            .bind(column(jobs, |j| change(&j.change)))
+    }
+}
+
+/// Renewals, gathered into batches ([`super::batch`]).
+#[derive(Debug)]
+pub(crate) struct RenewBatch;
+
+impl Kind for RenewBatch {
+    type Job = ChangeJob<Option<TtlMs>>;
+    type Row = GatedRow<ChangeAnswer>;
+    const EFFECT: Effect = Effect::Changes;
+
+    fn claims(job: &Self::Job) -> Vec<String> {
+        change_claims(&job.key, &job.ctx)
+    }
+
+    fn order(job: &Self::Job) -> &str {
+        job.key.as_str()
+    }
+
+    fn query<'q>(jobs: &[&'q Self::Job]) -> QueryAs<'q, Postgres, Indexed<Self::Row>, PgArguments> {
+        ChangeJob::bind(RENEW, jobs, |ttl| ttl.map(TtlMs::get))
+    }
+}
+
+/// Endings, gathered into batches ([`super::batch`]).
+#[derive(Debug)]
+pub(crate) struct EndBatch;
+
+impl Kind for EndBatch {
+    type Job = ChangeJob<&'static str>;
+    type Row = GatedRow<ChangeAnswer>;
+    const EFFECT: Effect = Effect::Changes;
+
+    fn claims(job: &Self::Job) -> Vec<String> {
+        change_claims(&job.key, &job.ctx)
+    }
+
+    fn order(job: &Self::Job) -> &str {
+        job.key.as_str()
+    }
+
+    fn query<'q>(jobs: &[&'q Self::Job]) -> QueryAs<'q, Postgres, Indexed<Self::Row>, PgArguments> {
+        ChangeJob::bind(END, jobs, |ending| *ending)
+    }
+}
+
+/// Renews a live lease: its request goes in the next batch of renewals, one `UPDATE`
+/// (`sql/renew.sql`) that changes each lease only while its token is the key's live lease.
 #[tracing::instrument(level = "debug", skip_all, fields(key = %key))]
 pub async fn renew(
     db: &Db,
@@ -251,11 +365,11 @@ pub async fn renew(
     ctx: &RequestContext,
 ) -> Result<Gated<LeaseChange>> {
     let gated = idempotency::gated(ctx, || {
-        db.fetch_one(Effect::Changes, || {
-            bind_gate(sqlx::query_as(RENEW), ctx)
-                .bind(key.as_str())
-                .bind(token.get())
-                .bind(ttl.map(TtlMs::get))
+        db.batches().renew.answer(ChangeJob {
+            key: key.clone(),
+            token,
+            change: ttl,
+            ctx: ctx.clone(),
         })
     })
     .await?;
@@ -273,14 +387,16 @@ pub enum Ending {
     RequireRecovery,
 }
 
-/// The ending statement ([`end`]), between the gate and the record.
+/// The ending statement over a batch ([`end`]), between the gate and the record.
 const END: &str = concat!(
+    include_str!("sql/end_in.sql"),
     include_str!("sql/gate.sql"),
     include_str!("sql/end.sql"),
     include_str!("sql/remember.sql")
 );
 
-/// Releases, abandons or marks a live lease: one `UPDATE` (`sql/end.sql`) with the same
+/// Releases, abandons or marks a live lease: in the next batch of endings, one `UPDATE`
+/// (`sql/end.sql`) with the same
 /// live-lease condition as [`renew`], and race-free for the same reason.
 #[tracing::instrument(level = "debug", skip_all, fields(key = %key, ending = ?ending))]
 pub async fn end(
@@ -296,11 +412,11 @@ pub async fn end(
         Ending::RequireRecovery => "recovery_required",
     };
     let gated = idempotency::gated(ctx, || {
-        db.fetch_one(Effect::Changes, || {
-            bind_gate(sqlx::query_as(END), ctx)
-                .bind(key.as_str())
-                .bind(token.get())
-                .bind(ending)
+        db.batches().end.answer(ChangeJob {
+            key: key.clone(),
+            token,
+            change: ending,
+            ctx: ctx.clone(),
         })
     })
     .await?;
@@ -311,6 +427,7 @@ pub async fn end(
 /// state and changes nothing.
 pub async fn status(db: &Db, key: &Key) -> Result<Option<KeyStatus>> {
     let row: Option<StatusRow> = db
+        .conns()
         .fetch_optional(Effect::Reads, || {
             sqlx::query_as(include_str!("sql/status.sql")).bind(key.as_str())
         })

@@ -17,6 +17,7 @@
 //! the database failing, and then nothing was changed.
 
 pub mod audit;
+mod batch;
 mod db;
 pub mod idempotency;
 pub mod keys;
@@ -94,6 +95,41 @@ impl StoreError {
         match self {
             Self::Unavailable(e) if !never_delivered(&e) => Self::Indeterminate(e),
             other => other,
+        }
+    }
+}
+
+/// Whether the database rolled a statement back whole for a reason that running it again does
+/// not meet: another statement's record for one of its Idempotency-Keys (the race of
+/// `sql/gate.sql`; the second run finds that record), a deadlock or a serialization failure.
+pub(crate) fn rolled_back_race(e: &StoreError) -> bool {
+    let database = match e {
+        StoreError::Internal(sqlx::Error::Database(d))
+        | StoreError::Unavailable(sqlx::Error::Database(d)) => d,
+        _ => return false,
+    };
+    database.constraint() == Some("idempotency_records_pkey")
+        || database
+            .code()
+            .is_some_and(|c| c == "40P01" || c == "40001")
+}
+
+impl StoreError {
+    /// The same failure again, for another request of the batch it failed: the same variant
+    /// (which is what the HTTP layer answers by) with the same message.
+    pub(crate) fn for_each(&self) -> Self {
+        let copy = |e: &sqlx::Error| match e {
+            sqlx::Error::PoolTimedOut => sqlx::Error::PoolTimedOut,
+            sqlx::Error::PoolClosed => sqlx::Error::PoolClosed,
+            sqlx::Error::WorkerCrashed => sqlx::Error::WorkerCrashed,
+            sqlx::Error::Io(io) => sqlx::Error::Io(std::io::Error::new(io.kind(), io.to_string())),
+            other => sqlx::Error::Io(std::io::Error::other(other.to_string())),
+        };
+        match self {
+            Self::Unavailable(e) => Self::Unavailable(copy(e)),
+            Self::Indeterminate(e) => Self::Indeterminate(copy(e)),
+            Self::Internal(e) => Self::Internal(sqlx::Error::Protocol(e.to_string())),
+            Self::Migrate(e) => Self::Internal(sqlx::Error::Protocol(e.to_string())),
         }
     }
 }

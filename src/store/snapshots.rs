@@ -11,12 +11,15 @@ use std::sync::LazyLock;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
-use sqlx::{FromRow, PgPool};
+use sqlx::postgres::PgArguments;
+use sqlx::query::QueryAs;
+use sqlx::{FromRow, PgPool, Postgres};
 
 use crate::domain::{AuditOperation, RefusalReason};
 
+use super::batch::{Indexed, Kind, change_claims, column};
 use super::db::Effect;
-use super::idempotency::{self, Gated, GatedRow, bind_gate};
+use super::idempotency::{self, Gated, GatedRow, bind_gates};
 use super::{Bounded, Db, RequestContext, Result};
 use crate::domain::Page;
 use crate::domain::{
@@ -74,28 +77,30 @@ pub struct PutRequest {
     pub content_type: String,
 }
 
-/// The fenced write: the fencing rule and the refusal's audit row (`sql/fenced.sql`), then the
-/// write (`sql/put.sql`), as one statement. What each part locks and why the whole is race-free
+/// The fenced write over a batch: its requests (`sql/fenced_in.sql`), the gate, the fencing rule
+/// and the refusals' audit rows (`sql/fenced.sql`), then the writes (`sql/put.sql`), as one
+/// statement. What each part locks and why the whole is race-free
 /// is written beside it in those files. `bench/compare.sh` runs the same two files, joined the
 /// same way.
 const PUT: &str = concat!(
+    include_str!("sql/fenced_in.sql"),
     include_str!("sql/gate.sql"),
     include_str!("sql/fenced.sql"),
     include_str!("sql/put.sql"),
     include_str!("sql/remember.sql")
 );
 
-/// In [`PUT`], the body: the bound parameter that [`PUT_UPLOADED`] replaces.
-const BOUND_BODY: &str = "$15 FROM head";
+/// In [`PUT`], the body: the request's bound one, which [`PUT_UPLOADED`] replaces.
+const BOUND_BODY: &str = "r.body\n    FROM head h";
 
-/// [`PUT`] for a body uploaded beforehand into the connection's upload table (see
-/// [`Db::fetch_one_uploading`]) rather than bound as `$15` (bound NULL, unused). Identical
-/// otherwise: the same checks, locks and audit.
+/// [`PUT`] for a body uploaded beforehand into the connection's upload table (a batch of one,
+/// see `Conns::fetch_one_uploading`) rather than bound in `$15` (bound NULL, unused).
+/// Identical otherwise: the same checks, locks and audit.
 static PUT_UPLOADED: LazyLock<String> = LazyLock::new(|| {
     replace_once(
         PUT,
         BOUND_BODY,
-        "(SELECT body FROM pg_temp.snapfence_upload) FROM head",
+        "(SELECT body FROM pg_temp.snapfence_upload)\n    FROM head h",
     )
 });
 
@@ -112,7 +117,7 @@ fn replace_once(statement: &str, part: &str, by: &str) -> String {
 
 /// In `sql/fenced.sql`, what a lower token is stale against: the key's newest granted token.
 #[cfg(feature = "fault-controls")]
-const STALE_BELOW_NEWEST_GRANT: &str = "$6 < cur.token OR";
+const STALE_BELOW_NEWEST_GRANT: &str = "r.token < c.token OR";
 
 /// The negative control of the fault tests, compiled only with the `fault-controls` feature:
 /// `statement` with the classic fencing bug of checking a token against the highest token
@@ -123,7 +128,7 @@ fn checked_against_written_tokens(statement: &str) -> String {
     replace_once(
         statement,
         STALE_BELOW_NEWEST_GRANT,
-        "$6 < coalesce((SELECT max(w.token) FROM snapshot_versions w WHERE w.key = $5), 0) OR",
+        "r.token < coalesce((SELECT max(w.token) FROM snapshot_versions w WHERE w.key = r.key), 0) OR",
     )
 }
 
@@ -163,6 +168,7 @@ fn put_statement(uploaded: bool) -> &'static str {
 /// The fenced write's check before its body is read: `sql/fenced.sql`, then
 /// `sql/precheck.sql`, between the gate and the record.
 const PRECHECK: &str = concat!(
+    include_str!("sql/fenced_in.sql"),
     include_str!("sql/gate.sql"),
     include_str!("sql/fenced.sql"),
     include_str!("sql/precheck.sql"),
@@ -184,6 +190,7 @@ fn precheck_statement() -> &'static str {
 /// The fenced delete's first statement: `sql/fenced.sql`, then `sql/delete_head.sql`. Its
 /// versions are removed by a second statement in the same transaction (see [`delete`]).
 const DELETE_HEAD: &str = concat!(
+    include_str!("sql/fenced_in.sql"),
     include_str!("sql/gate.sql"),
     include_str!("sql/fenced.sql"),
     include_str!("sql/delete_head.sql"),
@@ -192,7 +199,7 @@ const DELETE_HEAD: &str = concat!(
 
 /// What a fenced statement did (`result` in `sql/put.sql` and `sql/delete_head.sql`).
 #[derive(Debug, Deserialize)]
-struct FencedRow {
+pub(crate) struct FencedRow {
     outcome: String,
     highest_token: Option<i64>,
     created: Option<bool>,
@@ -220,16 +227,125 @@ impl FencedRow {
     }
 }
 
-/// The `If-Match` parameters of a fenced statement: whether it was sent, and its strong tags
-/// (`None` for `*`).
-fn if_match_params(c: Option<&EntityTagCondition>) -> (bool, Option<Vec<String>>) {
-    (c.is_some(), c.and_then(EntityTagCondition::strong_tags))
+/// One fenced request of a batch (a write, a check before a body, a delete): what
+/// `sql/fenced_in.sql` binds.
+#[derive(Debug)]
+pub(crate) struct FencedJob {
+    key: Key,
+    token: FencingToken,
+    if_match: Option<EntityTagCondition>,
+    operation: AuditOperation,
+    /// For a write, what it stores.
+    write: Option<Write>,
+    ctx: RequestContext,
 }
 
-/// A fenced write: one statement (`PUT`). It checks, writes or refuses, and audits, all
-/// under the key's row lock, and commits before the caller answers. A body of [`UPLOAD_FROM`]
-/// bytes or more is uploaded first, in the same short transaction (`PUT_UPLOADED`); the
-/// upload takes no lock, so the key's row is locked only by the statement, as for any write.
+/// What a fenced write stores, and the versions its key keeps.
+#[derive(Debug)]
+struct Write {
+    body: Bytes,
+    etag: ETag,
+    content_type: String,
+    /// Whether the body is uploaded beforehand rather than bound ([`UPLOAD_FROM`]).
+    uploaded: bool,
+    keep_versions: i64,
+}
+
+impl FencedJob {
+    /// `statement` (which opens with `sql/fenced_in.sql`) over `jobs`, `$1` to `$15` bound.
+    fn bind<'q>(
+        statement: &'q str,
+        jobs: &[&'q Self],
+    ) -> QueryAs<'q, Postgres, Indexed<GatedRow<FencedRow>>, PgArguments> {
+        let write = |j: &'q Self| j.write.as_ref();
+        bind_gates(sqlx::query_as(statement), jobs.iter().map(|&j| &j.ctx))
+            .bind(column(jobs, |j| j.key.as_str()))
+            .bind(column(jobs, |j| j.token.get()))
+            .bind(column(jobs, |j| j.if_match.is_some()))
+            .bind(column(jobs, |j| {
+                let tags = j
+                    .if_match
+                    .as_ref()
+                    .and_then(EntityTagCondition::strong_tags);
+                tags.map(|t| serde_json::Value::from(t).to_string())
+            }))
+            .bind(column(jobs, |j| j.ctx.request_id.as_deref()))
+            .bind(column(jobs, |j| j.ctx.remote_addr.as_deref()))
+            .bind(column(jobs, |j| j.operation.as_str()))
+            .bind(column(jobs, |j| write(j).map(|w| w.etag.as_str())))
+            .bind(column(jobs, |j| write(j).map(|w| w.body.len() as i64)))
+            .bind(column(jobs, |j| write(j).map(|w| w.content_type.as_str())))
+            .bind(column(jobs, |j| {
+                write(j).filter(|w| !w.uploaded).map(|w| w.body.as_ref())
+            }))
+    }
+
+    /// The write statement over `jobs`: [`FencedJob::bind`], then `$16`.
+    fn bind_put<'q>(
+        jobs: &[&'q Self],
+    ) -> QueryAs<'q, Postgres, Indexed<GatedRow<FencedRow>>, PgArguments> {
+        let uploaded = jobs
+            .iter()
+            .any(|j| j.write.as_ref().is_some_and(|w| w.uploaded));
+        Self::bind(put_statement(uploaded), jobs).bind(column(jobs, |j| {
+            j.write.as_ref().map_or(0, |w| w.keep_versions)
+        }))
+    }
+}
+
+/// Fenced writes with their body bound, gathered into batches ([`super::batch`]).
+#[derive(Debug)]
+pub(crate) struct PutBatch;
+
+impl Kind for PutBatch {
+    type Job = FencedJob;
+    type Row = GatedRow<FencedRow>;
+    const EFFECT: Effect = Effect::Changes;
+
+    fn claims(job: &FencedJob) -> Vec<String> {
+        change_claims(&job.key, &job.ctx)
+    }
+
+    fn order(job: &FencedJob) -> &str {
+        job.key.as_str()
+    }
+
+    fn bytes(job: &FencedJob) -> usize {
+        job.write.as_ref().map_or(0, |w| w.body.len())
+    }
+
+    fn query<'q>(jobs: &[&'q FencedJob]) -> QueryAs<'q, Postgres, Indexed<Self::Row>, PgArguments> {
+        FencedJob::bind_put(jobs)
+    }
+}
+
+/// Checks of fenced writes before their bodies are read, gathered into batches.
+#[derive(Debug)]
+pub(crate) struct PrecheckBatch;
+
+impl Kind for PrecheckBatch {
+    type Job = FencedJob;
+    type Row = GatedRow<FencedRow>;
+    const EFFECT: Effect = Effect::Changes;
+
+    fn claims(job: &FencedJob) -> Vec<String> {
+        change_claims(&job.key, &job.ctx)
+    }
+
+    fn order(job: &FencedJob) -> &str {
+        job.key.as_str()
+    }
+
+    fn query<'q>(jobs: &[&'q FencedJob]) -> QueryAs<'q, Postgres, Indexed<Self::Row>, PgArguments> {
+        FencedJob::bind(precheck_statement(), jobs)
+    }
+}
+
+/// A fenced write: one statement (`PUT`), in the next batch of writes. It checks, writes or
+/// refuses, and audits, all under the key's row lock, and commits before the caller answers. A
+/// body of [`UPLOAD_FROM`] bytes or more is uploaded first, in a short transaction of its own
+/// (`PUT_UPLOADED`, a batch of one); the upload takes no lock, so the key's row is locked only by
+/// the statement, as for any write.
 #[tracing::instrument(level = "debug", skip_all, fields(key = %req.key, token = %req.token, size = req.body.len()))]
 pub async fn put(
     db: &Db,
@@ -238,28 +354,31 @@ pub async fn put(
     ctx: &RequestContext,
 ) -> Result<Gated<WriteOutcome<Written>>> {
     let etag = &req.etag;
-    let (has_if_match, tags) = if_match_params(req.if_match.as_ref());
-    let upload = req.body.len() >= UPLOAD_FROM;
-    let statement = || {
-        bind_gate(sqlx::query_as(put_statement(upload)), ctx)
-            .bind(req.key.as_str())
-            .bind(req.token.get())
-            .bind(has_if_match)
-            .bind(tags.clone())
-            .bind(ctx.request_id.as_deref())
-            .bind(ctx.remote_addr.as_deref())
-            .bind(AuditOperation::Put.as_str())
-            .bind(etag.as_str())
-            .bind(req.body.len() as i64)
-            .bind(req.content_type.as_str())
-            .bind((!upload).then_some(req.body.as_ref()))
-            .bind(keep_versions)
+    let uploaded = req.body.len() >= UPLOAD_FROM;
+    let job = || FencedJob {
+        key: req.key.clone(),
+        token: req.token,
+        if_match: req.if_match.clone(),
+        operation: AuditOperation::Put,
+        write: Some(Write {
+            body: req.body.clone(),
+            etag: etag.clone(),
+            content_type: req.content_type.clone(),
+            uploaded,
+            keep_versions,
+        }),
+        ctx: ctx.clone(),
     };
     let gated = idempotency::gated(ctx, || async {
-        if upload {
-            db.fetch_one_uploading(&req.body, statement).await
+        if uploaded {
+            let job = job();
+            let row = db
+                .conns()
+                .fetch_one_uploading(&req.body, || FencedJob::bind_put(&[&job]))
+                .await?;
+            Ok(row.row)
         } else {
-            db.fetch_one(Effect::Changes, statement).await
+            db.batches().put.answer(job()).await
         }
     })
     .await?;
@@ -279,10 +398,28 @@ pub async fn put(
     }))
 }
 
+/// A fenced request with no body to store (a check before a body, a delete).
+fn bodiless(
+    key: &Key,
+    token: FencingToken,
+    if_match: Option<&EntityTagCondition>,
+    operation: AuditOperation,
+    ctx: &RequestContext,
+) -> FencedJob {
+    FencedJob {
+        key: key.clone(),
+        token,
+        if_match: if_match.cloned(),
+        operation,
+        write: None,
+        ctx: ctx.clone(),
+    }
+}
+
 /// The fencing rule for a write whose body has not been read: one statement
-/// (`sql/precheck.sql`) that refuses a stale or unknown token at once, with its audit row (and
-/// its Idempotency-Key's record), and otherwise changes nothing; the write's own statement
-/// checks again once the body is in. `Some` is the refusal.
+/// (`sql/precheck.sql`), in the next batch of checks, that refuses a stale or unknown token at
+/// once, with its audit row (and its Idempotency-Key's record), and otherwise changes nothing;
+/// the write's own statement checks again once the body is in. `Some` is the refusal.
 #[tracing::instrument(level = "debug", skip_all, fields(key = %key, token = %token))]
 pub async fn precheck(
     db: &Db,
@@ -291,16 +428,8 @@ pub async fn precheck(
     ctx: &RequestContext,
 ) -> Result<Gated<Option<Refusal>>> {
     let gated = idempotency::gated(ctx, || {
-        db.fetch_one(Effect::Changes, || {
-            bind_gate(sqlx::query_as(precheck_statement()), ctx)
-                .bind(key.as_str())
-                .bind(token.get())
-                .bind(false)
-                .bind(None::<Vec<String>>)
-                .bind(ctx.request_id.as_deref())
-                .bind(ctx.remote_addr.as_deref())
-                .bind(AuditOperation::Put.as_str())
-        })
+        let job = bodiless(key, token, None, AuditOperation::Put, ctx);
+        db.batches().precheck.answer(job)
     })
     .await?;
     Ok(
@@ -311,11 +440,11 @@ pub async fn precheck(
     )
 }
 
-/// A fenced delete: one short transaction. The first statement (`DELETE_HEAD`) checks,
-/// clears the head or refuses and audits, under the key's row lock, and records the answer
-/// under the Idempotency-Key. The second removes the key's versions; it runs with a snapshot
-/// taken after the lock was granted, so it sees every version committed before, and no writer
-/// can add one until this commits.
+/// A fenced delete: one short transaction of its own. The first statement (`DELETE_HEAD`, a
+/// batch of one) checks, clears the head or refuses and audits, under the key's row lock, and
+/// records the answer under the Idempotency-Key. The second removes the key's versions; it runs
+/// with a snapshot taken after the lock was granted, so it sees every version committed before,
+/// and no writer can add one until this commits.
 #[tracing::instrument(level = "debug", skip_all, fields(key = %key, token = %token))]
 pub async fn delete(
     pool: &PgPool,
@@ -324,20 +453,14 @@ pub async fn delete(
     if_match: Option<&EntityTagCondition>,
     ctx: &RequestContext,
 ) -> Result<Gated<WriteOutcome<()>>> {
-    let (has_if_match, tags) = if_match_params(if_match);
+    let job = bodiless(key, token, if_match, AuditOperation::Delete, ctx);
     idempotency::gated(ctx, || async {
         let mut tx = pool.begin().bounded(pool).await?;
-        let row: GatedRow<FencedRow> = bind_gate(sqlx::query_as(DELETE_HEAD), ctx)
-            .bind(key.as_str())
-            .bind(token.get())
-            .bind(has_if_match)
-            .bind(tags.clone())
-            .bind(ctx.request_id.as_deref())
-            .bind(ctx.remote_addr.as_deref())
-            .bind(AuditOperation::Delete.as_str())
+        let row = FencedJob::bind(DELETE_HEAD, &[&job])
             .fetch_one(&mut *tx)
             .bounded(pool)
-            .await?;
+            .await?
+            .row;
         if row.ran()?.is_some_and(|r| r.outcome == "accepted") {
             sqlx::query(include_str!("sql/delete_versions.sql"))
                 .bind(key.as_str())
@@ -386,7 +509,7 @@ impl VersionRow {
 }
 
 #[derive(Debug, FromRow)]
-struct BodyRow {
+pub(crate) struct BodyRow {
     #[sqlx(flatten)]
     meta: VersionRow,
     body: Option<Vec<u8>>,
@@ -423,14 +546,51 @@ impl ListedVersion {
     }
 }
 
-/// The snapshot read statement ([`get`]).
+/// The snapshot read statement over a batch ([`get`]).
 const GET: &str = include_str!("sql/get.sql");
 
-/// Reads the current snapshot (`version` = `None`) or one retained version: only versions of a
-/// key that has a current snapshot, within the retention window, so a version that a later write
-/// pruned, or that a delete removed, is gone even if its row lingers. One statement, so the head
-/// and the body it points at are from one committed state. Without `with_body` (a `HEAD`) the
-/// body is not even read from storage, and the answer's body is empty.
+/// One read of a batch.
+#[derive(Debug)]
+pub(crate) struct GetJob {
+    key: Key,
+    version: Option<Version>,
+    keep_versions: i64,
+    with_body: bool,
+}
+
+/// Snapshot reads, gathered into batches ([`super::batch`]). Reads claim nothing: two of one
+/// key share a batch.
+#[derive(Debug)]
+pub(crate) struct GetBatch;
+
+impl Kind for GetBatch {
+    type Job = GetJob;
+    type Row = BodyRow;
+    const EFFECT: Effect = Effect::Reads;
+
+    fn claims(_job: &GetJob) -> Vec<String> {
+        Vec::new()
+    }
+
+    fn order(job: &GetJob) -> &str {
+        job.key.as_str()
+    }
+
+    fn query<'q>(jobs: &[&'q GetJob]) -> QueryAs<'q, Postgres, Indexed<BodyRow>, PgArguments> {
+        sqlx::query_as(GET)
+            .bind(column(jobs, |j| j.key.as_str()))
+            .bind(column(jobs, |j| j.version.map(Version::get)))
+            .bind(column(jobs, |j| j.with_body))
+            .bind(column(jobs, |j| j.keep_versions))
+    }
+}
+
+/// Reads the current snapshot (`version` = `None`) or one retained version, in the next batch
+/// of reads: only versions of a key that has a current snapshot, within the retention window,
+/// so a version that a later write pruned, or that a delete removed, is gone even if its row
+/// lingers. One statement, so the head and the body it points at are from one committed state.
+/// Without `with_body` (a `HEAD`) the body is not even read from storage, and the answer's body
+/// is empty.
 pub async fn get(
     db: &Db,
     key: &Key,
@@ -438,15 +598,13 @@ pub async fn get(
     keep_versions: i64,
     with_body: bool,
 ) -> Result<Option<Snapshot>> {
-    let row: Option<BodyRow> = db
-        .fetch_optional(Effect::Reads, || {
-            sqlx::query_as(GET)
-                .bind(key.as_str())
-                .bind(keep_versions)
-                .bind(version.map(Version::get))
-                .bind(with_body)
-        })
-        .await?;
+    let job = GetJob {
+        key: key.clone(),
+        version,
+        keep_versions,
+        with_body,
+    };
+    let row = db.batches().get.submit(job).await?;
     Ok(row.map(|r| Snapshot {
         meta: r.meta.into_meta(None),
         body: r.body.map(Bytes::from).unwrap_or_default(),

@@ -6,6 +6,7 @@ use snapfence_testkit::harness;
 
 mod audit;
 mod auth;
+mod batching;
 mod concurrency;
 mod connections;
 mod fencing_race;

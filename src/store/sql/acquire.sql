@@ -1,66 +1,74 @@
--- Acquire: one statement decides (`decision`) on the key's lease row locked FOR NO KEY UPDATE
--- (`cur`), then exactly one of `granted` (an existing row, updated in place) and `inserted` (the
--- key's first grant) runs; a replaced recovery record is written to `recoveries` by the same
--- statement (`reconciled`), so the grant and its audit row commit together.
+-- Acquire, for each request of the batch: one statement decides (`decision`) on the key's lease
+-- row locked FOR NO KEY UPDATE (`cur`), then exactly one of `granted` (an existing row, updated
+-- in place) and `inserted` (the key's first grant) runs; a replaced recovery record is written
+-- to `recoveries` by the same statement (`reconciled`), so the grant and its audit row commit
+-- together.
 --
 -- Race-freedom: on an existing key, every acquire, renew, release and write of that key waits
 -- for the row lock, so `decision` sees the state the last of them left. On a new key there is no
 -- row to lock: concurrent first acquires all try the INSERT, the primary key lets one win, and
 -- the losers' ON CONFLICT DO NOTHING yields no row; their verdict is `insert` with no lease, and
--- the caller runs the statement again, now against the winner's row. Tokens are drawn only once
--- the row is locked (or inserted), so per key they increase in grant order; they are drawn with
+-- the request is sent again, now against the winner's row. Tokens are drawn only once the row
+-- is locked (or inserted), so per key they increase in grant order; they are drawn with
 -- next_fencing_token(), which secures the sequence on the server's timeline first, so a promoted
--- standby never repeats a token.
+-- standby never repeats a token. Rows are locked, and new keys inserted, in key order, the order
+-- every batched statement locks in, so two batches never wait on each other in a cycle.
 --
--- gate.sql comes first (its verdict must be `run` for anything to change) and remember.sql
--- last; `settled` is false when the caller runs the statement again.
---
--- Parameters after gate.sql's: $5 key, $6 owner, $7 TTL in ms, $8 metadata (JSON text or NULL),
--- $9 crash_recovery, $10 reconciled, $11 request id, $12 remote address (and gate.sql's $3, the
--- principal, for the audit row).
+-- acquire_in.sql and gate.sql come first (a request's gate verdict must be `run` for anything of
+-- it to change) and remember.sql last; `settled` is false when the request is sent again.
 cur AS (
-    SELECT l.key, l.token, l.owner, l.ttl_ms, l.metadata, l.crash_recovery, l.recovery_required,
-        l.acquired_at, l.expires_at, l.ended_at,
+    SELECT r.i, l.key, l.token, l.owner, l.ttl_ms, l.metadata, l.crash_recovery,
+        l.recovery_required, l.acquired_at, l.expires_at, l.ended_at,
         lease_recovery_reason(l.end_reason, l.expires_at, l.crash_recovery, l.recovery_required, now())
             AS recovery_reason,
         lease_state(l.end_reason, l.expires_at, l.crash_recovery, l.recovery_required, now()) AS state
-    FROM leases l, gate WHERE l.key = $5 AND gate.verdict = 'run' FOR NO KEY UPDATE OF l),
+    FROM req r JOIN gate g ON g.i = r.i AND g.verdict = 'run' JOIN leases l ON l.key = r.key
+    ORDER BY l.key FOR NO KEY UPDATE OF l),
 decision AS (
-    SELECT CASE
-        WHEN gate.verdict <> 'run' THEN gate.verdict
-        WHEN cur.key IS NULL THEN 'insert'
-        WHEN cur.state = 'held' THEN 'held'
-        WHEN cur.recovery_reason IS NOT NULL AND NOT $10 THEN 'recovery_required'
+    SELECT r.i, CASE
+        WHEN g.verdict <> 'run' THEN g.verdict
+        WHEN c.key IS NULL THEN 'insert'
+        WHEN c.state = 'held' THEN 'held'
+        WHEN c.recovery_reason IS NOT NULL AND NOT r.reconciled THEN 'recovery_required'
         ELSE 'grant'
     END AS verdict
-    FROM gate LEFT JOIN cur ON true),
+    FROM req r JOIN gate g ON g.i = r.i LEFT JOIN cur c ON c.i = r.i),
 granted AS (
-    UPDATE leases SET token = next_fencing_token(), owner = $6, ttl_ms = $7::bigint,
-        metadata = $8::json, crash_recovery = $9, recovery_required = false, acquired_at = now(),
-        expires_at = now() + $7 * interval '1 millisecond', end_reason = NULL, ended_at = NULL
-    FROM decision WHERE leases.key = $5 AND decision.verdict = 'grant'
-    RETURNING leases.*),
+    UPDATE leases SET token = next_fencing_token(), owner = r.owner, ttl_ms = r.ttl_ms,
+        metadata = r.metadata::json, crash_recovery = r.crash_recovery, recovery_required = false,
+        acquired_at = now(), expires_at = now() + r.ttl_ms * interval '1 millisecond',
+        end_reason = NULL, ended_at = NULL
+    FROM decision d JOIN req r ON r.i = d.i
+    WHERE leases.key = r.key AND d.verdict = 'grant'
+    RETURNING r.i, leases.key, leases.token, leases.owner, leases.ttl_ms, leases.metadata,
+        leases.crash_recovery, leases.recovery_required, leases.acquired_at, leases.expires_at,
+        leases.ended_at),
 inserted AS (
     INSERT INTO leases (key, token, owner, ttl_ms, metadata, crash_recovery, acquired_at, expires_at)
-    SELECT $5, next_fencing_token(), $6, $7, $8::json, $9, now(), now() + $7 * interval '1 millisecond'
-    FROM decision WHERE decision.verdict = 'insert'
+    SELECT r.key, next_fencing_token(), r.owner, r.ttl_ms, r.metadata::json, r.crash_recovery,
+        now(), now() + r.ttl_ms * interval '1 millisecond'
+    FROM decision d JOIN req r ON r.i = d.i WHERE d.verdict = 'insert'
+    ORDER BY r.key
     ON CONFLICT (key) DO NOTHING
     RETURNING *),
 new_lease AS (
-    SELECT key, token, owner, ttl_ms, metadata, crash_recovery, recovery_required, acquired_at,
-        expires_at, ended_at FROM granted
+    SELECT i, key, token, owner, ttl_ms, metadata, crash_recovery, recovery_required,
+        acquired_at, expires_at, ended_at FROM granted
     UNION ALL
-    SELECT key, token, owner, ttl_ms, metadata, crash_recovery, recovery_required, acquired_at,
-        expires_at, ended_at FROM inserted),
+    SELECT r.i, n.key, n.token, n.owner, n.ttl_ms, n.metadata, n.crash_recovery,
+        n.recovery_required, n.acquired_at, n.expires_at, n.ended_at
+    FROM inserted n JOIN req r ON r.key = n.key),
 reconciled AS (
     INSERT INTO recoveries (key, reason, record_owner, record_token, record_acquired_at,
         record_ended_at, record_metadata, reconciled_by, new_token, request_id, remote_addr, principal)
-    SELECT cur.key, cur.recovery_reason, cur.owner, cur.token, cur.acquired_at,
-        coalesce(cur.ended_at, cur.expires_at), cur.metadata, new_lease.owner, new_lease.token, $11, $12, $3
-    FROM cur, new_lease WHERE cur.recovery_reason IS NOT NULL),
--- The answer: the verdict, the new lease, and the row as it was found (for `held`, and for the
+    SELECT c.key, c.recovery_reason, c.owner, c.token, c.acquired_at,
+        coalesce(c.ended_at, c.expires_at), c.metadata, n.owner, n.token, r.request_id,
+        r.remote_addr, r.principal
+    FROM cur c JOIN new_lease n ON n.i = c.i JOIN req r ON r.i = c.i
+    WHERE c.recovery_reason IS NOT NULL),
+-- The answers: the verdict, the new lease, and the row as it was found (for `held`, and for the
 -- recovery record a grant replaced or a refusal names).
 result AS (
-    SELECT decision.verdict, to_json(n) AS granted, to_json(cur) AS current,
-        decision.verdict <> 'insert' OR n.key IS NOT NULL AS settled
-    FROM decision LEFT JOIN new_lease n ON true LEFT JOIN cur ON true),
+    SELECT d.i, d.verdict, to_json(n) AS granted, to_json(c) AS current,
+        d.verdict <> 'insert' OR n.key IS NOT NULL AS settled
+    FROM decision d LEFT JOIN new_lease n ON n.i = d.i LEFT JOIN cur c ON c.i = d.i),

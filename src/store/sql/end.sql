@@ -1,17 +1,22 @@
--- Release, abandon or require-recovery ($7: 'released', 'abandoned' or 'recovery_required'):
--- one UPDATE with renew.sql's live-lease condition, and race-free for the same reason. Release
+-- Release, abandon or require-recovery, for each request of the batch (its `ending`:
+-- 'released', 'abandoned' or 'recovery_required'): one UPDATE with renew.sql's live-lease
+-- condition, on rows locked in key order as there, and race-free for the same reason. Release
 -- and abandon end the lease now; require-recovery leaves it live and marks it, so that its end
--- leaves a recovery record. gate.sql comes first, remember.sql last.
--- Parameters after gate.sql's: $5 key, $6 token, $7 the ending.
+-- leaves a recovery record. end_in.sql and gate.sql come first, remember.sql last.
+locked AS (
+    SELECT r.i, l.key FROM req r JOIN gate g ON g.i = r.i AND g.verdict = 'run'
+    JOIN leases l ON l.key = r.key
+    ORDER BY l.key FOR NO KEY UPDATE OF l),
 changed AS (
     UPDATE leases l SET
-        end_reason = CASE WHEN $7 = 'recovery_required' THEN l.end_reason ELSE $7 END,
-        ended_at = CASE WHEN $7 = 'recovery_required' THEN l.ended_at ELSE now() END,
-        recovery_required = l.recovery_required OR $7 = 'recovery_required'
-    FROM gate
-    WHERE l.key = $5 AND l.token = $6 AND l.end_reason IS NULL AND l.expires_at > now()
-        AND gate.verdict = 'run'
-    RETURNING l.key, l.token, l.owner, l.ttl_ms, l.metadata, l.crash_recovery,
+        end_reason = CASE WHEN r.ending = 'recovery_required' THEN l.end_reason ELSE r.ending END,
+        ended_at = CASE WHEN r.ending = 'recovery_required' THEN l.ended_at ELSE now() END,
+        recovery_required = l.recovery_required OR r.ending = 'recovery_required'
+    FROM locked k JOIN req r ON r.i = k.i
+    WHERE l.key = k.key AND l.token = r.token AND l.end_reason IS NULL AND l.expires_at > now()
+    RETURNING r.i, l.key, l.token, l.owner, l.ttl_ms, l.metadata, l.crash_recovery,
         l.recovery_required, l.acquired_at, l.expires_at, l.ended_at),
--- The answer: the lease as changed, or null (lease_lost).
-result AS (SELECT (SELECT to_json(changed) FROM changed) AS lease, true AS settled),
+-- The answers: the lease as changed, or null (lease_lost).
+result AS (
+    SELECT r.i, (SELECT to_json(c) FROM changed c WHERE c.i = r.i) AS lease, true AS settled
+    FROM req r),

@@ -1,11 +1,16 @@
--- The first part of every changing statement (acquire.sql, renew.sql, end.sql, fenced.sql
--- follow it, and remember.sql ends each): whether it may run at all (`gate`), and the stored
--- answer of its Idempotency-Key (`prior`). Every change of the statement that follows is
--- conditioned on `gate.verdict = 'run'`.
+-- The first part of every changing statement after its requests (`req`, from acquire_in.sql,
+-- renew_in.sql, end_in.sql or fenced_in.sql; acquire.sql, renew.sql, end.sql and fenced.sql
+-- follow it, and remember.sql ends each): per request (`i`), whether it may run at all
+-- (`gate`), and the stored answer of its Idempotency-Key (`prior`). Every change that follows
+-- is conditioned on its request's `gate.verdict = 'run'`.
 --
--- Parameters: $1 the Idempotency-Key (NULL: none sent), $2 the request's fingerprint, $3 the
--- principal (NULL without authentication), $4 its API key's id (NULL likewise). The statement
--- that follows numbers its own from $5.
+-- Every statement is over a batch of requests: arrays bound as $1, $2, …, one element per
+-- request, unnested into `req` with their position `i`. A batch never holds two requests for one
+-- key or one Idempotency-Key (src/store/batch.rs defers the second to the next batch), so each
+-- request is decided on its own, as if it were alone, and a refusal of one changes nothing for
+-- another. Every request's `req` row has `idem` (the Idempotency-Key, NULL when none was sent),
+-- `fp` (the request's fingerprint), `principal` (NULL without authentication) and `key_id` (its
+-- API key's id, NULL likewise).
 --
 -- Verdicts: `revoked` when the API key was revoked before this statement ran (however early the
 -- request's headers came); `run` without an Idempotency-Key; `replay` when the key has a record
@@ -17,17 +22,20 @@
 -- time. A second one that takes the lock after the first committed, but whose snapshot is older
 -- than that commit, finds no record in `prior` and runs; its record's INSERT (remember.sql)
 -- then meets the first one's row in the primary key, the statement fails with a unique
--- violation and is rolled back whole, and the caller runs it again, now seeing the record.
-WITH prior AS (
-    SELECT fingerprint, answer FROM idempotency_records
-    WHERE $1::text IS NOT NULL AND principal = coalesce($3, '') AND key = $1),
+-- violation and is rolled back whole, and the batch is run again, now seeing the record.
+prior AS (
+    SELECT r.i, p.fingerprint, p.answer
+    FROM req r JOIN idempotency_records p
+        ON r.idem IS NOT NULL AND p.principal = coalesce(r.principal, '') AND p.key = r.idem),
 gate AS (
-    SELECT CASE
-        WHEN $4::bigint IS NOT NULL
-            AND NOT EXISTS (SELECT FROM api_keys WHERE id = $4 AND revoked_at IS NULL)
+    SELECT r.i, CASE
+        WHEN r.key_id IS NOT NULL
+            AND NOT EXISTS (SELECT FROM api_keys WHERE id = r.key_id AND revoked_at IS NULL)
             THEN 'revoked'
-        WHEN $1::text IS NULL THEN 'run'
-        WHEN EXISTS (SELECT FROM prior) THEN 'replay'
-        WHEN pg_try_advisory_xact_lock(hashtextextended($1, hashtext(coalesce($3, '')))) THEN 'run'
+        WHEN r.idem IS NULL THEN 'run'
+        WHEN EXISTS (SELECT FROM prior WHERE prior.i = r.i) THEN 'replay'
+        WHEN pg_try_advisory_xact_lock(hashtextextended(r.idem, hashtext(coalesce(r.principal, ''))))
+            THEN 'run'
         ELSE 'in_progress'
-    END AS verdict),
+    END AS verdict
+    FROM req r),

@@ -1,25 +1,29 @@
--- The fenced write: fenced.sql, then this. One statement, so the check, the write (or the
--- refusal and its audit row) and the pruning commit together.
+-- The fenced write, for each request of the batch: fenced.sql, then this. One statement, so the
+-- checks, the writes (or the refusals and their audit rows) and the pruning commit together.
 --
--- Parameters after fenced.sql's: $12 ETag, $13 size, $14 content type, $15 body (or, for an
--- uploaded body, the connection's upload table in its place), $16 versions to keep.
+-- Parameters after fenced_in.sql's: $16 the versions each key keeps. A body uploaded beforehand (a batch of
+-- one) is read from the connection's upload table in place of the request's bound one.
 --
--- `head` bumps the key's version counter and sets
--- its ETag on the row `cur` locked, so versions are gapless however many writers race; `stored`
--- inserts the body under that version; `pruned` drops the version that falls out of the
+-- `head` bumps each accepted key's version counter and sets its ETag on the row `cur` locked, so
+-- versions are gapless however many writers race; `stored` inserts the bodies under those
+-- versions; `pruned` drops, in one DELETE for the batch, the versions that fall out of the
 -- retention window.
 head AS (
-    UPDATE leases SET snapshot_version = leases.snapshot_version + 1, snapshot_etag = $12
-    FROM verdict WHERE leases.key = $5 AND verdict.outcome = 'accepted'
-    RETURNING leases.snapshot_version AS version),
+    UPDATE leases SET snapshot_version = leases.snapshot_version + 1, snapshot_etag = r.etag
+    FROM verdict v JOIN req r ON r.i = v.i
+    WHERE leases.key = r.key AND v.outcome = 'accepted'
+    RETURNING r.i, leases.key, leases.snapshot_version AS version),
 stored AS (
     INSERT INTO snapshot_versions (key, version, token, etag, size, content_type, updated_at, body)
-    SELECT $5, head.version, $6, $12, $13, $14, now(), $15 FROM head
-    RETURNING version, updated_at),
+    SELECT r.key, h.version, r.token, r.etag, r.size, r.content_type, now(), r.body
+    FROM head h JOIN req r ON r.i = h.i
+    RETURNING key, version, updated_at),
 pruned AS (
-    DELETE FROM snapshot_versions v USING head
-    WHERE v.key = $5 AND v.version <= head.version - $16),
+    DELETE FROM snapshot_versions sv
+    USING head h JOIN unnest($16::bigint[]) WITH ORDINALITY AS k(keep, i) ON k.i = h.i
+    WHERE sv.key = h.key AND sv.version <= h.version - k.keep),
 result AS (
-    SELECT verdict.outcome, verdict.highest_token, verdict.created, refused.id AS audit_id,
-        stored.version, stored.updated_at, true AS settled
-    FROM verdict LEFT JOIN refused ON true LEFT JOIN stored ON true),
+    SELECT v.i, v.outcome, v.highest_token, v.created, f.id AS audit_id,
+        s.version, s.updated_at, true AS settled
+    FROM verdict v JOIN req r ON r.i = v.i LEFT JOIN refused f ON f.key = r.key
+    LEFT JOIN stored s ON s.key = r.key),

@@ -1,16 +1,17 @@
 -- The last part of every changing statement (gate.sql begins it), after the statement's own
--- `result`: one row that is the statement's answer, with a column `settled` that is false only
--- when the caller will run the statement again (acquire's lost race for a new key).
+-- `result`: one row per request (`i`) that is its answer, with a column `settled` that is false
+-- only when the request will be sent again (acquire's lost race for a new key).
 --
--- `remembered` stores the answer under the Idempotency-Key, in this statement, so the record
--- commits exactly when the change does (or the refusal's audit row). Without ON CONFLICT: a
--- racing record makes the whole statement fail and roll back (see gate.sql). The statement
--- answers the gate's verdict, the stored fingerprint of a replay, and the answer: the stored one
--- on a replay, this statement's own otherwise.
+-- `remembered` stores each answer under its request's Idempotency-Key, in this statement, so the
+-- record commits exactly when the change does (or the refusal's audit row). Without ON CONFLICT:
+-- a racing record makes the whole statement fail and roll back (see gate.sql). The statement
+-- answers, per request, the gate's verdict, the stored fingerprint of a replay, and the answer:
+-- the stored one on a replay, this statement's own otherwise.
 remembered AS (
     INSERT INTO idempotency_records (principal, key, fingerprint, answer)
-    SELECT coalesce($3, ''), $1, $2, to_json(result) FROM result, gate
-    WHERE gate.verdict = 'run' AND $1::text IS NOT NULL AND result.settled)
-SELECT gate.verdict AS gate, prior.fingerprint AS prior_fingerprint,
-    coalesce(prior.answer, (SELECT to_json(result) FROM result)) AS answer
-FROM gate LEFT JOIN prior ON true
+    SELECT coalesce(r.principal, ''), r.idem, r.fp, to_json(res)
+    FROM result res JOIN req r ON r.i = res.i JOIN gate g ON g.i = res.i
+    WHERE g.verdict = 'run' AND r.idem IS NOT NULL AND res.settled)
+SELECT g.i, g.verdict AS gate, p.fingerprint AS prior_fingerprint,
+    coalesce(p.answer, (SELECT to_json(res) FROM result res WHERE res.i = g.i)) AS answer
+FROM gate g LEFT JOIN prior p ON p.i = g.i

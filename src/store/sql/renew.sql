@@ -1,17 +1,21 @@
--- Renew: one UPDATE whose WHERE requires $6 to be the key's live lease. The row lock it takes
--- re-checks that condition on the newest version of the row, so a renewal racing a takeover
+-- Renew, for each request of the batch: one UPDATE whose WHERE requires the request's token to
+-- be the key's live lease, on the row `locked` locked first (in key order, as every batched
+-- statement locks). The lock yields the row's newest version, so a renewal racing a takeover
 -- either lands before it (and the takeover sees a live lease) or sees the new token and changes
--- nothing (no row: lease_lost). gate.sql comes first (nothing changes unless its verdict is
--- `run`), remember.sql last.
--- Parameters after gate.sql's: $5 key, $6 token, $7 the new TTL in ms, or NULL to keep the
--- lease's.
+-- nothing (no row: lease_lost). renew_in.sql and gate.sql come first (nothing of a request
+-- changes unless its verdict is `run`), remember.sql last.
+locked AS (
+    SELECT r.i, l.key FROM req r JOIN gate g ON g.i = r.i AND g.verdict = 'run'
+    JOIN leases l ON l.key = r.key
+    ORDER BY l.key FOR NO KEY UPDATE OF l),
 changed AS (
-    UPDATE leases l SET ttl_ms = coalesce($7, l.ttl_ms),
-        expires_at = now() + coalesce($7, l.ttl_ms) * interval '1 millisecond'
-    FROM gate
-    WHERE l.key = $5 AND l.token = $6 AND l.end_reason IS NULL AND l.expires_at > now()
-        AND gate.verdict = 'run'
-    RETURNING l.key, l.token, l.owner, l.ttl_ms, l.metadata, l.crash_recovery,
+    UPDATE leases l SET ttl_ms = coalesce(r.ttl_ms, l.ttl_ms),
+        expires_at = now() + coalesce(r.ttl_ms, l.ttl_ms) * interval '1 millisecond'
+    FROM locked k JOIN req r ON r.i = k.i
+    WHERE l.key = k.key AND l.token = r.token AND l.end_reason IS NULL AND l.expires_at > now()
+    RETURNING r.i, l.key, l.token, l.owner, l.ttl_ms, l.metadata, l.crash_recovery,
         l.recovery_required, l.acquired_at, l.expires_at, l.ended_at),
--- The answer: the renewed lease, or null (lease_lost).
-result AS (SELECT (SELECT to_json(changed) FROM changed) AS lease, true AS settled),
+-- The answers: the renewed lease, or null (lease_lost).
+result AS (
+    SELECT r.i, (SELECT to_json(c) FROM changed c WHERE c.i = r.i) AS lease, true AS settled
+    FROM req r),

@@ -1,0 +1,409 @@
+//! Group commit: the hot calls of one kind (acquires, renewals, endings, fenced writes, checks
+//! before a body, reads) that arrive together on an instance are sent as one statement over
+//! arrays, in one transaction, and each is answered only once that statement has committed,
+//! with its own row of the answer.
+//!
+//! Why: a request's own statement costs PostgreSQL a round trip, an executor start-up and a
+//! commit, most of its work for a one-row change; sixteen rows in one statement cost about as
+//! much as two or three single ones (`../shared/PERF.md`, and `bench/README.md` here).
+//!
+//! How a batch forms: a dispatcher task per kind takes requests in arrival order into an open
+//! batch, and sends it as soon as one of its [`IN_FLIGHT`] slots is free. With one client no
+//! slot is ever busy, so a request is never held back; under load the requests that arrive while
+//! every slot is busy gather, up to [`MAX_REQUESTS`] (or [`MAX_BYTES`] of bodies), so a batch
+//! waits at most for one statement of its kind to finish, and it is as large as the load makes
+//! it. A batch never holds two requests for one key or one Idempotency-Key: the second waits for
+//! the next batch, in its order, so every request in a batch is decided on its own (the SQL
+//! files say why that is race-free) and a refusal of one changes nothing for another. Each
+//! batch's rows are sent in key order, the order every batched statement locks its rows in, so
+//! that two batches never wait on each other in a cycle.
+//!
+//! Failures: a batch the database rolled back whole for a reason that a second run does not
+//! meet (another statement's record for an Idempotency-Key, a deadlock, a serialization failure)
+//! is run again within its deadline; any other failure answers every request of the batch for
+//! itself, `unavailable` when nothing was sent and `indeterminate` when a change was sent and its
+//! answer was lost. A request whose own deadline passes first answers 503 by itself: certain if
+//! its batch had not been sent yet (it is then left out of it), uncertain otherwise.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::QueryAs;
+use sqlx::{FromRow, Postgres, Row};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
+
+use super::db::{Conns, Effect};
+use super::{RequestContext, Result, StoreError, idempotency};
+use crate::domain::Key;
+
+/// The most requests in one batch.
+pub const MAX_REQUESTS: usize = 32;
+/// The most bytes of bodies in one batch: a larger body goes in a batch of its own (or, from
+/// [`super::snapshots::UPLOAD_FROM`], is uploaded on its own connection).
+pub const MAX_BYTES: usize = 1024 * 1024;
+/// The batches of one kind in flight at once, each on a connection of its own.
+pub const IN_FLIGHT: usize = 4;
+
+/// One kind of batched statement: its requests, its rows, and how a batch is bound.
+pub(crate) trait Kind: Send + Sync + 'static {
+    /// One request.
+    type Job: Send + Sync + 'static;
+    /// One row of the statement's answer, for the request at its position.
+    type Row: Send + Unpin + for<'r> FromRow<'r, PgRow> + 'static;
+    /// Whether the statement changes something (which decides what a lost answer means).
+    const EFFECT: Effect;
+    /// What two requests of one batch must not share: for a change, the key (whose row its
+    /// statement locks) and the Idempotency-Key with its principal. Reads share freely.
+    fn claims(job: &Self::Job) -> Vec<String>;
+    /// The order a batch's requests are sent in: their keys, the order rows are locked in.
+    fn order(job: &Self::Job) -> &str;
+    /// The bytes of bodies the request carries.
+    fn bytes(_job: &Self::Job) -> usize {
+        0
+    }
+    /// The statement over `jobs`, the request at index `n` bound at position `n + 1`.
+    fn query<'q>(jobs: &[&'q Self::Job]) -> QueryAs<'q, Postgres, Indexed<Self::Row>, PgArguments>;
+}
+
+/// A row of a batched statement's answer with the position (`i`, from 1) of its request.
+#[derive(Debug)]
+pub(crate) struct Indexed<R> {
+    i: i64,
+    pub(crate) row: R,
+}
+
+impl<'r, R: FromRow<'r, PgRow>> FromRow<'r, PgRow> for Indexed<R> {
+    fn from_row(row: &'r PgRow) -> sqlx::Result<Self> {
+        Ok(Self {
+            i: row.try_get("i")?,
+            row: R::from_row(row)?,
+        })
+    }
+}
+
+/// A request waiting in a batch: not sent yet, sent, or given up by its caller.
+const WAITING: u8 = 0;
+const SENT: u8 = 1;
+const GIVEN_UP: u8 = 2;
+
+/// A request of kind `K` on its way: the job, when its caller must have an answer, and where the
+/// answer goes (`None`: the statement had no row for it).
+struct Pending<K: Kind> {
+    job: K::Job,
+    deadline: Instant,
+    state: Arc<AtomicU8>,
+    reply: oneshot::Sender<Result<Option<K::Row>>>,
+    /// The requests of this kind not sent yet, this one among them until it leaves.
+    queued: Arc<AtomicUsize>,
+}
+
+/// Moves a request out of [`WAITING`] (to [`SENT`] or [`GIVEN_UP`]) unless it left already, and
+/// counts it out of the queue; whether it moved.
+fn leave(state: &AtomicU8, queued: &AtomicUsize, to: u8) -> bool {
+    let left = state
+        .compare_exchange(WAITING, to, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok();
+    if left {
+        queued.fetch_sub(1, Ordering::Relaxed);
+    }
+    left
+}
+
+impl<K: Kind> Pending<K> {
+    /// Moves this request to `to` ([`leave`]); a request whose caller is gone gives up.
+    fn leave(&self, to: u8) -> bool {
+        let to = if self.reply.is_closed() { GIVEN_UP } else { to };
+        leave(&self.state, &self.queued, to) && to == SENT
+    }
+}
+
+/// The queue of one kind's dispatcher.
+pub(crate) struct Batcher<K: Kind> {
+    queue: mpsc::UnboundedSender<Pending<K>>,
+    conns: Conns,
+    queued: Arc<AtomicUsize>,
+}
+
+impl<K: Kind> std::fmt::Debug for Batcher<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batcher").finish_non_exhaustive()
+    }
+}
+
+impl<K: Kind> Batcher<K> {
+    /// Starts the dispatcher of kind `K` on `conns`; it ends when the batcher is dropped. Must be
+    /// called within a Tokio runtime.
+    pub(crate) fn start(conns: Conns) -> Self {
+        let (queue, requests) = mpsc::unbounded_channel();
+        tokio::spawn(dispatch::<K>(conns.clone(), requests));
+        Self {
+            queue,
+            conns,
+            queued: Arc::default(),
+        }
+    }
+
+    /// How many requests wait in this kind's batches to be sent, for the metrics.
+    pub(crate) fn queued(&self) -> usize {
+        self.queued.load(Ordering::Relaxed)
+    }
+
+    /// [`submit`](Self::submit) for a change, whose statement answers a row for every request:
+    /// none is a bug of ours, said loudly.
+    pub(crate) async fn answer(&self, job: K::Job) -> Result<K::Row> {
+        self.submit(job).await?.ok_or_else(|| {
+            StoreError::Internal(sqlx::Error::Protocol(
+                "a batched statement answered no row for a request".into(),
+            ))
+        })
+    }
+
+    /// Sends `job` in the next batch of its kind and waits for its row, by the request's deadline.
+    pub(crate) async fn submit(&self, job: K::Job) -> Result<Option<K::Row>> {
+        let deadline = self.conns.deadline();
+        let state = Arc::new(AtomicU8::new(WAITING));
+        let (reply, answer) = oneshot::channel();
+        let pending = Pending {
+            job,
+            deadline,
+            state: state.clone(),
+            reply,
+            queued: self.queued.clone(),
+        };
+        self.queued.fetch_add(1, Ordering::Relaxed);
+        if let Err(unsent) = self.queue.send(pending) {
+            leave(&state, &self.queued, GIVEN_UP);
+            drop(unsent);
+            return Err(StoreError::Unavailable(sqlx::Error::PoolClosed));
+        }
+        match tokio::time::timeout_at(deadline, answer).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(StoreError::Internal(sqlx::Error::WorkerCrashed)),
+            Err(_) => {
+                let unsent = leave(&state, &self.queued, GIVEN_UP);
+                let e = self.conns.timed_out();
+                Err(if unsent || K::EFFECT == Effect::Reads {
+                    e
+                } else {
+                    e.after_sending()
+                })
+            }
+        }
+    }
+}
+
+/// A batch being gathered: its requests, and what they claim.
+struct Open<K: Kind> {
+    jobs: Vec<Pending<K>>,
+    claimed: HashSet<String>,
+    bytes: usize,
+}
+
+/// The requests held back from the batches so far (a claim in use, or a full batch), oldest
+/// first, and what they claim: a newer request that shares a claim with one of them is held
+/// back behind it, so one key's requests are sent in their order.
+struct Later<K: Kind> {
+    queue: VecDeque<Pending<K>>,
+    claims: HashSet<String>,
+}
+
+impl<K: Kind> Later<K> {
+    fn new() -> Self {
+        Self {
+            queue: VecDeque::new(),
+            claims: HashSet::new(),
+        }
+    }
+
+    fn push(&mut self, p: Pending<K>, claims: Vec<String>) {
+        self.claims.extend(claims);
+        self.queue.push_back(p);
+    }
+}
+
+impl<K: Kind> Open<K> {
+    fn new() -> Self {
+        Self {
+            jobs: Vec::with_capacity(MAX_REQUESTS),
+            claimed: HashSet::new(),
+            bytes: 0,
+        }
+    }
+
+    fn full(&self) -> bool {
+        self.jobs.len() >= MAX_REQUESTS || self.bytes >= MAX_BYTES
+    }
+
+    /// Takes `p` into the batch, or into `later` when it shares a claim with a request in the
+    /// batch, in a batch in flight (`busy`) or held back before it, or would make the batch too
+    /// large. A request whose caller gave up is dropped.
+    fn offer(&mut self, p: Pending<K>, later: &mut Later<K>, busy: &Mutex<HashSet<String>>) {
+        if p.state.load(Ordering::Acquire) == GIVEN_UP {
+            return;
+        }
+        if p.reply.is_closed() {
+            p.leave(GIVEN_UP);
+            return;
+        }
+        let claims = K::claims(&p.job);
+        let bytes = K::bytes(&p.job);
+        let too_large = !self.jobs.is_empty() && self.bytes + bytes > MAX_BYTES;
+        let shared = {
+            let busy = busy
+                .lock()
+                .expect("never poisoned: no code panics holding it");
+            claims
+                .iter()
+                .any(|c| self.claimed.contains(c) || later.claims.contains(c) || busy.contains(c))
+        };
+        if too_large || self.full() || shared {
+            later.push(p, claims);
+            return;
+        }
+        self.claimed.extend(claims);
+        self.bytes += bytes;
+        self.jobs.push(p);
+    }
+
+    /// Offers every request of `later` again, oldest first.
+    fn offer_all(&mut self, later: Later<K>, busy: &Mutex<HashSet<String>>) -> Later<K> {
+        let mut again = Later::new();
+        for p in later.queue {
+            self.offer(p, &mut again, busy);
+        }
+        again
+    }
+}
+
+/// The dispatcher of one kind: gathers batches in arrival order and runs each on a free slot.
+async fn dispatch<K: Kind>(conns: Conns, mut requests: mpsc::UnboundedReceiver<Pending<K>>) {
+    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+    // The claims of the batches in flight, and a wake-up each time one of them ends.
+    let busy = Arc::new(Mutex::new(HashSet::new()));
+    let ended = Arc::new(Notify::new());
+    let mut later = Later::<K>::new();
+    let mut open = true;
+    loop {
+        let mut batch = Open::<K>::new();
+        later = batch.offer_all(later, &busy);
+        let slot = loop {
+            while !batch.full() {
+                match requests.try_recv() {
+                    Ok(p) => batch.offer(p, &mut later, &busy),
+                    Err(_) => break,
+                }
+            }
+            if batch.jobs.is_empty() {
+                // Nothing to send: wait for a request, or for a batch in flight to end and
+                // free the claims the held-back requests wait on.
+                if !open && later.queue.is_empty() {
+                    return;
+                }
+                tokio::select! {
+                    p = requests.recv(), if open => match p {
+                        Some(p) => batch.offer(p, &mut later, &busy),
+                        None => open = false,
+                    },
+                    () = ended.notified(), if !later.queue.is_empty() => {
+                        later = batch.offer_all(later, &busy);
+                    }
+                }
+                continue;
+            }
+            if batch.full() || !open {
+                break slots.clone().acquire_owned().await;
+            }
+            tokio::select! {
+                biased;
+                slot = slots.clone().acquire_owned() => break slot,
+                p = requests.recv() => match p {
+                    Some(p) => batch.offer(p, &mut later, &busy),
+                    None => open = false,
+                },
+            }
+        };
+        let slot = slot.expect("the slots are never closed");
+        busy.lock()
+            .expect("never poisoned")
+            .extend(batch.claimed.iter().cloned());
+        let flight = Flight {
+            claims: batch.claimed,
+            busy: busy.clone(),
+            ended: ended.clone(),
+            _slot: slot,
+        };
+        tokio::spawn(run(conns.clone(), batch.jobs, flight));
+    }
+}
+
+/// A batch in flight: its slot and its claims, both given back (and the dispatcher woken) when
+/// it ends, however it ends.
+struct Flight {
+    claims: HashSet<String>,
+    busy: Arc<Mutex<HashSet<String>>>,
+    ended: Arc<Notify>,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Drop for Flight {
+    fn drop(&mut self) {
+        if let Ok(mut busy) = self.busy.lock() {
+            for c in &self.claims {
+                busy.remove(c);
+            }
+        }
+        self.ended.notify_one();
+    }
+}
+
+/// Runs one batch on its slot and answers each of its requests.
+async fn run<K: Kind>(conns: Conns, jobs: Vec<Pending<K>>, flight: Flight) {
+    let mut jobs: Vec<Pending<K>> = jobs.into_iter().filter(|p| p.leave(SENT)).collect();
+    if jobs.is_empty() {
+        return;
+    }
+    jobs.sort_by(|a, b| K::order(&a.job).cmp(K::order(&b.job)));
+    let deadline = jobs.iter().map(|p| p.deadline).max().expect("not empty");
+    let refs: Vec<&K::Job> = jobs.iter().map(|p| &p.job).collect();
+    let answer = conns
+        .fetch_batch(K::EFFECT, deadline, || K::query(&refs))
+        .await;
+    drop(refs);
+    // The claims are given back before the answers go, so that a caller's next request for
+    // the same key never waits behind its own answered one.
+    drop(flight);
+    match answer {
+        Ok(rows) => {
+            let mut slots: Vec<Option<K::Row>> = jobs.iter().map(|_| None).collect();
+            for Indexed { i, row } in rows {
+                if let Some(slot) = usize::try_from(i - 1).ok().and_then(|n| slots.get_mut(n)) {
+                    *slot = Some(row);
+                }
+            }
+            for (p, row) in jobs.into_iter().zip(slots) {
+                let _ = p.reply.send(Ok(row));
+            }
+        }
+        Err(e) => {
+            for p in jobs {
+                let _ = p.reply.send(Err(e.for_each()));
+            }
+        }
+    }
+}
+
+/// One column of a batch's arrays: `f` of each request, in the batch's order.
+pub(crate) fn column<'q, J, T>(jobs: &[&'q J], f: impl Fn(&'q J) -> T) -> Vec<T> {
+    jobs.iter().map(|&j| f(j)).collect()
+}
+
+/// What a change of `key` with the Idempotency-Key of `ctx` claims in its batch
+/// ([`Kind::claims`]).
+pub(crate) fn change_claims(key: &Key, ctx: &RequestContext) -> Vec<String> {
+    let mut claims = vec![format!("key\0{}", key.as_str())];
+    claims.extend(idempotency::claim(ctx));
+    claims
+}
