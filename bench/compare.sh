@@ -1,34 +1,46 @@
 #!/usr/bin/env bash
-# The service against its SQL floor (pgbench running the service's own statements) and against
+# The service against its SQL floors (pgbench running the service's own statements, and the
+# simplest hand-written fenced write and read), against an older revision of itself, and against
 # a peer (etcd's JSON gateway), side by side in one run, on a throwaway PostgreSQL this script
 # starts itself. Prints one table; see bench/README.md.
 #
 #   bench/compare.sh [--duration 10s] [--clients "1 8 32"] [--keys 10000] [--ops "acquire renew put get"]
-#                    [--with-etcd] [--install] [--memory] [--growth] [--profile]
+#                    [--baseline REV] [--with-etcd] [--install] [--memory] [--growth] [--profile]
+#                    [--dev] [--clean]
 #
+#   --baseline    also build revision REV (a commit, tag or branch of this repository) and load it
+#                 beside this one, on a database of its own in the same PostgreSQL
 #   --install     apt-get install wrk and etcd-server (for --with-etcd) when they are missing
 #   --with-etcd   also load etcd (lease grant; fenced txn; range read) for a peer column
 #   --memory      peak server RSS through the 1 KiB put runs, then with 32 concurrent 8 MiB puts
 #   --growth      the 32-client acquire and put again with 1,000,000 keys and 10,000,000 audit rows
 #   --profile     perf record the server through a 32-client put run; summary in the work dir
+#   --dev         build with the dev profile (quick to build, slow to run: a smoke test of this
+#                 script, as CI runs it, not figures)
+#   --clean       remove the work directory (the tools' logs) at the end
+#
+# Exits 1 if any request of a run failed or a run's check found a key not as it left it.
 #
 # Runs as root (PostgreSQL then runs as the `postgres` user) or as any user.
 set -euo pipefail
 
 duration=10s clients="1 8 32" keys=10000 ops="acquire renew put get"
-with_etcd=0 install=0 memory=0 growth=0 profile=0
+with_etcd=0 install=0 memory=0 growth=0 profile=0 baseline= profile_dir=release clean=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --duration) duration=$2; shift ;;
     --clients) clients=$2; shift ;;
     --keys) keys=$2; shift ;;
     --ops) ops=$2; shift ;;
+    --baseline) baseline=$2; shift ;;
     --with-etcd) with_etcd=1 ;;
     --install) install=1 ;;
     --memory) memory=1 ;;
     --growth) growth=1 ;;
     --profile) profile=1 ;;
-    -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --dev) profile_dir=debug ;;
+    --clean) clean=1 ;;
+    -h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "compare.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -53,9 +65,11 @@ if [ "$with_etcd" = 1 ] && ! command -v etcd >/dev/null; then
     exit 2
 fi
 
-say "building snapfence (release)"
-(cd "$root" && cargo build --release --locked --quiet --bin snapfence --bin snapfence-bench)
-sf=$root/target/release/snapfence
+build_flags=(--locked --quiet)
+[ "$profile_dir" = release ] && build_flags+=(--release)
+say "building snapfence ($profile_dir)"
+(cd "$root" && cargo build "${build_flags[@]}" --bin snapfence --bin snapfence-bench)
+sf=$root/target/$profile_dir/snapfence
 
 pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
 [ -x "$pgbin/postgres" ] || { echo "compare.sh: no PostgreSQL binaries under /usr/lib/postgresql" >&2; exit 2; }
@@ -71,8 +85,28 @@ pids=()
 cleanup() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
     "${as_pg[@]}" "$pgbin/pg_ctl" -D "$work/pg" -m immediate stop >/dev/null 2>&1 || true
+    git -C "$root" worktree remove --force "$work/baseline" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
+
+base_sf=
+if [ -n "$baseline" ]; then
+    rev=$(git -C "$root" rev-parse --verify "$baseline^{commit}") ||
+        { echo "compare.sh: --baseline $baseline is not a revision of this repository" >&2; exit 2; }
+    say "building the baseline $(git -C "$root" log -1 --format='%h "%s"' "$rev" | cut -c1-90) ($profile_dir)"
+    git -C "$root" worktree add -q --detach "$work/baseline" "$rev"
+    # Its own target directory, seeded with this build's dependencies so only the changed crates
+    # build again; both are removed with the work directory.
+    bt=$work/baseline-target/$profile_dir
+    mkdir -p "$bt"
+    cp -a "$root/target/$profile_dir/deps" "$root/target/$profile_dir/build" \
+        "$root/target/$profile_dir/.fingerprint" "$bt/" 2>/dev/null || true
+    (cd "$work/baseline" && CARGO_TARGET_DIR=$work/baseline-target cargo build "${build_flags[@]}" --bin snapfence)
+    mv "$bt/snapfence" "$work/snapfence-baseline"
+    base_sf=$work/snapfence-baseline
+    rm -rf "$work/baseline-target"
+    git -C "$root" worktree remove --force "$work/baseline"
+fi
 
 say "starting PostgreSQL in $work (fsync and synchronous_commit on, as in production)"
 "${as_pg[@]}" "$pgbin/initdb" -D "$work/pg" -U postgres -A trust -E UTF8 --locale=C >/dev/null
@@ -94,15 +128,37 @@ curl -fs "$url/readyz" >/dev/null || { cat "$work/serve.log" >&2; exit 1; }
 # Measured as it runs in production: every request carries an API key.
 api_key=$("$sf" keys create --name bench --scope write 2>/dev/null)
 
+# The baseline serves a database of its own, so that neither sees the other's keys.
+base_url=
+if [ -n "$base_sf" ]; then
+    "${as_pg[@]}" "$pgbin/createdb" -h 127.0.0.1 -p "$pg_port" -U postgres baseline
+    base_port=$(free_port)
+    say "starting the baseline on 127.0.0.1:$base_port"
+    DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/baseline" \
+        "$base_sf" serve --listen "127.0.0.1:$base_port" --db-pool-size "$pool_size" >"$work/baseline.log" 2>&1 &
+    pids+=("$!")
+    base_url=http://127.0.0.1:$base_port
+    for _ in $(seq 100); do curl -fs "$base_url/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
+    curl -fs "$base_url/readyz" >/dev/null || { cat "$work/baseline.log" >&2; exit 1; }
+    baseline_api_key=$(DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/baseline" "$base_sf" keys create --name bench --scope write 2>/dev/null)
+fi
+
+# The floors' table (bench/fenced_write.sql), its read keys written once.
+psql -c "CREATE TABLE floor_snapshots (key text PRIMARY KEY, token bigint NOT NULL, body bytea NOT NULL)"
+psql -c "INSERT INTO floor_snapshots SELECT (50000000 + i)::text, 0, decode(repeat('61', 1024), 'hex') FROM generate_series(0, $keys - 1) i"
+
 # pgbench runs the service's own statements, the files of src/store/sql joined as src/store joins
-# them (gate.sql, the operation's files, remember.sql for a change; a fenced write is fenced.sql
-# followed by put.sql), with `$N` turned into pgbench's `:pN` and their comments (whole lines)
-# left out, since pgbench would turn a `$N` named in a comment into a parameter of its own. Each client takes the keys of its own slice in turn, as the
-# workers of `snapfence-bench` do. pgbench cannot bind NULL, so gate.sql's parameters ($1 to $4:
-# no Idempotency-Key, no principal) are written in as NULL literals, and an absent value is bound
-# as what the service's NULL stands for there: `'{}'` for If-Match's tags (not sent, so never
-# read), an empty metadata object, and the current version (1) for the read (which reads its
-# body).
+# them (the requests' file `*_in.sql`, gate.sql, the operation's files, remember.sql for a
+# change; a fenced write is fenced_in.sql, gate.sql, fenced.sql, put.sql, remember.sql), each
+# over a batch of one request: every array parameter `$N::type[]` becomes `ARRAY[:pN::type]`,
+# and their comments (whole lines) are left out, since pgbench would turn a `$N` named in a
+# comment into a parameter of its own. Each client takes the keys of its own slice in turn, as
+# the workers of `snapfence-bench` do. pgbench cannot bind NULL, so gate.sql's parameters ($1 to
+# $4: no Idempotency-Key, no principal) are written in as arrays of one NULL, and an absent
+# value is bound as what the service's NULL stands for there: `[]` for If-Match's tags (not
+# sent, so never read), an empty metadata object, and the current version (1) for the read
+# (which reads its body). The service itself sends each statement over as many requests as
+# arrived together; pgbench's column is the floor of one request per statement and commit.
 script() { # op -> a pgbench script on stdout: the service's statement over a batch of one
     local op=$1 sql sqldir=$root/src/store/sql
     case $op in
@@ -147,6 +203,16 @@ pgbench_run() { # op clients seconds [transactions] -> tps
         $(pg_vars "$op" "$c" 100) snapfence 2>&1 | tee -a "$work/pgbench.log" |
         sed -n 's/^tps = \([0-9]*\).*/\1/p'
 }
+floor_run() { # op clients -> tps of the hand-written floor of a put or a get, else -
+    local op=$1 c=$2 per=$((keys / $2)) j=$(($2 < 2 ? 1 : 2)) file
+    case $op in put) file=fenced_write.sql ;; get) file=floor_read.sql ;; *) echo -; return ;; esac
+    cp "$here/$file" "$work/$file"
+    "${as_pg[@]}" "$pgbin/pgbench" -h 127.0.0.1 -p "$pg_port" -U postgres -n -M prepared \
+        -c "$c" -j "$j" -T "$secs" -f "$work/$file" -D n=0 -D per="$per" -D base_key=50000000 \
+        -D body="\\x$body_hex" -D run="$(date +%s%6N)" snapfence 2>&1 | tee -a "$work/pgbench.log" |
+        sed -n 's/^tps = \([0-9]*\).*/\1/p'
+}
+
 # Leases for the pgbench keys of renew, put and get, taken in key order by one client so that
 # key i has token base_token + i; a read's key also gets its first version.
 pgbench_prepare() {
@@ -172,13 +238,13 @@ pgbench_prepare() {
 bench() { # op clients [extra args] -> the JSON report (also kept in the work dir)
     local op=$1 c=$2
     shift 2
-    "$sf-bench" --api-key "$api_key" --url "${target_url:-$url}" --op "$op" --concurrency "$c" \
+    "$sf-bench" --api-key "${target_key:-$api_key}" --url "${target_url:-$url}" --op "$op" --concurrency "$c" \
         --duration "${run_for:-$duration}" --keys "${run_keys:-$keys}" --output json "$@" 2>>"$work/bench.log" |
         tee -a "$work/reports.json"
 }
 field() { python3 -c 'import json,sys; r=json.load(sys.stdin); v=r; [v:=v[k] for k in sys.argv[1].split(".")]; print(v if not isinstance(v,float) else (f"{v:.0f}" if v >= 100 else f"{v:.2f}"))' "$1"; }
 errors() { python3 -c 'import json,sys; r=json.load(sys.stdin); e=r["errors"]; v=r["verified"]; print((",".join(f"{k}:{n}" for k,n in e.items()) or "-") + ("" if "ok" in v else " CHECK-FAILED"))'; }
-ratio() { python3 -c 'import sys; a,b=map(float,sys.argv[1:]); print(f"{a/b:.2f}" if b else "-")' "$1" "$2"; }
+ratio() { python3 -c 'import sys; a,b=sys.argv[1:]; print(f"{float(a)/float(b):.2f}" if "-" not in (a, b) and float(b) else "-")' "$1" "$2"; }
 
 wrk_get() { # clients prefix keys -> requests/s of wrk reading the snapshots `snapfence-bench` prepared
     local c=$1 prefix=$2 used=$3 t=$(($1 < 2 ? 1 : 2))
@@ -207,19 +273,30 @@ if [ "$with_etcd" = 1 ]; then
 fi
 
 rss_peak() { awk '/VmHWM/ {printf "%.1f", $2 / 1024}' "/proc/$sf_pid/status"; }
-rows=()
+rows=() failed=0
+row_format='%-8s %7s %9s %7s %7s %9s %6s %8s %6s %8s %6s %8s %6s %8s  %s'
 declare -A at32
 for op in $ops; do
     say "$op: pgbench (the service's statement) at $clients clients"
     pgbench_prepare "$op"
     for c in $clients; do
         pg=$(pgbench_run "$op" "$c" "$secs")
+        floor=$(floor_run "$op" "$c")
         if [ "$op" = acquire ]; then sleep 0.2; fi
         say "$op x$c: snapfence bench"
         report=$(bench "$op" "$c")
         ops_s=$(field ops_per_sec <<<"$report")
         p50=$(field latency_ms.p50 <<<"$report") p99=$(field latency_ms.p99 <<<"$report")
         errs=$(errors <<<"$report")
+        base_s=- vs_base=-
+        if [ -n "$base_url" ]; then
+            say "$op x$c: the baseline"
+            base_report=$(target_url=$base_url target_key=$baseline_api_key bench "$op" "$c")
+            base_s=$(field ops_per_sec <<<"$base_report")
+            vs_base=$(ratio "$ops_s" "$base_s")
+            base_errs=$(errors <<<"$base_report")
+            [ "$base_errs" = - ] || errs="$errs baseline:$base_errs"
+        fi
         wrk_s=-
         if [ "$op" = get ] && command -v wrk >/dev/null; then
             wrk_s=$(wrk_get "$c" "$(field prefix <<<"$report" | sed 's#/#%2F#g')" "$(field keys <<<"$report")")
@@ -231,9 +308,10 @@ for op in $ops; do
             vs_etcd=$(ratio "$ops_s" "$etcd_s")
         fi
         if [ "$c" = 32 ]; then at32[$op]=$ops_s; fi
-        rows+=("$(printf '%-8s %7s %10s %10s %7s %8s %8s %10s %10s %7s  %s' "$op" "$c" "$pg" "$ops_s" \
-            "$(ratio "$ops_s" "$pg")" "$p50" "$p99" "$wrk_s" "$etcd_s" "$vs_etcd" "$errs")")
+        rows+=("$(printf "$row_format" "$op" "$c" "$ops_s" "$p50" "$p99" "$pg" "$(ratio "$ops_s" "$pg")" \
+            "$floor" "$(ratio "$ops_s" "$floor")" "$base_s" "$vs_base" "$etcd_s" "$vs_etcd" "$wrk_s" "$errs")")
         say "row: ${rows[-1]}"
+        [ "$errs" = - ] || failed=1
     done
     if [ "$op" = put ]; then put_rss=$(rss_peak); fi
 done
@@ -287,9 +365,17 @@ fi
 
 echo
 echo "snapfence $("$sf" --version | cut -d' ' -f2) vs pgbench (PostgreSQL $("${as_pg[@]}" "$pgbin/postgres" --version | awk '{print $3}')) on $(nproc) cores, loopback, $duration per cell, $keys keys, 1 KiB bodies"
-printf '%-8s %7s %10s %10s %7s %8s %8s %10s %10s %7s  %s\n' op clients pgbench/s service/s ratio p50ms p99ms wrk/s etcd/s x-etcd errors
+printf "$row_format\n" op clients service/s p50ms p99ms pgbench/s x-pg floor/s x-floor base/s x-base etcd/s x-etcd wrk/s errors
 for r in "${rows[@]}"; do echo "$r"; done
 for e in "${extra[@]}"; do echo "$e"; done
-echo "(work dir: $work; logs of every tool are there)"
 trap - EXIT
 cleanup
+if [ "$clean" = 1 ]; then
+    rm -rf "$work"
+else
+    echo "(work dir: $work; logs of every tool are there)"
+fi
+if [ "$failed" = 1 ]; then
+    echo "compare.sh: some requests failed or a check found a key not as its run left it (see errors above)" >&2
+    exit 1
+fi

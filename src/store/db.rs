@@ -1,4 +1,5 @@
-//! [`Db`]: the connections an instance talks to its database through.
+//! [`Db`]: the connections an instance talks to its database through, and the batches its hot
+//! paths are gathered in ([`super::batch`]).
 //!
 //! The hot paths (acquire, renew, release, fenced write, read, status) run on a pool of their
 //! own, managed by `deadpool`, because sqlx's pool tests every connection with a round trip

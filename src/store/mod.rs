@@ -4,7 +4,8 @@
 //! file of its own (`src/store/sql/*.sql`, compiled in with `include_str!`), with its
 //! parameters, the rows it locks and why it is race-free under READ COMMITTED with any number of
 //! service instances on one database written beside it; `bench/compare.sh` runs the same files
-//! with pgbench. Two are built in code because their shape is data: the audit log's page query
+//! with pgbench. The hot paths' statements are written over a batch of requests (arrays, one
+//! element per request), which `batch` gathers from the calls that arrive together. Two are built in code because their shape is data: the audit log's page query
 //! (one prepared statement per combination of filters) and its retention's batch delete (per
 //! table); and a few one-call statements stay inline (`set_config`, `pg_notify`, the timeline's
 //! function).
