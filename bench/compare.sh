@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The service against its SQL floors (pgbench running the service's own statements, and the
 # simplest hand-written fenced write and read), against an older revision of itself, and against
-# a peer (etcd's JSON gateway), side by side in one run, on a throwaway PostgreSQL this script
-# starts itself. Prints one table; see bench/README.md.
+# a peer (etcd, over its native gRPC API and its JSON gateway), side by side in one run, on a
+# throwaway PostgreSQL this script starts itself. Prints one table; see bench/README.md.
 #
 #   bench/compare.sh [--duration 10s] [--clients "1 8 32"] [--keys 10000] [--ops "acquire renew put get"]
 #                    [--baseline REV] [--with-etcd] [--install] [--memory] [--growth] [--profile]
@@ -10,8 +10,10 @@
 #
 #   --baseline    also build revision REV (a commit, tag or branch of this repository) and load it
 #                 beside this one, on a database of its own in the same PostgreSQL
-#   --install     apt-get install wrk and etcd-server (for --with-etcd) when they are missing
-#   --with-etcd   also load etcd (lease grant; fenced txn; range read) for a peer column
+#   --install     apt-get install wrk, and etcd-server and protobuf-compiler (for --with-etcd),
+#                 when they are missing
+#   --with-etcd   also load etcd (lease grant; fenced txn; range read), over its native gRPC API
+#                 and its JSON gateway, for the peer columns
 #   --memory      peak server RSS through the 1 KiB put runs, then with 32 concurrent 8 MiB puts
 #   --growth      the 32-client acquire and put again with 1,000,000 keys and 10,000,000 audit rows
 #   --profile     perf record the server through a 32-client put run; summary in the work dir
@@ -40,7 +42,7 @@ while [ $# -gt 0 ]; do
     --profile) profile=1 ;;
     --dev) profile_dir=debug ;;
     --clean) clean=1 ;;
-    -h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "compare.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -54,21 +56,24 @@ if [ "$install" = 1 ]; then
     missing=()
     command -v wrk >/dev/null || missing+=(wrk)
     [ "$with_etcd" = 1 ] && ! command -v etcd >/dev/null && missing+=(etcd-server)
+    [ "$with_etcd" = 1 ] && ! command -v protoc >/dev/null && missing+=(protobuf-compiler)
     [ "$profile" = 1 ] && ! command -v perf >/dev/null && missing+=(linux-perf)
     if [ ${#missing[@]} -gt 0 ]; then
         say "installing ${missing[*]}"
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     fi
 fi
-if [ "$with_etcd" = 1 ] && ! command -v etcd >/dev/null; then
-    echo "compare.sh: --with-etcd needs etcd (apt-get install etcd-server, or pass --install)" >&2
+if [ "$with_etcd" = 1 ] && ! { command -v etcd && command -v protoc; } >/dev/null; then
+    echo "compare.sh: --with-etcd needs etcd and protoc (apt-get install etcd-server protobuf-compiler, or pass --install)" >&2
     exit 2
 fi
 
 build_flags=(--locked --quiet)
 [ "$profile_dir" = release ] && build_flags+=(--release)
 say "building snapfence ($profile_dir)"
-(cd "$root" && cargo build "${build_flags[@]}" --bin snapfence --bin snapfence-bench)
+bench_features=()
+[ "$with_etcd" = 1 ] && bench_features=(--features snapfence-bench/etcd-grpc)
+(cd "$root" && cargo build "${build_flags[@]}" "${bench_features[@]}" --bin snapfence --bin snapfence-bench)
 sf=$root/target/$profile_dir/snapfence
 
 pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
@@ -274,7 +279,7 @@ fi
 
 rss_peak() { awk '/VmHWM/ {printf "%.1f", $2 / 1024}' "/proc/$sf_pid/status"; }
 rows=() failed=0
-row_format='%-8s %7s %9s %7s %7s %9s %6s %8s %6s %8s %6s %8s %6s %8s  %s'
+row_format='%-8s %7s %9s %7s %7s %9s %6s %8s %6s %8s %6s %8s %6s %8s %6s %8s  %s'
 declare -A at32
 for op in $ops; do
     say "$op: pgbench (the service's statement) at $clients clients"
@@ -301,15 +306,18 @@ for op in $ops; do
         if [ "$op" = get ] && command -v wrk >/dev/null; then
             wrk_s=$(wrk_get "$c" "$(field prefix <<<"$report" | sed 's#/#%2F#g')" "$(field keys <<<"$report")")
         fi
-        etcd_s=- vs_etcd=-
+        etcd_s=- vs_etcd=- grpc_s=- vs_grpc=-
         if [ -n "$etcd_url" ] && [ "$op" != renew ]; then
-            say "$op x$c: etcd"
+            say "$op x$c: etcd (JSON gateway)"
             etcd_s=$(target_url=$etcd_url bench "$op" "$c" --target etcd | field ops_per_sec)
             vs_etcd=$(ratio "$ops_s" "$etcd_s")
+            say "$op x$c: etcd (gRPC)"
+            grpc_s=$(target_url=$etcd_url bench "$op" "$c" --target etcd-grpc | field ops_per_sec)
+            vs_grpc=$(ratio "$ops_s" "$grpc_s")
         fi
         if [ "$c" = 32 ]; then at32[$op]=$ops_s; fi
         rows+=("$(printf "$row_format" "$op" "$c" "$ops_s" "$p50" "$p99" "$pg" "$(ratio "$ops_s" "$pg")" \
-            "$floor" "$(ratio "$ops_s" "$floor")" "$base_s" "$vs_base" "$etcd_s" "$vs_etcd" "$wrk_s" "$errs")")
+            "$floor" "$(ratio "$ops_s" "$floor")" "$base_s" "$vs_base" "$grpc_s" "$vs_grpc" "$etcd_s" "$vs_etcd" "$wrk_s" "$errs")")
         say "row: ${rows[-1]}"
         [ "$errs" = - ] || failed=1
     done
@@ -365,7 +373,7 @@ fi
 
 echo
 echo "snapfence $("$sf" --version | cut -d' ' -f2) vs pgbench (PostgreSQL $("${as_pg[@]}" "$pgbin/postgres" --version | awk '{print $3}')) on $(nproc) cores, loopback, $duration per cell, $keys keys, 1 KiB bodies"
-printf "$row_format\n" op clients service/s p50ms p99ms pgbench/s x-pg floor/s x-floor base/s x-base etcd/s x-etcd wrk/s errors
+printf "$row_format\n" op clients service/s p50ms p99ms pgbench/s x-pg floor/s x-floor base/s x-base grpc/s x-grpc json/s x-json wrk/s errors
 for r in "${rows[@]}"; do echo "$r"; done
 for e in "${extra[@]}"; do echo "$e"; done
 trap - EXIT

@@ -7,6 +7,7 @@
 \set i :n % :per + :client_id * :per
 \set n :n + 1
 \set key :base_key + :i
-INSERT INTO floor_snapshots (key, token, body) VALUES (:key, :run + :n, :body)
+\set token :run + :n
+INSERT INTO floor_snapshots (key, token, body) VALUES (:key, :token, :body)
 ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token, body = EXCLUDED.body
 WHERE floor_snapshots.token <= EXCLUDED.token;

@@ -1,5 +1,5 @@
-//! `snapfence-bench`: an HTTP load generator for the service (and, for comparison, for etcd's
-//! JSON gateway doing the same work).
+//! `snapfence-bench`: a load generator for the service (and, for comparison, for etcd through its
+//! JSON gateway or its native gRPC API, doing the same work).
 //!
 //! Each of `--concurrency` workers owns a slice of the `--keys` keys, so no two workers contend
 //! for one key and every answer can be checked against what that worker alone did: a fenced
@@ -28,7 +28,7 @@ use snapfence::cli::{Exit, Global, Output, client_of};
 use snapfence_client::RetryPolicy;
 use target::{Target, Worker};
 
-/// snapfence-bench: load a snapfence server (or etcd's JSON gateway) with many concurrent
+/// snapfence-bench: load a snapfence server (or etcd, over JSON or gRPC) with many concurrent
 /// requests, check every answer, and report throughput and latency.
 #[derive(Debug, Parser)]
 #[command(name = "snapfence-bench", version, about)]
@@ -66,9 +66,10 @@ pub struct BenchArgs {
     /// The size of each written body.
     #[arg(long, default_value_t = 1024)]
     pub body_bytes: usize,
-    /// Whose API to load: snapfence at --url, or etcd's v3 JSON gateway at --url (`acquire` is
-    /// a lease grant, `put` a transaction that compares a fence key and then puts the fence and
-    /// the body, `get` a range read).
+    /// Whose API to load: snapfence at --url, or etcd at --url through its v3 JSON gateway
+    /// (`etcd`) or its native gRPC API (`etcd-grpc`); for etcd, `acquire` is a lease grant,
+    /// `put` a transaction that compares a fence key and then puts the fence and the body, `get`
+    /// a range read.
     #[arg(long, value_enum, default_value = "snapfence")]
     pub target: TargetKind,
     /// Key names begin with this [default: `bench/` and a random run id, so that runs on one
@@ -101,6 +102,9 @@ pub enum TargetKind {
     Snapfence,
     /// etcd's v3 JSON gateway, for comparison.
     Etcd,
+    /// etcd's native gRPC API, for comparison (`--url http://host:port`, its client port; a
+    /// build with the `etcd-grpc` feature).
+    EtcdGrpc,
 }
 
 /// Runs the load of `args` against the server of `global`.
@@ -115,22 +119,30 @@ fn bench(args: BenchArgs, global: &Global) -> ExitCode {
             args.keys, args.concurrency
         ));
     }
-    let target = match args.target {
-        TargetKind::Snapfence => match client_of(global) {
-            Ok((client, _)) => Target::Snapfence(client.with_retry(RetryPolicy::none())),
-            Err(message) => return fail(message),
-        },
-        TargetKind::Etcd => match Target::etcd(&global.url, global.timeout, args.op) {
-            Ok(target) => target,
-            Err(message) => return fail(message),
-        },
-    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
         Err(e) => return fail(format!("cannot start the async runtime: {e}")),
+    };
+    let target = match args.target {
+        TargetKind::Snapfence => client_of(global)
+            .map(|(client, _)| Target::Snapfence(client.with_retry(RetryPolicy::none()))),
+        TargetKind::Etcd => Target::etcd(&global.url, global.timeout, args.op),
+        #[cfg(feature = "etcd-grpc")]
+        TargetKind::EtcdGrpc => {
+            runtime.block_on(Target::etcd_grpc(&global.url, global.timeout, args.op))
+        }
+        #[cfg(not(feature = "etcd-grpc"))]
+        TargetKind::EtcdGrpc => Err("this build has no etcd gRPC client: build it with \
+            `cargo build --release -p snapfence-bench --features etcd-grpc` (needs protoc: \
+            apt-get install protobuf-compiler)"
+            .to_owned()),
+    };
+    let target = match target {
+        Ok(target) => target,
+        Err(message) => return fail(message),
     };
     match runtime.block_on(run(&args, Arc::new(target))) {
         Ok(report) => {

@@ -23,6 +23,8 @@ pub(super) const ACQUIRE_TTL: Duration = Duration::from_millis(100);
 const HELD_TTL: Duration = Duration::from_secs(600);
 /// The TTL of an etcd lease grant, in seconds.
 const ETCD_LEASE_TTL: u64 = 60;
+/// The token an etcd fence key holds through a run.
+const ETCD_FENCE: &str = "1";
 
 /// A code for an answer that is a success but not the right one (a wrong version or token, a
 /// body of the wrong size): the benchmark counts it as an error and the run fails its check.
@@ -39,16 +41,40 @@ pub(super) enum Target {
         /// `http://host:port`.
         base: String,
     },
+    /// etcd's native gRPC API, through the `etcd-client` crate (one HTTP/2 connection, its
+    /// requests multiplexed, as etcd's own clients use it).
+    #[cfg(feature = "etcd-grpc")]
+    EtcdGrpc(Box<etcd_client::Client>),
+}
+
+/// Refuses the operations etcd has no equivalent of.
+fn etcd_has(op: Op) -> Result<(), String> {
+    if matches!(op, Op::Renew | Op::Mixed) {
+        return Err(format!(
+            "etcd has no equivalent of --op {op:?}; use acquire, put or get"
+        ));
+    }
+    Ok(())
 }
 
 impl Target {
+    /// The etcd gRPC target at `url` (`http://host:port`), for the operations it has an
+    /// equivalent of.
+    #[cfg(feature = "etcd-grpc")]
+    pub(super) async fn etcd_grpc(url: &str, timeout: Duration, op: Op) -> Result<Self, String> {
+        etcd_has(op)?;
+        let options = etcd_client::ConnectOptions::new()
+            .with_timeout(timeout)
+            .with_connect_timeout(timeout);
+        etcd_client::Client::connect([url.trim_end_matches('/')], Some(options))
+            .await
+            .map(|c| Self::EtcdGrpc(Box::new(c)))
+            .map_err(|e| format!("cannot connect to etcd at {url} ({e}); is it up?"))
+    }
+
     /// The etcd target, for the operations it has an equivalent of.
     pub(super) fn etcd(url: &str, timeout: Duration, op: Op) -> Result<Self, String> {
-        if matches!(op, Op::Renew | Op::Mixed) {
-            return Err(format!(
-                "--target etcd has no equivalent of --op {op:?}; use acquire, put or get"
-            ));
-        }
+        etcd_has(op)?;
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .build()
@@ -137,7 +163,23 @@ impl Worker {
                         json!({"key": self.etcd_body_key(i), "value": STANDARD.encode(&self.body)});
                     etcd_call(target, "kv/put", body).await.map(drop)
                 }
+                #[cfg(feature = "etcd-grpc")]
+                (Target::EtcdGrpc(etcd), Op::Put) => etcd
+                    .clone()
+                    .put(self.fence_key(i), ETCD_FENCE, None)
+                    .await
+                    .map(drop)
+                    .map_err(grpc_code),
+                #[cfg(feature = "etcd-grpc")]
+                (Target::EtcdGrpc(etcd), Op::Get) => etcd
+                    .clone()
+                    .put(self.body_key(i), self.body.to_vec(), None)
+                    .await
+                    .map(drop)
+                    .map_err(grpc_code),
                 (Target::Etcd { .. }, _) => Ok(()),
+                #[cfg(feature = "etcd-grpc")]
+                (Target::EtcdGrpc(_), _) => Ok(()),
             };
             ready.map_err(|code| {
                 format!(
@@ -195,6 +237,37 @@ impl Worker {
                     etcd_call(target, "kv/range", json!({"key": self.etcd_body_key(i)})).await?;
                 let size = read["kvs"][0]["value"].as_str().map_or(0, str::len);
                 check(size == self.body.len().div_ceil(3) * 4)
+            }
+            #[cfg(feature = "etcd-grpc")]
+            (Target::EtcdGrpc(etcd), Op::Acquire) => {
+                let granted = etcd
+                    .clone()
+                    .lease_grant(ETCD_LEASE_TTL as i64, None)
+                    .await
+                    .map_err(grpc_code)?;
+                check(granted.id() != 0)
+            }
+            #[cfg(feature = "etcd-grpc")]
+            (Target::EtcdGrpc(etcd), Op::Put) => {
+                use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+                let fence = self.fence_key(i);
+                let txn = Txn::new()
+                    .when([Compare::value(fence.clone(), CompareOp::Equal, ETCD_FENCE)])
+                    .and_then([
+                        TxnOp::put(fence, ETCD_FENCE, None),
+                        TxnOp::put(self.body_key(i), self.body.to_vec(), None),
+                    ]);
+                let answer = etcd.clone().txn(txn).await.map_err(grpc_code)?;
+                check(answer.succeeded())
+            }
+            #[cfg(feature = "etcd-grpc")]
+            (Target::EtcdGrpc(etcd), _) => {
+                let read = etcd
+                    .clone()
+                    .get(self.body_key(i), None)
+                    .await
+                    .map_err(grpc_code)?;
+                check(read.kvs().first().map(|kv| kv.value().len()) == Some(self.body.len()))
             }
         }
     }
@@ -267,16 +340,26 @@ impl Worker {
         check(written.meta.token == token && written.meta.version == Version::from_stored(expected))
     }
 
+    /// In etcd, the key that fences key `i`: it holds the writer's token ([`ETCD_FENCE`]).
+    fn fence_key(&self, i: usize) -> String {
+        format!("{}/fence", self.keys[i].key)
+    }
+
+    /// In etcd, the key that holds key `i`'s body.
+    fn body_key(&self, i: usize) -> String {
+        format!("{}/body", self.keys[i].key)
+    }
+
     /// The fence key of key `i` and the token it holds, base64 as etcd's gateway takes them.
     fn etcd_fence(&self, i: usize) -> (String, String) {
         (
-            STANDARD.encode(format!("{}/fence", self.keys[i].key)),
-            STANDARD.encode("1"),
+            STANDARD.encode(self.fence_key(i)),
+            STANDARD.encode(ETCD_FENCE),
         )
     }
 
     fn etcd_body_key(&self, i: usize) -> String {
-        STANDARD.encode(format!("{}/body", self.keys[i].key))
+        STANDARD.encode(self.body_key(i))
     }
 
     /// etcd's fenced write: if the fence key still holds the token, put the fence and the body.
@@ -311,6 +394,15 @@ fn code(e: &Error) -> String {
         (None, Error::Transport { .. }) => "transport".to_owned(),
         (None, Error::Unexpected { status, .. }) => format!("http_{}", status.as_u16()),
         (None, _) => "protocol".to_owned(),
+    }
+}
+
+/// The code a failed etcd gRPC call is counted under.
+#[cfg(feature = "etcd-grpc")]
+fn grpc_code(e: etcd_client::Error) -> String {
+    match e {
+        etcd_client::Error::GRpcStatus(status) => format!("grpc_{:?}", status.code()),
+        _ => "transport".to_owned(),
     }
 }
 
