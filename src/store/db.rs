@@ -169,7 +169,13 @@ impl Db {
     /// called within a Tokio runtime (the dispatchers are tasks of it).
     pub fn new(pool: PgPool) -> Self {
         let timeout = pool.options().get_acquire_timeout();
-        let hot = managed::Pool::builder(Connector((*pool.connect_options()).clone()))
+        // The hot statements are prepared once per connection and run with a generic plan: their
+        // shape is fixed (arrays of any length, the same indexes whatever the values), so a plan
+        // made for each run's values would cost planning on every batch and find nothing better.
+        let options = (*pool.connect_options())
+            .clone()
+            .options([("plan_cache_mode", "force_generic_plan")]);
+        let hot = managed::Pool::builder(Connector(options))
             .max_size(pool.options().get_max_connections() as usize)
             .timeouts(Timeouts {
                 wait: Some(timeout),
