@@ -45,7 +45,7 @@ pub const MAX_REQUESTS: usize = 32;
 /// [`super::snapshots::UPLOAD_FROM`], is uploaded on its own connection).
 pub const MAX_BYTES: usize = 1024 * 1024;
 /// The batches of one kind in flight at once, each on a connection of its own.
-pub const IN_FLIGHT: usize = 4;
+pub const IN_FLIGHT: usize = 2;
 
 /// One kind of batched statement: its requests, its rows, and how a batch is bound.
 pub(crate) trait Kind: Send + Sync + 'static {
