@@ -279,7 +279,7 @@ fi
 
 rss_peak() { awk '/VmHWM/ {printf "%.1f", $2 / 1024}' "/proc/$sf_pid/status"; }
 rows=() failed=0
-row_format='%-8s %7s %9s %7s %7s %9s %6s %8s %6s %8s %6s %8s %6s %8s %6s %8s  %s'
+row_format='%-8s %7s %9s %7s %7s %9s %6s %8s %6s %8s %6s %7s %8s %6s %8s %6s %8s  %s'
 declare -A at32
 for op in $ops; do
     say "$op: pgbench (the service's statement) at $clients clients"
@@ -293,11 +293,12 @@ for op in $ops; do
         ops_s=$(field ops_per_sec <<<"$report")
         p50=$(field latency_ms.p50 <<<"$report") p99=$(field latency_ms.p99 <<<"$report")
         errs=$(errors <<<"$report")
-        base_s=- vs_base=-
+        base_s=- vs_base=- base_p50=-
         if [ -n "$base_url" ]; then
             say "$op x$c: the baseline"
             base_report=$(target_url=$base_url target_key=$baseline_api_key bench "$op" "$c")
             base_s=$(field ops_per_sec <<<"$base_report")
+            base_p50=$(field latency_ms.p50 <<<"$base_report")
             vs_base=$(ratio "$ops_s" "$base_s")
             base_errs=$(errors <<<"$base_report")
             [ "$base_errs" = - ] || errs="$errs baseline:$base_errs"
@@ -317,7 +318,7 @@ for op in $ops; do
         fi
         if [ "$c" = 32 ]; then at32[$op]=$ops_s; fi
         rows+=("$(printf "$row_format" "$op" "$c" "$ops_s" "$p50" "$p99" "$pg" "$(ratio "$ops_s" "$pg")" \
-            "$floor" "$(ratio "$ops_s" "$floor")" "$base_s" "$vs_base" "$grpc_s" "$vs_grpc" "$etcd_s" "$vs_etcd" "$wrk_s" "$errs")")
+            "$floor" "$(ratio "$ops_s" "$floor")" "$base_s" "$vs_base" "$base_p50" "$grpc_s" "$vs_grpc" "$etcd_s" "$vs_etcd" "$wrk_s" "$errs")")
         say "row: ${rows[-1]}"
         [ "$errs" = - ] || failed=1
     done
@@ -373,7 +374,7 @@ fi
 
 echo
 echo "snapfence $("$sf" --version | cut -d' ' -f2) vs pgbench (PostgreSQL $("${as_pg[@]}" "$pgbin/postgres" --version | awk '{print $3}')) on $(nproc) cores, loopback, $duration per cell, $keys keys, 1 KiB bodies"
-printf "$row_format\n" op clients service/s p50ms p99ms pgbench/s x-pg floor/s x-floor base/s x-base grpc/s x-grpc json/s x-json wrk/s errors
+printf "$row_format\n" op clients service/s p50ms p99ms pgbench/s x-pg floor/s x-floor base/s x-base b-p50ms grpc/s x-grpc json/s x-json wrk/s errors
 for r in "${rows[@]}"; do echo "$r"; done
 for e in "${extra[@]}"; do echo "$e"; done
 trap - EXIT

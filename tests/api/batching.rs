@@ -1,8 +1,8 @@
 //! Group commit: the hot calls that arrive together on an instance go to the database as one
 //! statement per kind, in one transaction, and each is still answered for itself.
 //!
-//! To make requests arrive together on purpose, a test holds the row locks of four keys and
-//! sends one write to each: those are the four batches of a kind an instance has in flight at
+//! To make requests arrive together on purpose, a test holds the row locks of a few keys and
+//! sends one request to each: those are the batches of a kind an instance has in flight at
 //! once, and every request sent after them gathers in the next batch until the locks go.
 
 use std::time::Duration;
@@ -17,7 +17,7 @@ use crate::metrics::{sample, scrape};
 
 /// The batches of one kind an instance has in flight at once (`IN_FLIGHT` in
 /// `src/store/batch.rs`).
-const IN_FLIGHT: usize = 4;
+const IN_FLIGHT: usize = 2;
 
 /// `PUT` sent in the background.
 fn put_later(app: &TestApp, key: &str, token: i64, body: &str) -> JoinHandle<Response> {
@@ -65,7 +65,7 @@ enum Kind {
     Acquires,
 }
 
-/// Every slot of one kind taken: a transaction holding the row locks of four leased keys, and a
+/// Every slot of one kind taken: a transaction holding the row locks of `IN_FLIGHT` leased keys, and a
 /// request of that kind for each waiting on its lock (a write with the key's token, or another
 /// owner's acquire). Rolling the transaction back lets them all go.
 struct Blocked {
