@@ -8,11 +8,12 @@
 //! much as two or three single ones (`../shared/PERF.md`, and `bench/README.md` here).
 //!
 //! How a batch forms: a dispatcher task per kind takes requests in arrival order into an open
-//! batch, and sends it as soon as one of its [`IN_FLIGHT`] slots is free. With one client no
-//! slot is ever busy, so a request is never held back; under load the requests that arrive while
-//! every slot is busy gather, up to [`MAX_REQUESTS`] (or [`MAX_BYTES`] of bodies), so a batch
-//! waits at most for one statement of its kind to finish, and it is as large as the load makes
-//! it. A batch never holds two requests for one key or one Idempotency-Key: the second waits for
+//! batch, and sends it at once when no batch of its kind is in flight. With one client none ever
+//! is, so a request is never held back. Under load the requests that arrive while a batch is in
+//! flight gather, up to [`MAX_REQUESTS`] (or [`MAX_BYTES`] of bodies), and go when it ends, when
+//! they fill the batch, or when it has run for [`STALLED`]; then on one of [`IN_FLIGHT`] slots.
+//! So a request waits at most for one short statement of its kind (or [`STALLED`]), and a batch
+//! is as large as the load makes it. A batch never holds two requests for one key or one Idempotency-Key: the second waits for
 //! the next batch, in its order, so every request in a batch is decided on its own (the SQL
 //! files say why that is race-free) and a refusal of one changes nothing for another. Each
 //! batch's rows are sent in key order, the order every batched statement locks its rows in, so
@@ -45,7 +46,13 @@ pub const MAX_REQUESTS: usize = 32;
 /// [`super::snapshots::UPLOAD_FROM`], is uploaded on its own connection).
 pub const MAX_BYTES: usize = 1024 * 1024;
 /// The batches of one kind in flight at once, each on a connection of its own.
-pub const IN_FLIGHT: usize = 2;
+pub const IN_FLIGHT: usize = 4;
+/// How long a batch in flight may take before the next one goes beside it rather than after it.
+/// Below it a kind's batches go one at a time, each as large as the requests that arrived while
+/// the one before it ran (so the database runs fewer, larger statements); past it a slow
+/// statement, or one waiting on a row lock, holds up no one else. Tokio's timer counts in
+/// milliseconds, so this is the shortest bound there is without spinning.
+pub const STALLED: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// One kind of batched statement: its requests, its rows, and how a batch is bound.
 pub(crate) trait Kind: Send + Sync + 'static {
@@ -286,6 +293,7 @@ async fn dispatch<K: Kind>(conns: Conns, mut requests: mpsc::UnboundedReceiver<P
     let ended = Arc::new(Notify::new());
     let mut later = Later::<K>::new();
     let mut open = true;
+    let mut last_sent = Instant::now();
     loop {
         let mut batch = Open::<K>::new();
         later = batch.offer_all(later, &busy);
@@ -313,19 +321,38 @@ async fn dispatch<K: Kind>(conns: Conns, mut requests: mpsc::UnboundedReceiver<P
                 }
                 continue;
             }
-            if batch.full() || !open {
-                break slots.clone().acquire_owned().await;
+            // A batch goes when no batch of its kind is in flight, when it is full, or when the
+            // batch in flight has taken [`STALLED`] (a slow statement, or one waiting on a lock,
+            // holds no one else up for longer), on a free slot.
+            let stalled = last_sent + STALLED;
+            let in_flight = slots.available_permits() < IN_FLIGHT;
+            if !in_flight || batch.full() || !open || Instant::now() >= stalled {
+                if let Ok(slot) = slots.clone().try_acquire_owned() {
+                    break slot;
+                }
+                tokio::select! {
+                    biased;
+                    slot = slots.clone().acquire_owned() => {
+                        break slot.expect("the slots are never closed");
+                    }
+                    p = requests.recv(), if open && !batch.full() => match p {
+                        Some(p) => batch.offer(p, &mut later, &busy),
+                        None => open = false,
+                    },
+                }
+                continue;
             }
             tokio::select! {
                 biased;
-                slot = slots.clone().acquire_owned() => break slot,
+                () = ended.notified() => {}
+                () = tokio::time::sleep_until(stalled) => {}
                 p = requests.recv() => match p {
                     Some(p) => batch.offer(p, &mut later, &busy),
                     None => open = false,
                 },
             }
         };
-        let slot = slot.expect("the slots are never closed");
+        last_sent = Instant::now();
         busy.lock()
             .expect("never poisoned")
             .extend(batch.claimed.iter().cloned());
@@ -333,7 +360,7 @@ async fn dispatch<K: Kind>(conns: Conns, mut requests: mpsc::UnboundedReceiver<P
             claims: batch.claimed,
             busy: busy.clone(),
             ended: ended.clone(),
-            _slot: slot,
+            slot: Some(slot),
         };
         tokio::spawn(run(conns.clone(), batch.jobs, flight));
     }
@@ -345,7 +372,7 @@ struct Flight {
     claims: HashSet<String>,
     busy: Arc<Mutex<HashSet<String>>>,
     ended: Arc<Notify>,
-    _slot: OwnedSemaphorePermit,
+    slot: Option<OwnedSemaphorePermit>,
 }
 
 impl Drop for Flight {
@@ -355,6 +382,8 @@ impl Drop for Flight {
                 busy.remove(c);
             }
         }
+        // The slot is free before the dispatcher wakes to look at it.
+        drop(self.slot.take());
         self.ended.notify_one();
     }
 }

@@ -17,7 +17,7 @@ use crate::metrics::{sample, scrape};
 
 /// The batches of one kind an instance has in flight at once (`IN_FLIGHT` in
 /// `src/store/batch.rs`).
-const IN_FLIGHT: usize = 2;
+const IN_FLIGHT: usize = 4;
 
 /// `PUT` sent in the background.
 fn put_later(app: &TestApp, key: &str, token: i64, body: &str) -> JoinHandle<Response> {
