@@ -54,19 +54,34 @@ pub const IN_FLIGHT: usize = 4;
 /// milliseconds, so this is the shortest bound there is without spinning.
 pub const STALLED: std::time::Duration = std::time::Duration::from_millis(1);
 
+/// One request of a batch, as the batch sees it.
+pub(crate) trait Job {
+    /// The key the request is for.
+    fn key(&self) -> &Key;
+    /// The request's context, for a change (whose Idempotency-Key it claims); none for a read.
+    fn context(&self) -> Option<&RequestContext> {
+        None
+    }
+}
+
 /// One kind of batched statement: its requests, its rows, and how a batch is bound.
 pub(crate) trait Kind: Send + Sync + 'static {
     /// One request.
-    type Job: Send + Sync + 'static;
+    type Job: Job + Send + Sync + 'static;
     /// One row of the statement's answer, for the request at its position.
     type Row: Send + Unpin + for<'r> FromRow<'r, PgRow> + 'static;
     /// Whether the statement changes something (which decides what a lost answer means).
     const EFFECT: Effect;
     /// What two requests of one batch must not share: for a change, the key (whose row its
     /// statement locks) and the Idempotency-Key with its principal. Reads share freely.
-    fn claims(job: &Self::Job) -> Vec<String>;
+    fn claims(job: &Self::Job) -> Vec<String> {
+        job.context()
+            .map_or_else(Vec::new, |ctx| change_claims(job.key(), ctx))
+    }
     /// The order a batch's requests are sent in: their keys, the order rows are locked in.
-    fn order(job: &Self::Job) -> &str;
+    fn order(job: &Self::Job) -> &str {
+        job.key().as_str()
+    }
     /// The bytes of bodies the request carries.
     fn bytes(_job: &Self::Job) -> usize {
         0

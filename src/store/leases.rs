@@ -14,7 +14,7 @@ use sqlx::{FromRow, PgPool, Postgres};
 use sqlx::postgres::PgArguments;
 use sqlx::query::QueryAs;
 
-use super::batch::{Indexed, Kind, change_claims, column};
+use super::batch::{Indexed, Kind, column};
 use super::db::Effect;
 use super::idempotency::{self, Gated, GatedRow, bind_gates};
 use super::{Bounded, Db, RequestContext, Result};
@@ -204,18 +204,20 @@ pub(crate) struct AcquireJob {
     ctx: RequestContext,
 }
 
+impl super::batch::Job for AcquireJob {
+    fn key(&self) -> &Key {
+        &self.req.key
+    }
+
+    fn context(&self) -> Option<&RequestContext> {
+        Some(&self.ctx)
+    }
+}
+
 impl Kind for AcquireBatch {
     type Job = AcquireJob;
     type Row = GatedRow<AcquireAnswer>;
     const EFFECT: Effect = Effect::Changes;
-
-    fn claims(job: &AcquireJob) -> Vec<String> {
-        change_claims(&job.req.key, &job.ctx)
-    }
-
-    fn order(job: &AcquireJob) -> &str {
-        job.req.key.as_str()
-    }
 
     fn query<'q>(
         jobs: &[&'q AcquireJob],
@@ -310,6 +312,16 @@ impl<C> ChangeJob<C> {
     }
 }
 
+impl<C> super::batch::Job for ChangeJob<C> {
+    fn key(&self) -> &Key {
+        &self.key
+    }
+
+    fn context(&self) -> Option<&RequestContext> {
+        Some(&self.ctx)
+    }
+}
+
 /// Renewals, gathered into batches ([`super::batch`]).
 #[derive(Debug)]
 pub(crate) struct RenewBatch;
@@ -318,14 +330,6 @@ impl Kind for RenewBatch {
     type Job = ChangeJob<Option<TtlMs>>;
     type Row = GatedRow<ChangeAnswer>;
     const EFFECT: Effect = Effect::Changes;
-
-    fn claims(job: &Self::Job) -> Vec<String> {
-        change_claims(&job.key, &job.ctx)
-    }
-
-    fn order(job: &Self::Job) -> &str {
-        job.key.as_str()
-    }
 
     fn query<'q>(jobs: &[&'q Self::Job]) -> QueryAs<'q, Postgres, Indexed<Self::Row>, PgArguments> {
         ChangeJob::bind(RENEW, jobs, |ttl| ttl.map(TtlMs::get))
@@ -340,14 +344,6 @@ impl Kind for EndBatch {
     type Job = ChangeJob<&'static str>;
     type Row = GatedRow<ChangeAnswer>;
     const EFFECT: Effect = Effect::Changes;
-
-    fn claims(job: &Self::Job) -> Vec<String> {
-        change_claims(&job.key, &job.ctx)
-    }
-
-    fn order(job: &Self::Job) -> &str {
-        job.key.as_str()
-    }
 
     fn query<'q>(jobs: &[&'q Self::Job]) -> QueryAs<'q, Postgres, Indexed<Self::Row>, PgArguments> {
         ChangeJob::bind(END, jobs, |ending| *ending)

@@ -17,7 +17,7 @@ use sqlx::{FromRow, PgPool, Postgres};
 
 use crate::domain::{AuditOperation, RefusalReason};
 
-use super::batch::{Indexed, Kind, change_claims, column};
+use super::batch::{Indexed, Kind, column};
 use super::db::Effect;
 use super::idempotency::{self, Gated, GatedRow, bind_gates};
 use super::{Bounded, Db, RequestContext, Result};
@@ -293,6 +293,16 @@ impl FencedJob {
     }
 }
 
+impl super::batch::Job for FencedJob {
+    fn key(&self) -> &Key {
+        &self.key
+    }
+
+    fn context(&self) -> Option<&RequestContext> {
+        Some(&self.ctx)
+    }
+}
+
 /// Fenced writes with their body bound, gathered into batches ([`super::batch`]).
 #[derive(Debug)]
 pub(crate) struct PutBatch;
@@ -301,14 +311,6 @@ impl Kind for PutBatch {
     type Job = FencedJob;
     type Row = GatedRow<FencedRow>;
     const EFFECT: Effect = Effect::Changes;
-
-    fn claims(job: &FencedJob) -> Vec<String> {
-        change_claims(&job.key, &job.ctx)
-    }
-
-    fn order(job: &FencedJob) -> &str {
-        job.key.as_str()
-    }
 
     fn bytes(job: &FencedJob) -> usize {
         job.write.as_ref().map_or(0, |w| w.body.len())
@@ -327,14 +329,6 @@ impl Kind for PrecheckBatch {
     type Job = FencedJob;
     type Row = GatedRow<FencedRow>;
     const EFFECT: Effect = Effect::Changes;
-
-    fn claims(job: &FencedJob) -> Vec<String> {
-        change_claims(&job.key, &job.ctx)
-    }
-
-    fn order(job: &FencedJob) -> &str {
-        job.key.as_str()
-    }
 
     fn query<'q>(jobs: &[&'q FencedJob]) -> QueryAs<'q, Postgres, Indexed<Self::Row>, PgArguments> {
         FencedJob::bind(precheck_statement(), jobs)
@@ -558,6 +552,12 @@ pub(crate) struct GetJob {
     with_body: bool,
 }
 
+impl super::batch::Job for GetJob {
+    fn key(&self) -> &Key {
+        &self.key
+    }
+}
+
 /// Snapshot reads, gathered into batches ([`super::batch`]). Reads claim nothing: two of one
 /// key share a batch.
 #[derive(Debug)]
@@ -567,14 +567,6 @@ impl Kind for GetBatch {
     type Job = GetJob;
     type Row = BodyRow;
     const EFFECT: Effect = Effect::Reads;
-
-    fn claims(_job: &GetJob) -> Vec<String> {
-        Vec::new()
-    }
-
-    fn order(job: &GetJob) -> &str {
-        job.key.as_str()
-    }
 
     fn query<'q>(jobs: &[&'q GetJob]) -> QueryAs<'q, Postgres, Indexed<BodyRow>, PgArguments> {
         sqlx::query_as(GET)
