@@ -6,7 +6,6 @@
 use std::time::Duration;
 
 use futures_util::{StreamExt, stream};
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Body, Method, StatusCode};
 use serde_json::{Value, json};
 
