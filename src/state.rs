@@ -11,6 +11,7 @@ use crate::http::limits::Limits;
 use crate::metrics::Metrics;
 use crate::store::Db;
 use crate::store::keys::KeyCache;
+use crate::store::waiters::Waiters;
 
 /// The rules an instance enforces, from its configuration.
 #[derive(Debug, Clone)]
@@ -96,15 +97,20 @@ pub struct AppState {
     pub keys: KeyCache,
     /// What this instance lets in at once: per API key, and bytes of bodies.
     pub limits: Arc<Limits>,
+    /// This instance's waiting acquires.
+    pub waiters: Waiters,
 }
 
 impl AppState {
-    /// State over a pool with the given rules; starts following the API keys, so it must be
-    /// called within a Tokio runtime.
+    /// State over a pool with the given rules; starts following the API keys and listening for
+    /// waiters' wake-ups, so it must be called within a Tokio runtime.
     pub fn new(db: PgPool, rules: Rules) -> Self {
+        let keys = KeyCache::follow(db.clone());
+        let db = Db::new(db);
         Self {
-            keys: KeyCache::follow(db.clone()),
-            db: Db::new(db),
+            keys,
+            waiters: Waiters::start(&db),
+            db,
             limits: Arc::new(Limits::new(&rules)),
             rules: Arc::new(rules),
             metrics: Metrics::new(),

@@ -41,6 +41,7 @@ async fn acquire(
 ) -> Result<Response, ApiError> {
     let canonical = serde_json::to_vec(&body).expect("a request serializes");
     idempotency.attach(&mut ctx, "acquire", &key, &[&canonical]);
+    let wait = body.checked_wait()?;
     let req = NewLease {
         ttl: TtlMs::new(body.ttl_ms, state.rules.ttl_bounds)?,
         key: key.clone(),
@@ -49,7 +50,10 @@ async fn acquire(
         crash_recovery: body.crash_recovery,
         reconciled: body.reconciled,
     };
-    let done = leases::acquire(&state.db, &req, &ctx).await;
+    let done = match wait {
+        None => leases::acquire(&state.db, &req, &ctx).await,
+        Some(wait) => state.waiters.acquire(&req, &ctx, wait).await,
+    };
     idempotency.respond(done, |outcome| match outcome {
         AcquireOutcome::Granted { lease, recovered } => {
             Ok((StatusCode::CREATED, Json(Grant { lease, recovered })).into_response())
