@@ -28,6 +28,8 @@ pub struct Rules {
     pub idempotency_retention: Duration,
     /// How long a request body may take to arrive.
     pub body_timeout: Duration,
+    /// The longest an acquire waits in a key's queue, whatever its `wait_ms` asks.
+    pub max_wait: Duration,
     /// The most requests one instance serves at once; more are shed with 503.
     pub max_concurrent_requests: usize,
     /// The largest total size of a request's headers, in bytes.
@@ -71,6 +73,7 @@ impl Default for Rules {
             audit_retention: Duration::from_secs(30 * 86_400),
             idempotency_retention: Duration::from_secs(86_400),
             body_timeout: Duration::from_secs(30),
+            max_wait: Duration::from_millis(snapfence_types::MAX_WAIT_MS as u64),
             max_concurrent_requests: 1024,
             max_header_bytes: 16 * 1024,
             head_timeout: Duration::from_secs(10),

@@ -41,7 +41,11 @@ async fn acquire(
 ) -> Result<Response, ApiError> {
     let canonical = serde_json::to_vec(&body).expect("a request serializes");
     idempotency.attach(&mut ctx, "acquire", &key, &[&canonical]);
-    let wait = body.checked_wait()?;
+    // Cut to the instance's --max-wait; none at all when that is zero.
+    let wait = body
+        .checked_wait()?
+        .map(|w| w.min(state.rules.max_wait))
+        .filter(|w| !w.is_zero());
     let req = NewLease {
         ttl: TtlMs::new(body.ttl_ms, state.rules.ttl_bounds)?,
         key: key.clone(),
