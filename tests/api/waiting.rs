@@ -358,3 +358,69 @@ async fn a_thousand_idle_waiters_on_one_instance_hold_no_database_connections() 
     instance.stop().await;
     app.stop().await;
 }
+
+/// The `q` quantile of `samples` (sorted here).
+fn quantile(samples: &mut [Duration], q: f64) -> Duration {
+    samples.sort();
+    samples[((samples.len() - 1) as f64 * q).round() as usize]
+}
+
+/// One hand-off of `key` from a holder with `ttl_ms` to a waiter: by the holder's release (from
+/// its `204` to the waiter's `201`, on this machine's clock) or by its expiry (from its
+/// `expires_at` to the waiter's `acquired_at`, by the database clock).
+async fn hand_off(app: &TestApp, key: &str, ttl_ms: i64, release: bool) -> Duration {
+    let holder = app.acquire(key, "holder", ttl_ms).await;
+    let http = app.http.clone();
+    let base = app.instance.base.clone();
+    let owned = key.to_owned();
+    let waiter = tokio::spawn(async move {
+        let answer = acquire_waiting(&http, &base, &owned, "waiter", 60_000).await;
+        (answer, Instant::now())
+    });
+    until_queued(app.db(), key, 1).await;
+    let at = |v: &Value, field: &str| {
+        chrono::DateTime::parse_from_rfc3339(v[field].as_str().unwrap()).unwrap()
+    };
+    if release {
+        assert_eq!(app.release(key, token(&holder)).await.status(), 204);
+        let released = Instant::now();
+        let ((status, grant), granted) = waiter.await.unwrap();
+        assert_eq!(status, StatusCode::CREATED, "{grant}");
+        assert_eq!(app.release(key, token(&grant)).await.status(), 204);
+        granted - released
+    } else {
+        let ((status, grant), _) = waiter.await.unwrap();
+        assert_eq!(status, StatusCode::CREATED, "{grant}");
+        assert_eq!(app.release(key, token(&grant)).await.status(), 204);
+        (at(&grant, "acquired_at") - at(&holder, "expires_at"))
+            .to_std()
+            .expect("granted after the expiry")
+    }
+}
+
+/// Not a timed assertion: the figures of the hand-off from a release (its `204` to the first
+/// waiter's `201`, on this machine's clock) and from an expiry (the holder's `expires_at` to the
+/// waiter's grant, both by the database clock), printed for bench/README.md. Run alone for
+/// figures that mean something: `cargo test --release --test api hand_off -- --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_off_latency_from_a_release_and_from_an_expiry_is_measured() {
+    let app = TestApp::spawn().await;
+    let mut released = Vec::new();
+    for i in 0..100 {
+        released.push(hand_off(&app, &format!("release-{i}"), 30_000, true).await);
+    }
+    let mut expired = Vec::new();
+    for i in 0..30 {
+        expired.push(hand_off(&app, &format!("expiry-{i}"), 200, false).await);
+    }
+    for (what, samples) in [("a release", &mut released), ("an expiry", &mut expired)] {
+        let p50 = quantile(samples, 0.5);
+        let p99 = quantile(samples, 0.99);
+        let max = quantile(samples, 1.0);
+        eprintln!(
+            "hand-off from {what}: {} samples, p50 {p50:?}, p99 {p99:?}, max {max:?}",
+            samples.len()
+        );
+    }
+    app.stop().await;
+}
