@@ -36,7 +36,12 @@ use sqlx::postgres::{PgListener, PgPoolOptions};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use super::batch::Batcher;
+use sqlx::Postgres;
+use sqlx::postgres::PgArguments;
+use sqlx::query::QueryAs;
+
+use super::batch::{Batcher, Indexed, Kind, column};
+use super::db::Effect;
 use super::idempotency::{self, Gated};
 use super::leases::{
     AcquireAnswer, AcquireOutcome, NewLease, WaitingAcquireBatch, WaitingAcquireJob,
@@ -80,6 +85,8 @@ struct Inner {
     stale_until: Mutex<Option<Instant>>,
     /// The waiters' tries, batched like every acquire.
     tries: Batcher<WaitingAcquireBatch>,
+    /// The waiters' places taken in their queues, batched likewise.
+    enqueues: Batcher<EnqueueBatch>,
     pool: PgPool,
 }
 
@@ -116,6 +123,7 @@ impl Waiters {
             stopping: watch::Sender::new(false),
             stale_until: Mutex::new(None),
             tries: Batcher::start(db.conns().clone()),
+            enqueues: Batcher::start(db.conns().clone()),
             pool,
         });
         let tasks = vec![
@@ -194,13 +202,26 @@ impl Waiters {
                 ),
             )));
         }
-        let id: i64 = sqlx::query_scalar(include_str!("sql/wait_enqueue.sql"))
-            .bind(key.as_str())
-            .bind(self.inner.instance)
-            .fetch_one(pool)
-            .bounded(pool)
-            .await
-            .inspect_err(|_| self.inner.left_behind())?;
+        let queued = self
+            .inner
+            .enqueues
+            .answer(Enqueue {
+                key: key.clone(),
+                instance: self.inner.instance,
+            })
+            .await;
+        let id = match queued {
+            Ok(Queued { id }) => id,
+            Err(e) => {
+                // The place may have been taken with its answer lost: the sweep takes it out.
+                self.inner.left_behind();
+                // No lease was changed whatever became of the place.
+                return Err(match e {
+                    StoreError::Indeterminate(e) => StoreError::Unavailable(e),
+                    other => other,
+                });
+            }
+        };
         let notify = Arc::new(Notify::new());
         self.inner
             .queues
@@ -235,6 +256,52 @@ impl Waiters {
             () = tokio::time::sleep_until(until) => false,
             _ = stopping.wait_for(|on| *on) => false,
         }
+    }
+}
+
+/// A waiter taking its place in its key's queue, in a batch of [`EnqueueBatch`].
+#[derive(Debug)]
+struct Enqueue {
+    key: Key,
+    instance: i32,
+}
+
+impl super::batch::Job for Enqueue {
+    fn key(&self) -> &Key {
+        &self.key
+    }
+}
+
+/// A waiter's place: its id in `lease_waiters`.
+#[derive(Debug, sqlx::FromRow)]
+struct Queued {
+    id: i64,
+}
+
+/// The places taken by waiters that arrive together, as one statement
+/// (`sql/wait_enqueue.sql`). Places of one key may share a batch: each is a row of its own, in
+/// the batch's order.
+#[derive(Debug)]
+struct EnqueueBatch;
+
+impl Kind for EnqueueBatch {
+    type Job = Enqueue;
+    type Row = Queued;
+    const EFFECT: Effect = Effect::Changes;
+
+    fn claims(_job: &Enqueue) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Arrival order: the batch's order is the queue's.
+    fn order(_job: &Enqueue) -> &str {
+        ""
+    }
+
+    fn query<'q>(jobs: &[&'q Enqueue]) -> QueryAs<'q, Postgres, Indexed<Queued>, PgArguments> {
+        sqlx::query_as(include_str!("sql/wait_enqueue.sql"))
+            .bind(column(jobs, |j| j.key.as_str()))
+            .bind(jobs.first().map_or(0, |j| j.instance))
     }
 }
 

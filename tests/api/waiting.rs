@@ -338,7 +338,14 @@ async fn a_thousand_idle_waiters_on_one_instance_hold_no_database_connections() 
             acquire_waiting(&http, &base, "k", &format!("w{i}"), 300_000).await
         }));
     }
-    until_queued(app.db(), "k", WAITERS as i64).await;
+    let deadline = Instant::now() + 3 * CEILING;
+    while queued(app.db(), "k").await != WAITERS as i64 {
+        if let Some(done) = waiters.iter_mut().find(|w| w.is_finished()) {
+            panic!("a waiter was answered: {:?}", done.await.unwrap());
+        }
+        assert!(Instant::now() < deadline, "the queue never held {WAITERS}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // However many wait, the instances hold their pools' connections at most (8 each, hot and
     // other, and a listening connection for keys and for waiters), and this test one.
     let bound = 2 * (2 * 8 + 2) + 1;
