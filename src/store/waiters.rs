@@ -24,8 +24,9 @@
 //! holds any more.
 //!
 //! While the listening connection is down, this instance's waiters look dead to the others (who
-//! may then be served first) and it takes no new waiter (`503 unavailable`); once it listens
-//! again, each of its first waiters tries once, since a release may have gone unheard.
+//! may then be served first), and a new waiter waits for it to be back; one that is not back
+//! when its wait is over tries once. Once it listens again, each of its first waiters tries
+//! once, since a release may have gone unheard.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -160,8 +161,8 @@ impl Waiters {
         wait: Duration,
     ) -> Result<Gated<AcquireOutcome>> {
         let until = Instant::now() + wait;
-        let mut place = self.enqueue(&req.key).await?;
-        let mut last_try = *self.inner.stopping.borrow();
+        let (mut place, heard) = self.enqueue(&req.key, until).await?;
+        let mut last_try = !heard || *self.inner.stopping.borrow();
         loop {
             super::restart_deadline();
             let gated = idempotency::gated(ctx, || {
@@ -187,21 +188,22 @@ impl Waiters {
     }
 
     /// Takes a place at the end of `key`'s queue, once this instance listens (so that a
-    /// release is heard from the moment the place is taken).
-    async fn enqueue(&self, key: &Key) -> Result<Place> {
-        let pool = &self.inner.pool;
+    /// release is heard from the moment the place is taken); whether it listens. An instance
+    /// that does not listen by `until` (its database connection for it is slow to come, or
+    /// away) takes the place anyway, for one try that is the last.
+    async fn enqueue(&self, key: &Key, until: Instant) -> Result<(Place, bool)> {
         let mut listening = self.inner.listening.subscribe();
-        let deadline = super::deadline(pool);
-        if tokio::time::timeout_at(deadline, listening.wait_for(|on| *on))
+        let heard = tokio::time::timeout_at(until, listening.wait_for(|on| *on))
             .await
-            .is_err()
-        {
-            return Err(StoreError::Unavailable(sqlx::Error::Io(
-                std::io::Error::other(
-                    "this instance cannot hear wake-ups from the database now, so it takes no waiter",
-                ),
-            )));
+            .is_ok_and(|on| on.is_ok());
+        if !heard {
+            tracing::warn!(
+                %key,
+                "this instance does not hear wake-ups from the database; the waiting acquire tries once"
+            );
         }
+        // The request's bound counts from here, not from its arrival.
+        super::restart_deadline();
         let queued = self
             .inner
             .enqueues
@@ -230,13 +232,14 @@ impl Waiters {
             .entry(key.as_str().to_owned())
             .or_default()
             .insert(id, notify.clone());
-        Ok(Place {
+        let place = Place {
             inner: self.inner.clone(),
             key: key.as_str().to_owned(),
             id,
             notify,
             left: false,
-        })
+        };
+        Ok((place, heard))
     }
 
     /// Sleeps until `place` should try again (true) or its wait is over (false): woken by the
