@@ -98,6 +98,12 @@ pub struct ServeConfig {
     #[arg(long, env = "SNAPFENCE_IDEMPOTENCY_RETENTION", value_parser = humantime::parse_duration, default_value = "24h")]
     pub idempotency_retention: Duration,
 
+    /// The longest an acquire waits in a key's queue (its `wait_ms`, up to the contract's 5
+    /// minutes, is cut to this): then it is answered 409 lease_held. 0 makes every acquire one
+    /// that does not wait.
+    #[arg(long, env = "SNAPFENCE_MAX_WAIT", value_parser = max_wait, default_value = "5m")]
+    pub max_wait: Duration,
+
     /// How long a request body may take to arrive before the request is answered 408.
     #[arg(long, env = "SNAPFENCE_BODY_TIMEOUT", value_parser = humantime::parse_duration, default_value = "30s")]
     pub body_timeout: Duration,
@@ -181,6 +187,7 @@ impl ServeConfig {
             audit_retention: self.audit_retention,
             idempotency_retention: self.idempotency_retention,
             body_timeout: self.body_timeout,
+            max_wait: self.max_wait,
             max_concurrent_requests: self.max_concurrent_requests as usize,
             max_header_bytes: self.max_header_bytes,
             head_timeout: self.head_timeout,
@@ -257,6 +264,15 @@ fn positive_duration(text: &str) -> Result<Duration, String> {
         Ok(d) => Ok(d),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// A `--max-wait`: at most the contract's 5 minutes (`wait_ms` 0..=300000).
+fn max_wait(text: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if d > Duration::from_millis(snapfence_types::MAX_WAIT_MS as u64) {
+        return Err("must be at most 5m, the longest wait the contract allows".into());
+    }
+    Ok(d)
 }
 
 #[cfg(test)]

@@ -45,8 +45,12 @@ pub async fn run(
     let pruner = tokio::spawn(prune_forever(state.clone()));
     let handle = axum_server::Handle::<conn::Peer>::new();
     let stopper = handle.clone();
+    let waiters = state.waiters.clone();
     tokio::spawn(async move {
         shutdown.await;
+        // A waiting acquire would hold the shutdown up for as long as it may wait: each one
+        // makes its last try now and answers.
+        waiters.stop();
         // No deadline: a request in flight is finished, however long its statement may take
         // (the database bounds that); idle keep-alive connections are closed at once.
         stopper.graceful_shutdown(None);

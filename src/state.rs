@@ -11,6 +11,7 @@ use crate::http::limits::Limits;
 use crate::metrics::Metrics;
 use crate::store::Db;
 use crate::store::keys::KeyCache;
+use crate::store::waiters::Waiters;
 
 /// The rules an instance enforces, from its configuration.
 #[derive(Debug, Clone)]
@@ -27,6 +28,8 @@ pub struct Rules {
     pub idempotency_retention: Duration,
     /// How long a request body may take to arrive.
     pub body_timeout: Duration,
+    /// The longest an acquire waits in a key's queue, whatever its `wait_ms` asks.
+    pub max_wait: Duration,
     /// The most requests one instance serves at once; more are shed with 503.
     pub max_concurrent_requests: usize,
     /// The largest total size of a request's headers, in bytes.
@@ -70,6 +73,7 @@ impl Default for Rules {
             audit_retention: Duration::from_secs(30 * 86_400),
             idempotency_retention: Duration::from_secs(86_400),
             body_timeout: Duration::from_secs(30),
+            max_wait: Duration::from_millis(snapfence_types::MAX_WAIT_MS as u64),
             max_concurrent_requests: 1024,
             max_header_bytes: 16 * 1024,
             head_timeout: Duration::from_secs(10),
@@ -96,15 +100,20 @@ pub struct AppState {
     pub keys: KeyCache,
     /// What this instance lets in at once: per API key, and bytes of bodies.
     pub limits: Arc<Limits>,
+    /// This instance's waiting acquires.
+    pub waiters: Waiters,
 }
 
 impl AppState {
-    /// State over a pool with the given rules; starts following the API keys, so it must be
-    /// called within a Tokio runtime.
+    /// State over a pool with the given rules; starts following the API keys and listening for
+    /// waiters' wake-ups, so it must be called within a Tokio runtime.
     pub fn new(db: PgPool, rules: Rules) -> Self {
+        let keys = KeyCache::follow(db.clone());
+        let db = Db::new(db);
         Self {
-            keys: KeyCache::follow(db.clone()),
-            db: Db::new(db),
+            keys,
+            waiters: Waiters::start(&db),
+            db,
             limits: Arc::new(Limits::new(&rules)),
             rules: Arc::new(rules),
             metrics: Metrics::new(),

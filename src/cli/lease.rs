@@ -15,7 +15,8 @@ use snapfence_client::{AcquireRequest, Grant, LeaseFilter, PageRequest};
 /// The lease subcommands.
 #[derive(Debug, Subcommand)]
 pub enum LeaseCommand {
-    /// Acquire a key; prints the grant with its fencing token. Never waits (see `run --wait`).
+    /// Acquire a key; prints the grant with its fencing token. With --wait, waits in the key's
+    /// queue on the server while it is held.
     Acquire {
         /// The key.
         key: Key,
@@ -35,6 +36,11 @@ pub enum LeaseCommand {
         /// record.
         #[arg(long)]
         reconciled: bool,
+        /// While someone else holds the key, wait up to this long (at most 5m) in its queue on
+        /// the server, behind those who came first, then fail as without it [default: fail at
+        /// once].
+        #[arg(long, value_parser = parse::wait)]
+        wait: Option<Duration>,
     },
     /// Renew a live lease; prints it with its new expiry.
     Renew {
@@ -93,10 +99,12 @@ pub async fn main(ctx: &Ctx, command: LeaseCommand) -> Exit {
             metadata,
             crash_recovery,
             reconciled,
+            wait,
         } => {
             let mut request = AcquireRequest::new(owner.unwrap_or_else(super::default_owner), ttl)
                 .crash_recovery(crash_recovery)
-                .reconciled(reconciled);
+                .reconciled(reconciled)
+                .wait(wait.unwrap_or_default());
             if let Some(m) = metadata {
                 request = request.metadata(m);
             }

@@ -255,6 +255,18 @@ mod parse {
         EntityTagCondition::parse(raw)
     }
 
+    /// A server-side wait: a duration of at most 5 minutes (the contract's `wait_ms` bound).
+    pub fn wait(raw: &str) -> Result<std::time::Duration, InvalidInput> {
+        let wait = humantime::parse_duration(raw)
+            .map_err(|e| InvalidInput::new(format!("not a duration ({e}); write e.g. 30s")))?;
+        if wait > std::time::Duration::from_millis(crate::domain::MAX_WAIT_MS as u64) {
+            return Err(InvalidInput::new(
+                "at most 5m, the longest the server waits (snapfence run --wait waits longer)",
+            ));
+        }
+        Ok(wait)
+    }
+
     /// RFC 3339, or an age such as `90s` or `2h` before now (on this machine's clock).
     pub fn time(raw: &str) -> Result<DateTime<Utc>, InvalidInput> {
         if let Ok(t) = DateTime::parse_from_rfc3339(raw) {

@@ -62,7 +62,8 @@ pub struct RunArgs {
     /// renew in), or by two fifths of itself when that is less.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "15s")]
     pub ttl: Duration,
-    /// While someone else holds the key, retry for up to this long [default: fail at once].
+    /// While someone else holds the key, wait up to this long in its queue on the server (served
+    /// in arrival order, woken when it frees) [default: fail at once].
     #[arg(long, value_parser = humantime::parse_duration)]
     pub wait: Option<Duration>,
     /// If the command fails or is stopped, leave a recovery record; also if `run` dies and the
@@ -280,8 +281,10 @@ fn metadata(command: &[OsString]) -> Metadata {
         .expect("a small object is valid metadata")
 }
 
-/// Acquires the key; with `--wait`, retries while it is held (or the server is briefly away)
-/// until the wait is over. Returns the lease and when its acquire was sent.
+/// Acquires the key; with `--wait`, once it is found held, waits in the key's queue on the
+/// server (served in arrival order, woken by the server when the key frees) until the wait is
+/// over, and retries while the server is briefly away. Returns the lease and when its acquire
+/// was sent.
 async fn acquire(
     ctx: &Ctx,
     args: &RunArgs,
@@ -296,9 +299,27 @@ async fn acquire(
     };
     let mut attempt = 0;
     let mut announced: Option<(String, Instant)> = None;
+    // Whether the next acquire waits on the server: once the key was found held, so that the
+    // first try says who holds it.
+    let mut queue = false;
     loop {
         let sent = Instant::now();
-        let e = match ctx.client.acquire(&args.key, request).await {
+        let left = until.saturating_duration_since(sent);
+        let attempt_request = if queue && !left.is_zero() {
+            request.clone().wait(left.min(MAX_SERVER_WAIT))
+        } else {
+            request.clone()
+        };
+        let answer = tokio::select! {
+            answer = ctx.client.acquire(&args.key, &attempt_request) => answer,
+            // Dropping the call closes its connection: the server takes the place out of
+            // the queue.
+            sig = signals.recv() => {
+                eprintln!("snapfence: {} while waiting for {}; giving up", sig.as_str(), args.key);
+                return Err(Exit::Status(128 + sig as u8));
+            }
+        };
+        let e = match answer {
             Ok(grant) => {
                 if announced.is_some() {
                     eprintln!("snapfence: acquired {}", args.key);
@@ -349,6 +370,12 @@ async fn acquire(
             );
             announced = Some((what, now));
         }
+        if matches!(e, Error::LeaseHeld { .. }) {
+            // Held: the next try waits in the queue on the server, not here.
+            queue = true;
+            attempt = 0;
+            continue;
+        }
         attempt += 1;
         tokio::select! {
             () = sleep(pause.backoff(attempt).min(until - now)) => {}
@@ -359,6 +386,10 @@ async fn acquire(
         }
     }
 }
+
+/// The longest wait one acquire asks the server for (the contract's bound); a longer `--wait`
+/// asks again.
+const MAX_SERVER_WAIT: Duration = Duration::from_millis(crate::domain::MAX_WAIT_MS as u64);
 
 fn round_to_seconds(d: Duration) -> Duration {
     Duration::from_secs(d.as_secs_f64().round() as u64)

@@ -41,6 +41,11 @@ async fn acquire(
 ) -> Result<Response, ApiError> {
     let canonical = serde_json::to_vec(&body).expect("a request serializes");
     idempotency.attach(&mut ctx, "acquire", &key, &[&canonical]);
+    // Cut to the instance's --max-wait; none at all when that is zero.
+    let wait = body
+        .checked_wait()?
+        .map(|w| w.min(state.rules.max_wait))
+        .filter(|w| !w.is_zero());
     let req = NewLease {
         ttl: TtlMs::new(body.ttl_ms, state.rules.ttl_bounds)?,
         key: key.clone(),
@@ -49,7 +54,10 @@ async fn acquire(
         crash_recovery: body.crash_recovery,
         reconciled: body.reconciled,
     };
-    let done = leases::acquire(&state.db, &req, &ctx).await;
+    let done = match wait {
+        None => leases::acquire(&state.db, &req, &ctx).await,
+        Some(wait) => state.waiters.acquire(&req, &ctx, wait).await,
+    };
     idempotency.respond(done, |outcome| match outcome {
         AcquireOutcome::Granted { lease, recovered } => {
             Ok((StatusCode::CREATED, Json(Grant { lease, recovered })).into_response())

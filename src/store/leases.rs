@@ -154,6 +154,16 @@ const ACQUIRE: &str = concat!(
     include_str!("sql/remember.sql")
 );
 
+/// The acquire statement over a batch of waiting requests ([`super::waiters`]): the same
+/// statement with `sql/acquire_wait_in.sql`'s requests, which carry each one's place in the
+/// key's queue.
+const ACQUIRE_WAITING: &str = concat!(
+    include_str!("sql/acquire_wait_in.sql"),
+    include_str!("sql/gate.sql"),
+    include_str!("sql/acquire.sql"),
+    include_str!("sql/remember.sql")
+);
+
 /// What an acquire did (`result` in `sql/acquire.sql`).
 #[derive(Debug, Deserialize)]
 pub(crate) struct AcquireAnswer {
@@ -162,12 +172,33 @@ pub(crate) struct AcquireAnswer {
     granted: Option<LeaseRow>,
     /// The key's row as the statement found it, if the key had one.
     current: Option<StatusRow>,
-    /// False when the statement lost the race to create the key's row, and must run again.
-    settled: bool,
+    /// False when the statement lost the race to create the key's row, and must run again; or,
+    /// for a waiter, when it found the key held and waits on.
+    pub(super) settled: bool,
+    /// The statement's `now()`: the database clock the holder's expiry is measured against.
+    /// Absent from answers remembered before it was added.
+    #[serde(default)]
+    clock: Option<DateTime<Utc>>,
 }
 
 impl AcquireAnswer {
-    fn into_outcome(self) -> AcquireOutcome {
+    /// For a waiter's unsettled answer: how long until the lease that holds the key expires by
+    /// the database clock, if a live lease holds it (rather than a waiter queued before).
+    pub(super) fn held_for(&self) -> Option<std::time::Duration> {
+        let current = self.current.as_ref()?;
+        if self.verdict != "held" || current.state != "held" {
+            return None;
+        }
+        let left = current.lease.expires_at - self.clock?;
+        Some(left.to_std().unwrap_or_default())
+    }
+
+    /// Whether the statement found the key held (by a lease, or reserved by a waiter ahead).
+    pub(super) fn held(&self) -> bool {
+        self.verdict == "held"
+    }
+
+    pub(super) fn into_outcome(self) -> AcquireOutcome {
         match (self.verdict.as_str(), self.granted, self.current) {
             ("insert" | "grant", Some(lease), current) => {
                 let recovered = current.and_then(|c| {
@@ -204,6 +235,77 @@ pub(crate) struct AcquireJob {
     ctx: RequestContext,
 }
 
+/// One waiting acquire's try, in a batch of [`WaitingAcquireBatch`]: the acquire, its row in the
+/// key's queue, and whether its wait is over.
+#[derive(Debug)]
+pub(crate) struct WaitingAcquireJob {
+    pub(super) job: AcquireJob,
+    pub(super) waiter: i64,
+    pub(super) last_try: bool,
+}
+
+impl WaitingAcquireJob {
+    /// A try of `req` by the waiter queued as `waiter`.
+    pub(super) fn new(req: &NewLease, ctx: &RequestContext, waiter: i64, last_try: bool) -> Self {
+        Self {
+            job: AcquireJob {
+                req: req.clone(),
+                ctx: ctx.clone(),
+            },
+            waiter,
+            last_try,
+        }
+    }
+}
+
+impl super::batch::Job for WaitingAcquireJob {
+    fn key(&self) -> &Key {
+        &self.job.req.key
+    }
+
+    fn context(&self) -> Option<&RequestContext> {
+        Some(&self.job.ctx)
+    }
+}
+
+/// The tries of waiting acquires, gathered into batches of their own ([`super::waiters`] owns
+/// the dispatcher), so that the batched acquire's parameters stay as they were.
+#[derive(Debug)]
+pub(crate) struct WaitingAcquireBatch;
+
+impl Kind for WaitingAcquireBatch {
+    type Job = WaitingAcquireJob;
+    type Row = GatedRow<AcquireAnswer>;
+    const EFFECT: Effect = Effect::Changes;
+
+    fn query<'q>(
+        jobs: &[&'q WaitingAcquireJob],
+    ) -> QueryAs<'q, Postgres, Indexed<Self::Row>, PgArguments> {
+        let inner: Vec<&AcquireJob> = jobs.iter().map(|j| &j.job).collect();
+        bind_acquires(ACQUIRE_WAITING, &inner)
+            .bind(column(jobs, |j| j.waiter))
+            .bind(column(jobs, |j| j.last_try))
+    }
+}
+
+/// An acquire statement with acquire_in.sql's twelve parameters bound over `jobs`.
+fn bind_acquires<'q>(
+    statement: &'static str,
+    jobs: &[&'q AcquireJob],
+) -> QueryAs<'q, Postgres, Indexed<GatedRow<AcquireAnswer>>, PgArguments> {
+    bind_gates(sqlx::query_as(statement), jobs.iter().map(|&j| &j.ctx))
+        .bind(column(jobs, |j| j.req.key.as_str()))
+        .bind(column(jobs, |j| j.req.owner.as_str()))
+        .bind(column(jobs, |j| j.req.ttl.get()))
+        .bind(column(jobs, |j| {
+            j.req.metadata.as_ref().map(|m| m.as_json().to_string())
+        }))
+        .bind(column(jobs, |j| j.req.crash_recovery))
+        .bind(column(jobs, |j| j.req.reconciled))
+        .bind(column(jobs, |j| j.ctx.request_id.as_deref()))
+        .bind(column(jobs, |j| j.ctx.remote_addr.as_deref()))
+}
+
 impl super::batch::Job for AcquireJob {
     fn key(&self) -> &Key {
         &self.req.key
@@ -222,17 +324,7 @@ impl Kind for AcquireBatch {
     fn query<'q>(
         jobs: &[&'q AcquireJob],
     ) -> QueryAs<'q, Postgres, Indexed<Self::Row>, PgArguments> {
-        bind_gates(sqlx::query_as(ACQUIRE), jobs.iter().map(|&j| &j.ctx))
-            .bind(column(jobs, |j| j.req.key.as_str()))
-            .bind(column(jobs, |j| j.req.owner.as_str()))
-            .bind(column(jobs, |j| j.req.ttl.get()))
-            .bind(column(jobs, |j| {
-                j.req.metadata.as_ref().map(|m| m.as_json().to_string())
-            }))
-            .bind(column(jobs, |j| j.req.crash_recovery))
-            .bind(column(jobs, |j| j.req.reconciled))
-            .bind(column(jobs, |j| j.ctx.request_id.as_deref()))
-            .bind(column(jobs, |j| j.ctx.remote_addr.as_deref()))
+        bind_acquires(ACQUIRE, jobs)
     }
 }
 

@@ -25,6 +25,7 @@ pub mod keys;
 pub mod leases;
 pub mod snapshots;
 pub mod timeline;
+pub mod waiters;
 
 use std::future::Future;
 use std::time::Duration;

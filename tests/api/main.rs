@@ -23,3 +23,4 @@ mod snapshots;
 mod tenant_limits;
 mod timeline;
 mod tls;
+mod waiting;

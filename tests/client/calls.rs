@@ -605,3 +605,62 @@ async fn the_client_speaks_https_to_a_server_whose_certificate_it_was_given() {
     );
     instance.stop().await;
 }
+
+/// Waits until `key`'s queue on the server holds `n` waiters.
+async fn until_queued(app: &TestApp, key: &str, n: i64) {
+    let until = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let queued: i64 = sqlx::query_scalar("SELECT count(*) FROM lease_waiters WHERE key = $1")
+            .bind(key)
+            .fetch_one(app.db())
+            .await
+            .unwrap();
+        if queued == n {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "{key} never had {n} waiters"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn acquire_with_a_wait_longer_than_the_clients_timeout_is_granted_when_the_holder_releases() {
+    let app = TestApp::spawn().await;
+    // An attempt's bound is the timeout plus the wait, so a wait outlasts the timeout.
+    let c = Client::builder(&app.instance.base)
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let held = grant(&c, &key("k"), "holder", TTL).await;
+    let waiting = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            let request = AcquireRequest::new(owner("waiter"), TTL).wait(Duration::from_secs(20));
+            c.acquire(&key("k"), &request).await
+        })
+    };
+    until_queued(&app, "k", 1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.release(&key("k"), held.lease.token).await.unwrap();
+    let g = waiting.await.unwrap().unwrap();
+    assert_eq!(g.lease.owner, owner("waiter"));
+    assert!(g.lease.token > held.lease.token);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn acquire_with_a_wait_that_runs_out_is_lease_held() {
+    let app = TestApp::spawn().await;
+    let c = client(&app.instance.base);
+    grant(&c, &key("k"), "holder", TTL).await;
+    let request = AcquireRequest::new(owner("waiter"), TTL).wait(Duration::from_millis(200));
+    let e = c.acquire(&key("k"), &request).await.unwrap_err();
+    assert!(
+        matches!(e, snapfence_client::Error::LeaseHeld { .. }),
+        "{e:?}"
+    );
+    app.stop().await;
+}

@@ -71,6 +71,55 @@ async fn lease_acquire_prints_the_grant() {
 }
 
 #[tokio::test]
+async fn lease_acquire_with_wait_waits_in_the_queue_and_prints_the_grant_once_released() {
+    let app = TestApp::spawn().await;
+    let c = client(&app.instance.base);
+    let held = grant(&c, &key("jobs/42"), "worker-7", TTL).await;
+    let base = app.instance.base.clone();
+    let waiting = tokio::spawn(async move {
+        let args = [
+            "--output", "json", "lease", "acquire", "jobs/42", "--owner", "worker-8",
+        ];
+        cli(&base, &[&args[..], &["--wait", "30s"]].concat()).await
+    });
+    let until = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let queued: i64 = sqlx::query_scalar("SELECT count(*) FROM lease_waiters")
+            .fetch_one(app.db())
+            .await
+            .unwrap();
+        if queued == 1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the CLI never waited in the queue"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    c.release(&key("jobs/42"), held.lease.token).await.unwrap();
+    let ran = waiting.await.unwrap();
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    let grant: Value = serde_json::from_str(&ran.stdout).unwrap();
+    assert_eq!(grant["owner"], "worker-8");
+    assert!(grant["token"].as_i64().unwrap() > held.lease.token.get());
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn lease_acquire_refuses_a_wait_over_five_minutes() {
+    let app = TestApp::spawn().await;
+    let ran = cli(
+        &app.instance.base,
+        &["lease", "acquire", "k", "--wait", "6m"],
+    )
+    .await;
+    assert_eq!(ran.code, 2, "{}", ran.stderr);
+    assert!(ran.stderr.contains("at most 5m"), "{}", ran.stderr);
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn lease_renew_prints_the_renewed_lease() {
     let app = TestApp::spawn().await;
     let t = grant(&client(&app.instance.base), &key("k"), "w", TTL)

@@ -134,6 +134,7 @@ impl ClientBuilder {
             base: Arc::from(self.base.trim_end_matches('/')),
             retry: self.retry,
             on_retry: self.on_retry,
+            timeout: self.timeout,
         })
     }
 }

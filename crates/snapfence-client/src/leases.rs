@@ -15,10 +15,16 @@ use crate::transport::{Call, segment};
 use crate::{Client, LeaseFilter, Result};
 
 impl Client {
-    /// `POST /v1/leases/{key}`: acquire. Never waits: a live lease of anyone answers
-    /// [`Error::LeaseHeld`], a retained recovery record [`Error::RecoveryRequired`].
+    /// `POST /v1/leases/{key}`: acquire. Without a wait ([`AcquireRequest::wait`]) a live
+    /// lease of anyone answers [`Error::LeaseHeld`] at once; with one, the server queues the
+    /// call behind the key's earlier waiters and answers once the key is granted to it, or
+    /// [`Error::LeaseHeld`] once the wait has passed (each attempt is then bounded by the
+    /// client's timeout plus the wait). A retained recovery record answers
+    /// [`Error::RecoveryRequired`] at once either way.
     pub async fn acquire(&self, key: &Key, request: &AcquireRequest) -> Result<Grant> {
         let path = format!("/v1/leases/{}", segment(key)?);
+        let wait = Duration::from_millis(request.wait_ms.unwrap_or(0).max(0) as u64);
+        let timeout = self.timeout + wait;
         self.send_json(
             CallKind::Change,
             Call {
@@ -26,7 +32,7 @@ impl Client {
                 path: &path,
             },
             &[StatusCode::CREATED],
-            |r| r.json(request),
+            |r| r.json(request).timeout(timeout),
         )
         .await
     }

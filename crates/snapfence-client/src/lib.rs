@@ -72,6 +72,9 @@ pub struct Client {
     base: Arc<str>,
     retry: RetryPolicy,
     on_retry: Option<OnRetry>,
+    /// Each attempt's bound ([`ClientBuilder::timeout`]); a waiting acquire's attempt has its
+    /// wait on top.
+    timeout: std::time::Duration,
 }
 
 impl Client {

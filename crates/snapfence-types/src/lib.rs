@@ -25,7 +25,7 @@ pub use values::{
     MAX_METADATA_BYTES, MAX_OWNER_BYTES, Metadata, Owner, PageLimit, TtlBounds, TtlMs, Version,
     json_integer, json_integer_opt,
 };
-pub use wire::{AcquireRequest, Grant, Health, Holder, Page, RenewRequest};
+pub use wire::{AcquireRequest, Grant, Health, Holder, MAX_WAIT_MS, Page, RenewRequest};
 
 /// Times in JSON: RFC 3339 in UTC with milliseconds, e.g. `2026-12-02T13:05:00.123Z`.
 pub mod rfc3339_millis {

@@ -31,7 +31,19 @@ pub struct AcquireRequest {
     /// so that a retained recovery record is replaced.
     #[serde(default)]
     pub reconciled: bool,
+    /// v1.1: how long to wait in milliseconds (0..=[`MAX_WAIT_MS`], absent or 0: not at all)
+    /// while the key is held, in the key's queue, before the answer is `lease_held`. A retained
+    /// recovery record is answered at once whatever the wait.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::json_integer_opt"
+    )]
+    pub wait_ms: Option<i64>,
 }
+
+/// The longest wait an acquire may ask for: five minutes.
+pub const MAX_WAIT_MS: i64 = 300_000;
 
 /// A duration in whole milliseconds, saturating (the server refuses what is out of its bounds).
 pub(crate) fn millis(d: Duration) -> i64 {
@@ -47,6 +59,25 @@ impl AcquireRequest {
             metadata: None,
             crash_recovery: false,
             reconciled: false,
+            wait_ms: None,
+        }
+    }
+
+    /// Waits up to `wait` (whole milliseconds, at most [`MAX_WAIT_MS`]) while the key is held;
+    /// zero does not wait.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait_ms = Some(millis(wait)).filter(|&ms| ms > 0);
+        self
+    }
+
+    /// The wait asked for, checked: `None` for no wait, an error for one out of bounds.
+    pub fn checked_wait(&self) -> Result<Option<Duration>, crate::InvalidInput> {
+        match self.wait_ms {
+            None | Some(0) => Ok(None),
+            Some(ms @ 1..=MAX_WAIT_MS) => Ok(Some(Duration::from_millis(ms as u64))),
+            Some(ms) => Err(crate::InvalidInput::new(format!(
+                "wait_ms must be within 0..={MAX_WAIT_MS}, got {ms}"
+            ))),
         }
     }
 

@@ -30,6 +30,17 @@ decision AS (
         WHEN c.key IS NULL THEN 'insert'
         WHEN c.state = 'held' THEN 'held'
         WHEN c.recovery_reason IS NOT NULL AND NOT r.reconciled THEN 'recovery_required'
+        -- Waiting acquire (v1.1): a free key goes to the first live waiter of its queue
+        -- (migrations/20261204000000_lease_waiters.sql). Any other acquire finds it `held`: one
+        -- that does not wait (`waiter` NULL) while anyone live waits, a waiter while a live one
+        -- queued before it. With no one queued this is one probe of an empty index range.
+        -- Race-free: every acquire of the key holds its row lock (`cur`) while it decides, so
+        -- two waiters never both pass; a waiter that committed its row after this statement's
+        -- snapshot came after this request and is behind it.
+        WHEN EXISTS (SELECT FROM lease_waiters w
+                WHERE w.key = r.key AND w.id < coalesce(r.waiter, 9223372036854775807)
+                AND waiter_instance_alive(w.instance))
+            THEN 'held'
         ELSE 'grant'
     END AS verdict
     FROM req r JOIN gate g ON g.i = r.i LEFT JOIN cur c ON c.i = r.i),
@@ -67,8 +78,19 @@ reconciled AS (
     FROM cur c JOIN new_lease n ON n.i = c.i JOIN req r ON r.i = c.i
     WHERE c.recovery_reason IS NOT NULL),
 -- The answers: the verdict, the new lease, and the row as it was found (for `held`, and for the
--- recovery record a grant replaced or a refusal names).
+-- recovery record a grant replaced or a refusal names). A waiter's `held` that is not its last
+-- try is not settled: it waits on (acquire_wait_in.sql). `clock` is the statement's now(), so
+-- that a waiter sleeps until the holder's expires_at by the database clock.
 result AS (
     SELECT d.i, d.verdict, to_json(n) AS granted, to_json(c) AS current,
-        d.verdict <> 'insert' OR n.key IS NOT NULL AS settled
-    FROM decision d LEFT JOIN new_lease n ON n.i = d.i LEFT JOIN cur c ON c.i = d.i),
+        (d.verdict <> 'insert' OR n.key IS NOT NULL) AND (r.last_try OR d.verdict <> 'held')
+            AS settled,
+        now() AS clock
+    FROM decision d JOIN req r ON r.i = d.i LEFT JOIN new_lease n ON n.i = d.i
+    LEFT JOIN cur c ON c.i = d.i),
+-- A waiter leaves the queue with its final answer, in the statement that gives it (a trigger on
+-- lease_waiters wakes the next one if the key is left free). Deletes nothing for a request that
+-- does not wait.
+dequeued AS (
+    DELETE FROM lease_waiters w USING result res JOIN req r ON r.i = res.i
+    WHERE w.id = r.waiter AND res.settled),

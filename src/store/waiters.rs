@@ -1,0 +1,489 @@
+//! Waiting acquires (contract v1.1, "Waiting acquire"): a request that asks for `wait_ms` and
+//! finds the key held takes a place in the key's queue (`lease_waiters`, shared by every
+//! instance on the database) and sleeps in this instance, holding no database connection,
+//! until it is woken; then it tries again with the acquire statement, as a waiter.
+//!
+//! Order: the acquire statement grants a free key only to its first live waiter
+//! (`sql/acquire.sql`, `decision`), so the queue's order is the grant order, whichever instance
+//! each waiter is on, and an acquire that does not wait cannot pass the queue.
+//!
+//! Wake-ups come from the database, never from a polling loop: a release or an abandon notifies
+//! the key on `snapfence_waiters` at commit, and so does a waiter that leaves a free key (both
+//! triggers of `migrations/20261204000000_lease_waiters.sql`); this instance listens on one
+//! connection of its own and wakes its first waiter of the key. An expiry needs no message: the
+//! first waiter sleeps until the holder's `expires_at` by the database clock (the statement
+//! that found the key held says how far off that is) and tries then. Only the first local waiter
+//! of a key tries on a wake-up; each one that leaves wakes the next, so a hand-off costs one try
+//! per instance with waiters of the key, not one per waiter.
+//!
+//! Liveness: the listening connection holds an advisory lock named by this instance's id for as
+//! long as it lives, and the acquire statement skips the waiters of an instance whose lock is
+//! free (a dead one). A waiter whose client goes away is dropped with its request's future,
+//! which takes its row out. Twice a second, while it has waiters, an instance deletes the rows
+//! of dead instances (waking their keys' next waiters) and any row of its own that no request
+//! holds any more.
+//!
+//! While the listening connection is down, this instance's waiters look dead to the others (who
+//! may then be served first), and a new waiter waits for it to be back; one that is not back
+//! when its wait is over tries once. Once it listens again, each of its first waiters tries
+//! once, since a release may have gone unheard.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sqlx::PgPool;
+use sqlx::postgres::{PgListener, PgPoolOptions};
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+use sqlx::Postgres;
+use sqlx::postgres::PgArguments;
+use sqlx::query::QueryAs;
+
+use super::batch::{Batcher, Indexed, Kind, column};
+use super::db::Effect;
+use super::idempotency::{self, Gated};
+use super::leases::{
+    AcquireAnswer, AcquireOutcome, NewLease, WaitingAcquireBatch, WaitingAcquireJob,
+};
+use super::{Bounded, Db, RequestContext, Result, StoreError};
+use crate::domain::Key;
+
+/// The channel the triggers notify a key on when its waiters should look again.
+const CHANNEL: &str = "snapfence_waiters";
+/// The pause before listening again after the listening connection failed.
+const RELISTEN_AFTER: Duration = Duration::from_millis(250);
+/// How often an instance with waiters drops the rows of dead instances: twice within the
+/// contract's second.
+const SWEEP_EVERY: Duration = Duration::from_millis(500);
+/// How old a row of this instance that none of its requests holds must be before the sweep
+/// takes it out (`sql/wait_sweep.sql` says the same): past any enqueue's answer.
+const STALE_AFTER: Duration = Duration::from_secs(30);
+
+/// This instance's waiting acquires: the queues it holds places in, the connection it listens
+/// on, and the dispatcher of the waiters' tries. Cheap to clone; its tasks stop when the last
+/// clone is dropped.
+#[derive(Debug, Clone)]
+pub struct Waiters {
+    inner: Arc<Inner>,
+    _tasks: Arc<Tasks>,
+}
+
+/// What the waiters of an instance share.
+struct Inner {
+    /// The id of this instance in `lease_waiters.instance`, and of its liveness lock.
+    instance: i32,
+    /// This instance's waiters by key, in queue order, each with what wakes it.
+    queues: Mutex<HashMap<String, BTreeMap<i64, Arc<Notify>>>>,
+    /// Whether the listening connection listens and holds the liveness lock.
+    listening: watch::Sender<bool>,
+    /// Set when the instance shuts down: every wait ends with its last try.
+    stopping: watch::Sender<bool>,
+    /// Until when this instance sweeps although it has no waiters: a row of its own may have
+    /// been left behind (a leave or an enqueue that failed), and the sweep takes it out once it
+    /// is old enough.
+    stale_until: Mutex<Option<Instant>>,
+    /// The waiters' tries, batched like every acquire.
+    tries: Batcher<WaitingAcquireBatch>,
+    /// The waiters' places taken in their queues, batched likewise.
+    enqueues: Batcher<EnqueueBatch>,
+    pool: PgPool,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Waiters")
+            .field("instance", &self.instance)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The listening and sweeping tasks, aborted when the last [`Waiters`] goes.
+#[derive(Debug)]
+struct Tasks(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+impl Waiters {
+    /// Starts listening for wake-ups on `db`'s database under a fresh instance id. Must be
+    /// called within a Tokio runtime.
+    pub fn start(db: &Db) -> Self {
+        let pool: PgPool = (**db).clone();
+        let inner = Arc::new(Inner {
+            // Zero is never used, so that a row's instance is never mistaken for "none".
+            instance: rand::random::<i32>().max(1),
+            queues: Mutex::default(),
+            listening: watch::Sender::new(false),
+            stopping: watch::Sender::new(false),
+            stale_until: Mutex::new(None),
+            tries: Batcher::start(db.conns().clone()),
+            enqueues: Batcher::start(db.conns().clone()),
+            pool,
+        });
+        let tasks = vec![
+            tokio::spawn(listen(Arc::downgrade(&inner))),
+            tokio::spawn(sweep(Arc::downgrade(&inner))),
+        ];
+        Self {
+            inner,
+            _tasks: Arc::new(Tasks(tasks)),
+        }
+    }
+
+    /// Ends every wait of this instance (each makes its last try and answers), and every wait
+    /// that starts from now on at once: called when the instance shuts down, which waits for
+    /// the requests in flight.
+    pub fn stop(&self) {
+        self.inner.stopping.send_replace(true);
+    }
+
+    /// How many requests of this instance wait in a queue, for the metrics.
+    pub fn waiting(&self) -> usize {
+        let queues = self.inner.queues.lock().expect("never poisoned");
+        queues.values().map(BTreeMap::len).sum()
+    }
+
+    /// Acquires `req`, waiting up to `wait` in the key's queue while it is held: the grant, or
+    /// a refusal (a retained recovery record is answered at once; `held` once the wait is over).
+    /// The request's database bound counts from each try, not from its arrival.
+    #[tracing::instrument(level = "debug", skip_all, fields(key = %req.key))]
+    pub async fn acquire(
+        &self,
+        req: &NewLease,
+        ctx: &RequestContext,
+        wait: Duration,
+    ) -> Result<Gated<AcquireOutcome>> {
+        let until = Instant::now() + wait;
+        let (mut place, heard) = self.enqueue(&req.key, until).await?;
+        let mut last_try = !heard || *self.inner.stopping.borrow();
+        loop {
+            super::restart_deadline();
+            let gated = idempotency::gated(ctx, || {
+                self.inner
+                    .tries
+                    .answer(WaitingAcquireJob::new(req, ctx, place.id, last_try))
+            })
+            .await?;
+            match gated {
+                Gated::Ran(answer) if !answer.settled && answer.held() => {
+                    last_try = !self.sleep(&place, &answer, until).await;
+                }
+                // A waiter's key has a row, so it never races to make one; a statement that
+                // says otherwise is run again like any acquire.
+                Gated::Ran(answer) if !answer.settled => {}
+                gated => {
+                    // The statement that answered took the row out.
+                    place.left = true;
+                    return Ok(gated.map(AcquireAnswer::into_outcome));
+                }
+            }
+        }
+    }
+
+    /// Takes a place at the end of `key`'s queue, once this instance listens (so that a
+    /// release is heard from the moment the place is taken); whether it listens. An instance
+    /// that does not listen by `until` (its database connection for it is slow to come, or
+    /// away) takes the place anyway, for one try that is the last.
+    async fn enqueue(&self, key: &Key, until: Instant) -> Result<(Place, bool)> {
+        let mut listening = self.inner.listening.subscribe();
+        let heard = tokio::time::timeout_at(until, listening.wait_for(|on| *on))
+            .await
+            .is_ok_and(|on| on.is_ok());
+        if !heard {
+            tracing::warn!(
+                %key,
+                "this instance does not hear wake-ups from the database; the waiting acquire tries once"
+            );
+        }
+        // The request's bound counts from here, not from its arrival.
+        super::restart_deadline();
+        let queued = self
+            .inner
+            .enqueues
+            .answer(Enqueue {
+                key: key.clone(),
+                instance: self.inner.instance,
+            })
+            .await;
+        let id = match queued {
+            Ok(Queued { id }) => id,
+            Err(e) => {
+                // The place may have been taken with its answer lost: the sweep takes it out.
+                self.inner.left_behind();
+                // No lease was changed whatever became of the place.
+                return Err(match e {
+                    StoreError::Indeterminate(e) => StoreError::Unavailable(e),
+                    other => other,
+                });
+            }
+        };
+        let notify = Arc::new(Notify::new());
+        self.inner
+            .queues
+            .lock()
+            .expect("never poisoned")
+            .entry(key.as_str().to_owned())
+            .or_default()
+            .insert(id, notify.clone());
+        let place = Place {
+            inner: self.inner.clone(),
+            key: key.as_str().to_owned(),
+            id,
+            notify,
+            left: false,
+        };
+        Ok((place, heard))
+    }
+
+    /// Sleeps until `place` should try again (true) or its wait is over (false): woken by the
+    /// database or by the waiter before it here, or, for the first waiter here, until the
+    /// holder's lease expires by the database clock.
+    async fn sleep(&self, place: &Place, answer: &AcquireAnswer, until: Instant) -> bool {
+        let expiry = answer
+            .held_for()
+            .filter(|_| self.inner.first_here(place))
+            // A millisecond past expires_at, so that the try finds it passed: the statement
+            // compares with its own now(), which is later than the answer's clock.
+            .map(|left| Instant::now() + left + Duration::from_millis(1));
+        let mut stopping = self.inner.stopping.subscribe();
+        tokio::select! {
+            () = place.notify.notified() => true,
+            () = sleep_until_some(expiry) => true,
+            () = tokio::time::sleep_until(until) => false,
+            _ = stopping.wait_for(|on| *on) => false,
+        }
+    }
+}
+
+/// A waiter taking its place in its key's queue, in a batch of [`EnqueueBatch`].
+#[derive(Debug)]
+struct Enqueue {
+    key: Key,
+    instance: i32,
+}
+
+impl super::batch::Job for Enqueue {
+    fn key(&self) -> &Key {
+        &self.key
+    }
+}
+
+/// A waiter's place: its id in `lease_waiters`.
+#[derive(Debug, sqlx::FromRow)]
+struct Queued {
+    id: i64,
+}
+
+/// The places taken by waiters that arrive together, as one statement
+/// (`sql/wait_enqueue.sql`). Places of one key may share a batch: each is a row of its own, in
+/// the batch's order.
+#[derive(Debug)]
+struct EnqueueBatch;
+
+impl Kind for EnqueueBatch {
+    type Job = Enqueue;
+    type Row = Queued;
+    const EFFECT: Effect = Effect::Changes;
+
+    fn claims(_job: &Enqueue) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Arrival order: the batch's order is the queue's.
+    fn order(_job: &Enqueue) -> &str {
+        ""
+    }
+
+    fn query<'q>(jobs: &[&'q Enqueue]) -> QueryAs<'q, Postgres, Indexed<Queued>, PgArguments> {
+        sqlx::query_as(include_str!("sql/wait_enqueue.sql"))
+            .bind(column(jobs, |j| j.key.as_str()))
+            .bind(jobs.first().map_or(0, |j| j.instance))
+    }
+}
+
+/// Sleeps until `at`, or for ever without one.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Inner {
+    /// Whether `place` is this instance's first waiter of its key.
+    fn first_here(&self, place: &Place) -> bool {
+        let queues = self.queues.lock().expect("never poisoned");
+        queues
+            .get(&place.key)
+            .and_then(|q| q.keys().next())
+            .is_some_and(|&first| first == place.id)
+    }
+
+    /// Notes that a row of this instance may be in a queue with no request holding it: the
+    /// sweep runs until it is surely old enough to be taken out.
+    fn left_behind(&self) {
+        let until = Instant::now() + STALE_AFTER + 2 * SWEEP_EVERY;
+        *self.stale_until.lock().expect("never poisoned") = Some(until);
+    }
+
+    /// Wakes this instance's first waiter of `key`, if it has one.
+    fn wake(&self, key: &str) {
+        let queues = self.queues.lock().expect("never poisoned");
+        if let Some(first) = queues.get(key).and_then(|q| q.values().next()) {
+            first.notify_one();
+        }
+    }
+
+    /// Wakes this instance's first waiter of every key.
+    fn wake_all(&self) {
+        let queues = self.queues.lock().expect("never poisoned");
+        for first in queues.values().filter_map(|q| q.values().next()) {
+            first.notify_one();
+        }
+    }
+}
+
+/// A waiter's place in its key's queue, here and in `lease_waiters`. Dropped with its request
+/// (answered, failed, or its client gone): the next waiter here is woken, and the row is
+/// deleted unless the statement that answered already did.
+struct Place {
+    inner: Arc<Inner>,
+    key: String,
+    id: i64,
+    notify: Arc<Notify>,
+    left: bool,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        {
+            let mut queues = self.inner.queues.lock().expect("never poisoned");
+            if let Some(queue) = queues.get_mut(&self.key) {
+                queue.remove(&self.id);
+                match queue.values().next() {
+                    Some(next) => next.notify_one(),
+                    None => {
+                        queues.remove(&self.key);
+                    }
+                }
+            }
+        }
+        if self.left {
+            return;
+        }
+        let inner = self.inner.clone();
+        let id = self.id;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            inner.left_behind();
+            return;
+        };
+        runtime.spawn(async move {
+            let pool = &inner.pool;
+            let left = sqlx::query(include_str!("sql/wait_leave.sql"))
+                .bind(id)
+                .execute(pool)
+                .bounded(pool)
+                .await;
+            if let Err(e) = left {
+                // The sweep deletes it later; until then it only makes later waiters wait
+                // behind a place no one holds while this instance lives.
+                tracing::warn!(error = %e, waiter = id, "could not take a waiter out of its queue");
+                inner.left_behind();
+            }
+        });
+    }
+}
+
+/// Listens for wake-ups on a connection of its own, which also holds this instance's liveness
+/// lock; on any failure says so and starts again.
+async fn listen(inner: std::sync::Weak<Inner>) {
+    let Some(pool) = inner.upgrade().map(|i| i.pool.clone()) else {
+        return;
+    };
+    // A pool of its own, so that the listening connection is none of the ones that serve
+    // requests.
+    let own = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(pool.options().get_acquire_timeout())
+        .connect_lazy_with((*pool.connect_options()).clone());
+    loop {
+        let failure = async {
+            let mut listener = PgListener::connect_with(&own).await?;
+            listener.listen(CHANNEL).await?;
+            let Some(instance) = inner.upgrade().map(|i| i.instance) else {
+                return Ok(());
+            };
+            sqlx::query(include_str!("sql/wait_instance.sql"))
+                .bind(instance)
+                .execute(&mut listener)
+                .await?;
+            match inner.upgrade() {
+                Some(i) => {
+                    i.listening.send_replace(true);
+                    // A release may have come while no one listened.
+                    i.wake_all();
+                }
+                None => return Ok(()),
+            }
+            // `None`: the connection was lost, and notifications with it.
+            while let Some(n) = listener.try_recv().await? {
+                match inner.upgrade() {
+                    Some(i) => i.wake(n.payload()),
+                    None => return Ok(()),
+                }
+            }
+            Ok::<(), sqlx::Error>(())
+        }
+        .await;
+        let Some(i) = inner.upgrade() else {
+            return;
+        };
+        i.listening.send_replace(false);
+        if let Err(e) = failure {
+            tracing::warn!(error = %e, "cannot hear waiters' wake-ups; taking no waiters until this recovers");
+        }
+        drop(i);
+        tokio::time::sleep(RELISTEN_AFTER).await;
+    }
+}
+
+/// Twice a second, while this instance has waiters (or may have left a row behind), deletes the
+/// rows that no one waits in any more (`sql/wait_sweep.sql`).
+async fn sweep(inner: std::sync::Weak<Inner>) {
+    let mut tick = tokio::time::interval(SWEEP_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(i) = inner.upgrade() else {
+            return;
+        };
+        let held: Vec<i64> = {
+            let queues = i.queues.lock().expect("never poisoned");
+            queues.values().flat_map(|q| q.keys().copied()).collect()
+        };
+        let stale = i
+            .stale_until
+            .lock()
+            .expect("never poisoned")
+            .is_some_and(|until| Instant::now() < until);
+        if held.is_empty() && !stale {
+            continue;
+        }
+        let swept = sqlx::query(include_str!("sql/wait_sweep.sql"))
+            .bind(i.instance)
+            .bind(&held)
+            .execute(&i.pool)
+            .bounded(&i.pool)
+            .await;
+        if let Err(e) = swept {
+            tracing::debug!(error = %e, "could not sweep the waiters' queues");
+        }
+    }
+}

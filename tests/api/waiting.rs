@@ -1,0 +1,433 @@
+//! Waiting acquires (`wait_ms`): the queue's order across instances, wake-ups on release and
+//! at expiry, the wait running out, refusals that do not wait, waiters that go away (their
+//! client, or their instance), and what idle waiters cost the database.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use sqlx::{Connection, PgConnection, PgPool};
+use tokio::time::Instant;
+
+use crate::connections::raise_file_limit;
+use crate::harness::{Instance, TestApp, enc, problem, token};
+
+/// How long a condition that must come about may take at most (a generous ceiling on a loaded
+/// machine, never a speed expectation).
+const CEILING: Duration = Duration::from_secs(20);
+
+/// Rows in `key`'s queue.
+async fn queued(db: &PgPool, key: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM lease_waiters WHERE key = $1")
+        .bind(key)
+        .fetch_one(db)
+        .await
+        .unwrap()
+}
+
+/// Waits until `key`'s queue holds `n` rows; fails past the ceiling.
+async fn until_queued(db: &PgPool, key: &str, n: i64) {
+    let deadline = Instant::now() + CEILING;
+    while queued(db, key).await != n {
+        assert!(Instant::now() < deadline, "{key}'s queue never held {n}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A waiting acquire of `key` through `base`, answered with its status and body.
+async fn acquire_waiting(
+    http: &reqwest::Client,
+    base: &str,
+    key: &str,
+    owner: &str,
+    wait_ms: i64,
+) -> (StatusCode, Value) {
+    let r = http
+        .post(format!("{base}/v1/leases/{}", enc(key)))
+        .json(&json!({"owner": owner, "ttl_ms": 30000, "wait_ms": wait_ms}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_waiters_through_two_instances_get_the_lease_in_arrival_order_once_each() {
+    let app = TestApp::spawn().await;
+    let second = app.another_instance().await;
+    let bases = [app.instance.base.clone(), second.base.clone()];
+    let holder = app.acquire("queue", "holder", 30000).await;
+    let (granted, mut grants) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..20 {
+        let http = app.http.clone();
+        let base = bases[i % 2].clone();
+        let granted = granted.clone();
+        tokio::spawn(async move {
+            let (status, grant) =
+                acquire_waiting(&http, &base, "queue", &format!("waiter-{i}"), 120_000).await;
+            assert_eq!(status, StatusCode::CREATED, "waiter {i}: {grant}");
+            granted.send((i, token(&grant))).unwrap();
+            let released = http
+                .delete(format!("{base}/v1/leases/queue"))
+                .header("Fencing-Token", token(&grant).to_string())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(released.status(), StatusCode::NO_CONTENT);
+        });
+        // Each waiter is in the queue before the next one starts, 10 ms later.
+        until_queued(app.db(), "queue", i as i64 + 1).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(granted);
+    assert_eq!(app.release("queue", token(&holder)).await.status(), 204);
+    let mut order = Vec::new();
+    while let Some(grant) = tokio::time::timeout(CEILING, grants.recv()).await.unwrap() {
+        order.push(grant);
+    }
+    let waiters: Vec<usize> = order.iter().map(|&(i, _)| i).collect();
+    assert_eq!(waiters, (0..20).collect::<Vec<_>>(), "grant order");
+    assert!(
+        order.windows(2).all(|w| w[0].1 < w[1].1),
+        "tokens strictly increase: {order:?}"
+    );
+    assert!(order[0].1 > token(&holder));
+    assert_eq!(queued(app.db(), "queue").await, 0);
+    second.stop().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_waiter_is_granted_when_the_holder_releases() {
+    let app = TestApp::spawn().await;
+    let holder = app.acquire("k", "holder", 30000).await;
+    let http = app.http.clone();
+    let base = app.instance.base.clone();
+    let waiter = tokio::spawn(async move { acquire_waiting(&http, &base, "k", "w", 60_000).await });
+    until_queued(app.db(), "k", 1).await;
+    assert_eq!(app.release("k", token(&holder)).await.status(), 204);
+    let (status, grant) = tokio::time::timeout(CEILING, waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status, StatusCode::CREATED, "{grant}");
+    assert_eq!(grant["owner"], "w");
+    assert!(token(&grant) > token(&holder));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_waiter_is_granted_once_the_holders_lease_expires_by_the_database_clock() {
+    let app = TestApp::spawn().await;
+    let holder = app.acquire("k", "holder", 500).await;
+    let (status, grant) = acquire_waiting(&app.http, &app.instance.base, "k", "w", 60_000).await;
+    assert_eq!(status, StatusCode::CREATED, "{grant}");
+    let at = |v: &Value, field: &str| {
+        chrono::DateTime::parse_from_rfc3339(v[field].as_str().unwrap()).unwrap()
+    };
+    assert!(
+        at(&grant, "acquired_at") >= at(&holder, "expires_at"),
+        "granted at {} before the holder's expiry {}",
+        grant["acquired_at"],
+        holder["expires_at"]
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_wait_that_runs_out_answers_lease_held_and_leaves_the_queue() {
+    let app = TestApp::spawn().await;
+    app.acquire("k", "holder", 30000).await;
+    let started = Instant::now();
+    let r = app
+        .acquire_with("k", json!({"owner": "w", "ttl_ms": 30000, "wait_ms": 300}))
+        .await;
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    let body = problem(r, StatusCode::CONFLICT, "lease_held").await;
+    assert_eq!(body["holder"]["owner"], "holder");
+    assert_eq!(queued(app.db(), "k").await, 0);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_retained_recovery_record_is_answered_at_once_whatever_the_wait() {
+    let app = TestApp::spawn().await;
+    let g = app.acquire("k", "holder", 30000).await;
+    let abandoned = app
+        .request(Method::POST, "/v1/leases/k/abandon")
+        .header("Fencing-Token", token(&g).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(abandoned.status(), 204);
+    let started = Instant::now();
+    let r = app
+        .acquire_with(
+            "k",
+            json!({"owner": "w", "ttl_ms": 30000, "wait_ms": 300000}),
+        )
+        .await;
+    let body = problem(r, StatusCode::CONFLICT, "recovery_required").await;
+    assert_eq!(body["recovery"]["reason"], "abandoned");
+    assert!(started.elapsed() < CEILING);
+    assert_eq!(queued(app.db(), "k").await, 0);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_waiter_behind_a_lease_that_leaves_a_recovery_record_is_answered_when_it_ends() {
+    let app = TestApp::spawn().await;
+    let g = app.acquire("k", "holder", 30000).await;
+    let http = app.http.clone();
+    let base = app.instance.base.clone();
+    let waiter = tokio::spawn(async move { acquire_waiting(&http, &base, "k", "w", 60_000).await });
+    until_queued(app.db(), "k", 1).await;
+    let abandoned = app
+        .request(Method::POST, "/v1/leases/k/abandon")
+        .header("Fencing-Token", token(&g).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(abandoned.status(), 204);
+    let (status, body) = tokio::time::timeout(CEILING, waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(body["code"], "recovery_required");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_acquire_that_does_not_wait_cannot_pass_the_queue() {
+    let app = TestApp::spawn().await;
+    let holder = app.acquire("k", "holder", 30000).await;
+    // A waiter of an instance that stays alive (this test's connection holds its liveness
+    // lock), queued and not yet woken: the key it waits for is free, and reserved for it.
+    let mut instance = PgConnection::connect_with(&app.options).await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(waiter_lock_class(), 7)")
+        .execute(&mut instance)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO lease_waiters (key, instance) VALUES ('k', 7)")
+        .execute(app.db())
+        .await
+        .unwrap();
+    assert_eq!(app.release("k", token(&holder)).await.status(), 204);
+    let r = app
+        .acquire_with("k", json!({"owner": "barger", "ttl_ms": 30000}))
+        .await;
+    problem(r, StatusCode::CONFLICT, "lease_held").await;
+    instance.close().await.unwrap();
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_waiters_of_a_dead_instance_are_skipped_and_dropped_within_a_second() {
+    let app = TestApp::spawn().await;
+    // A waiter that stays for the whole test, so that this instance sweeps throughout.
+    let other = app.acquire("stays", "holder", 30000).await;
+    let http = app.http.clone();
+    let base = app.instance.base.clone();
+    let stays =
+        tokio::spawn(async move { acquire_waiting(&http, &base, "stays", "w", 60_000).await });
+    until_queued(app.db(), "stays", 1).await;
+    // Another instance, alive while this test's connection holds its liveness lock, queues a
+    // waiter of "k"; then one of this instance queues behind it.
+    let holder = app.acquire("k", "holder", 30000).await;
+    let mut instance = PgConnection::connect_with(&app.options).await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(waiter_lock_class(), 7)")
+        .execute(&mut instance)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO lease_waiters (key, instance) VALUES ('k', 7)")
+        .execute(app.db())
+        .await
+        .unwrap();
+    let http = app.http.clone();
+    let base = app.instance.base.clone();
+    let waiter = tokio::spawn(async move { acquire_waiting(&http, &base, "k", "w", 60_000).await });
+    until_queued(app.db(), "k", 2).await;
+    // The other instance dies: its connection, and with it its liveness lock, goes.
+    instance.close().await.unwrap();
+    let died = Instant::now();
+    assert_eq!(app.release("k", token(&holder)).await.status(), 204);
+    let (status, grant) = tokio::time::timeout(CEILING, waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status, StatusCode::CREATED, "{grant}");
+    assert_eq!(grant["owner"], "w");
+    until_queued(app.db(), "k", 0).await;
+    // The contract's second, with as much again for a loaded machine.
+    assert!(
+        died.elapsed() < Duration::from_secs(2),
+        "dropped {:?} after the instance died",
+        died.elapsed()
+    );
+    assert_eq!(app.release("stays", token(&other)).await.status(), 204);
+    assert_eq!(stays.await.unwrap().0, StatusCode::CREATED);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_waiter_whose_client_goes_away_leaves_the_queue() {
+    let app = TestApp::spawn().await;
+    let holder = app.acquire("k", "holder", 30000).await;
+    let http = app.http.clone();
+    let base = app.instance.base.clone();
+    let gone =
+        tokio::spawn(async move { acquire_waiting(&http, &base, "k", "gone", 60_000).await });
+    until_queued(app.db(), "k", 1).await;
+    gone.abort();
+    until_queued(app.db(), "k", 0).await;
+    assert_eq!(app.release("k", token(&holder)).await.status(), 204);
+    app.acquire("k", "next", 30000).await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_wait_out_of_bounds_is_invalid() {
+    let app = TestApp::spawn().await;
+    for wait_ms in [json!(-1), json!(300_001), json!("1s"), json!(1.5)] {
+        let r = app
+            .acquire_with(
+                "k",
+                json!({"owner": "w", "ttl_ms": 30000, "wait_ms": wait_ms}),
+            )
+            .await;
+        problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_wait_on_a_free_key_is_granted_at_once_and_leaves_no_place() {
+    let app = TestApp::spawn().await;
+    let (status, grant) = acquire_waiting(&app.http, &app.instance.base, "k", "w", 60_000).await;
+    assert_eq!(status, StatusCode::CREATED, "{grant}");
+    assert_eq!(queued(app.db(), "k").await, 0);
+    app.stop().await;
+}
+
+/// Connections to the test's database now, every instance's and this test's.
+async fn connections(db: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+        .fetch_one(db)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_idle_waiters_on_one_instance_hold_no_database_connections() {
+    const WAITERS: usize = 1000;
+    assert!(raise_file_limit() > 2 * WAITERS as u64 + 600);
+    let app = TestApp::spawn().await;
+    let instance = Instance::start(app.options.clone(), app.rules.clone()).await;
+    app.acquire("k", "holder", 300_000).await;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let mut waiters = Vec::new();
+    for i in 0..WAITERS {
+        let http = http.clone();
+        let base = instance.base.clone();
+        waiters.push(tokio::spawn(async move {
+            acquire_waiting(&http, &base, "k", &format!("w{i}"), 300_000).await
+        }));
+    }
+    let deadline = Instant::now() + 3 * CEILING;
+    while queued(app.db(), "k").await != WAITERS as i64 {
+        if let Some(done) = waiters.iter_mut().find(|w| w.is_finished()) {
+            panic!("a waiter was answered: {:?}", done.await.unwrap());
+        }
+        assert!(Instant::now() < deadline, "the queue never held {WAITERS}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // However many wait, the instances hold their pools' connections at most (8 each, hot and
+    // other, and a listening connection for keys and for waiters), and this test one.
+    let bound = 2 * (2 * 8 + 2) + 1;
+    let open = connections(app.db()).await;
+    assert!(
+        open <= bound,
+        "{open} connections with {WAITERS} waiters (at most {bound})"
+    );
+    assert!(
+        waiters.iter().all(|w| !w.is_finished()),
+        "every waiter still waits"
+    );
+    for w in &waiters {
+        w.abort();
+    }
+    until_queued(app.db(), "k", 0).await;
+    instance.stop().await;
+    app.stop().await;
+}
+
+/// The `q` quantile of `samples` (sorted here).
+fn quantile(samples: &mut [Duration], q: f64) -> Duration {
+    samples.sort();
+    samples[((samples.len() - 1) as f64 * q).round() as usize]
+}
+
+/// One hand-off of `key` from a holder with `ttl_ms` to a waiter: by the holder's release (from
+/// its `204` to the waiter's `201`, on this machine's clock) or by its expiry (from its
+/// `expires_at` to the waiter's `acquired_at`, by the database clock).
+async fn hand_off(app: &TestApp, key: &str, ttl_ms: i64, release: bool) -> Duration {
+    let holder = app.acquire(key, "holder", ttl_ms).await;
+    let http = app.http.clone();
+    let base = app.instance.base.clone();
+    let owned = key.to_owned();
+    let waiter = tokio::spawn(async move {
+        let answer = acquire_waiting(&http, &base, &owned, "waiter", 60_000).await;
+        (answer, Instant::now())
+    });
+    until_queued(app.db(), key, 1).await;
+    let at = |v: &Value, field: &str| {
+        chrono::DateTime::parse_from_rfc3339(v[field].as_str().unwrap()).unwrap()
+    };
+    if release {
+        assert_eq!(app.release(key, token(&holder)).await.status(), 204);
+        let released = Instant::now();
+        let ((status, grant), granted) = waiter.await.unwrap();
+        assert_eq!(status, StatusCode::CREATED, "{grant}");
+        assert_eq!(app.release(key, token(&grant)).await.status(), 204);
+        granted - released
+    } else {
+        let ((status, grant), _) = waiter.await.unwrap();
+        assert_eq!(status, StatusCode::CREATED, "{grant}");
+        assert_eq!(app.release(key, token(&grant)).await.status(), 204);
+        (at(&grant, "acquired_at") - at(&holder, "expires_at"))
+            .to_std()
+            .expect("granted after the expiry")
+    }
+}
+
+/// Not a timed assertion: the figures of the hand-off from a release (its `204` to the first
+/// waiter's `201`, on this machine's clock) and from an expiry (the holder's `expires_at` to the
+/// waiter's grant, both by the database clock), printed for bench/README.md. Run alone for
+/// figures that mean something: `cargo test --release --test api hand_off -- --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_off_latency_from_a_release_and_from_an_expiry_is_measured() {
+    let app = TestApp::spawn().await;
+    let mut released = Vec::new();
+    for i in 0..100 {
+        released.push(hand_off(&app, &format!("release-{i}"), 30_000, true).await);
+    }
+    let mut expired = Vec::new();
+    for i in 0..30 {
+        expired.push(hand_off(&app, &format!("expiry-{i}"), 200, false).await);
+    }
+    for (what, samples) in [("a release", &mut released), ("an expiry", &mut expired)] {
+        let p50 = quantile(samples, 0.5);
+        let p99 = quantile(samples, 0.99);
+        let max = quantile(samples, 1.0);
+        eprintln!(
+            "hand-off from {what}: {} samples, p50 {p50:?}, p99 {p99:?}, max {max:?}",
+            samples.len()
+        );
+    }
+    app.stop().await;
+}
