@@ -147,7 +147,7 @@ impl StatusRow {
 /// The acquire statement over a batch: its requests, the gate, the grants, the records of their
 /// Idempotency-Keys. What it locks and why it is race-free, also on a key's first grant, is
 /// written beside it in `sql/acquire.sql`.
-const ACQUIRE: &str = concat!(
+pub(crate) const ACQUIRE: &str = concat!(
     include_str!("sql/acquire_in.sql"),
     include_str!("sql/gate.sql"),
     include_str!("sql/acquire.sql"),
@@ -157,7 +157,7 @@ const ACQUIRE: &str = concat!(
 /// The acquire statement over a batch of waiting requests ([`super::waiters`]): the same
 /// statement with `sql/acquire_wait_in.sql`'s requests, which carry each one's place in the
 /// key's queue.
-const ACQUIRE_WAITING: &str = concat!(
+pub(crate) const ACQUIRE_WAITING: &str = concat!(
     include_str!("sql/acquire_wait_in.sql"),
     include_str!("sql/gate.sql"),
     include_str!("sql/acquire.sql"),
@@ -368,7 +368,7 @@ impl ChangeAnswer {
 
 /// The renew statement over a batch ([`renew`]), between the gate and the record; its
 /// race-freedom argument is in `sql/renew.sql`.
-const RENEW: &str = concat!(
+pub(crate) const RENEW: &str = concat!(
     include_str!("sql/renew_in.sql"),
     include_str!("sql/gate.sql"),
     include_str!("sql/renew.sql"),
@@ -476,7 +476,7 @@ pub enum Ending {
 }
 
 /// The ending statement over a batch ([`end`]), between the gate and the record.
-const END: &str = concat!(
+pub(crate) const END: &str = concat!(
     include_str!("sql/end_in.sql"),
     include_str!("sql/gate.sql"),
     include_str!("sql/end.sql"),

@@ -32,7 +32,24 @@ use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
-pub use db::{Db, HotPoolStatus};
+pub use db::{Db, HOT_SETTINGS, HotPoolStatus};
+
+/// Every statement the hot connections run ([`HOT_SETTINGS`]), named: for the test that their
+/// generic plans, made while the tables are empty, read a batch's rows by key alone.
+#[doc(hidden)]
+pub fn hot_statements() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("acquire", leases::ACQUIRE),
+        ("acquire (waiting)", leases::ACQUIRE_WAITING),
+        ("renew", leases::RENEW),
+        ("end", leases::END),
+        ("put", snapshots::PUT),
+        ("put (uploaded body)", snapshots::PUT_UPLOADED.as_str()),
+        ("check before the body", snapshots::PRECHECK),
+        ("get", snapshots::GET),
+        ("wait (enqueue)", include_str!("sql/wait_enqueue.sql")),
+    ]
+}
 
 /// The database failed. Refusals are not errors; see the module docs.
 #[derive(Debug, thiserror::Error)]

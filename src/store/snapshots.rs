@@ -82,7 +82,7 @@ pub struct PutRequest {
 /// statement. What each part locks and why the whole is race-free
 /// is written beside it in those files. `bench/compare.sh` runs the same two files, joined the
 /// same way.
-const PUT: &str = concat!(
+pub(crate) const PUT: &str = concat!(
     include_str!("sql/fenced_in.sql"),
     include_str!("sql/gate.sql"),
     include_str!("sql/fenced.sql"),
@@ -96,7 +96,7 @@ const BOUND_BODY: &str = "r.body\n    FROM head h";
 /// [`PUT`] for a body uploaded beforehand into the connection's upload table (a batch of one,
 /// see `Conns::fetch_one_uploading`) rather than bound in `$15` (bound NULL, unused).
 /// Identical otherwise: the same checks, locks and audit.
-static PUT_UPLOADED: LazyLock<String> = LazyLock::new(|| {
+pub(crate) static PUT_UPLOADED: LazyLock<String> = LazyLock::new(|| {
     replace_once(
         PUT,
         BOUND_BODY,
@@ -167,7 +167,7 @@ fn put_statement(uploaded: bool) -> &'static str {
 
 /// The fenced write's check before its body is read: `sql/fenced.sql`, then
 /// `sql/precheck.sql`, between the gate and the record.
-const PRECHECK: &str = concat!(
+pub(crate) const PRECHECK: &str = concat!(
     include_str!("sql/fenced_in.sql"),
     include_str!("sql/gate.sql"),
     include_str!("sql/fenced.sql"),
@@ -551,7 +551,7 @@ impl ListedVersion {
 }
 
 /// The snapshot read statement over a batch ([`get`]).
-const GET: &str = include_str!("sql/get.sql");
+pub(crate) const GET: &str = include_str!("sql/get.sql");
 
 /// One read of a batch.
 #[derive(Debug)]

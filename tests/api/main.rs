@@ -16,6 +16,7 @@ mod leases;
 mod limits;
 mod metrics;
 mod openapi;
+mod plans;
 mod raw;
 mod recovery;
 mod serve;

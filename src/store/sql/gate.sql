@@ -18,6 +18,10 @@
 -- transaction-level advisory lock, which only one statement at a time can hold; `in_progress`
 -- when another statement holds it.
 --
+-- `prior` looks each request's record up by its primary key, in a subquery of its own (LIMIT
+-- keeps the planner from making it a join): the hot connections keep one generic plan for their
+-- life, and a join planned while the table was nearly empty read all of it for every batch.
+--
 -- Race-freedom: two requests with one key never both change something. The lock admits one at a
 -- time. A second one that takes the lock after the first committed, but whose snapshot is older
 -- than that commit, finds no record in `prior` and runs; its record's INSERT (remember.sql)
@@ -25,8 +29,10 @@
 -- violation and is rolled back whole, and the batch is run again, now seeing the record.
 prior AS (
     SELECT r.i, p.fingerprint, p.answer
-    FROM req r JOIN idempotency_records p
-        ON r.idem IS NOT NULL AND p.principal = coalesce(r.principal, '') AND p.key = r.idem),
+    FROM req r CROSS JOIN LATERAL (
+        SELECT fingerprint, answer FROM idempotency_records
+        WHERE principal = coalesce(r.principal, '') AND key = r.idem LIMIT 1) p
+    WHERE r.idem IS NOT NULL),
 gate AS (
     SELECT r.i, CASE
         WHEN r.key_id IS NOT NULL
