@@ -161,8 +161,8 @@ psql -c "INSERT INTO floor_snapshots SELECT (50000000 + i)::text, 0, decode(repe
 # the workers of `snapfence-bench` do. pgbench cannot bind NULL, so gate.sql's parameters ($1 to
 # $4: no Idempotency-Key, no principal) are written in as arrays of one NULL, and an absent
 # value is bound as what the service's NULL stands for there: `[]` for If-Match's tags (not
-# sent, so never read), an empty metadata object, and the current version (1) for the read
-# (which reads its body). The service itself sends each statement over as many requests as
+# sent, so never read), an empty metadata object, and for the read the current version (1) and
+# `[]` for If-None-Match's tags (none, so it reads its body). The service itself sends each statement over as many requests as
 # arrived together; pgbench's column is the floor of one request per statement and commit.
 script() { # op -> a pgbench script on stdout: the service's statement over a batch of one
     local op=$1 sql sqldir=$root/src/store/sql
@@ -192,7 +192,7 @@ pg_vars() { # op -> the fixed parameters of its statement
     acquire) echo "-D p6=pgbench -D p7=$3 -D p8={} -D p9=false -D p10=false -D p11=pgbench -D p12=127.0.0.1" ;;
     renew) echo "-D p7=600000" ;;
     put) echo "-D p7=false -D p8=[] -D p9=pgbench -D p10=127.0.0.1 -D p11=put -D p12=pgbench-etag -D p13=1024 -D p14=application/octet-stream -D p15=\\x$body_hex -D p16=10" ;;
-    get) echo "-D p2=1 -D p3=true -D p4=10" ;;
+    get) echo "-D p2=1 -D p3=true -D p4=10 -D p5=[]" ;;
     esac
 }
 base_key() { case $1 in acquire) echo 10000000 ;; renew) echo 20000000 ;; put) echo 30000000 ;; get) echo 40000000 ;; esac; }

@@ -4,8 +4,9 @@
 //! conflicting `Content-Length`, a head over its buffer, a target over 65534 bytes) before any
 //! service sees it, with a bare status (`connection: close`, `content-length: 0`) and no way to
 //! change it. The connection's stream recognises that answer as hyper writes it, and sends the
-//! contract's problem in its place. The limits hyper enforces are set above the service's own
-//! ([`super::tune`]), so this is only for what no service could have answered.
+//! contract's problem in its place. The size limits hyper enforces are set above the service's
+//! own ([`super::tune`]), so this is only for what no service could have answered, and for
+//! the number of header fields ([`super::MAX_HEADER_FIELDS`]), which hyper alone counts.
 
 use axum::http::StatusCode;
 

@@ -177,8 +177,9 @@ pub enum ApiError {
         /// The limit.
         limit: usize,
     },
-    /// 431: the request head is over hyper's own limits, which are set above the service's
-    /// (see `crate::conn::HeadLimits`), so only a head far over the service's is refused so.
+    /// 431: the request head is over hyper's own limits (see `crate::conn::HeadLimits`): a head
+    /// far over the service's size limit, or with more than `crate::conn::MAX_HEADER_FIELDS`
+    /// fields.
     #[error(
         "the request head (request line and headers) is over this server's limit of {bytes} bytes or {fields} header fields; send fewer or smaller headers"
     )]

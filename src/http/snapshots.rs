@@ -22,7 +22,7 @@ use crate::domain::{
 };
 use crate::state::AppState;
 use crate::store::idempotency::Gated;
-use crate::store::snapshots::{self, PutRequest, Snapshot, WriteOutcome, Written};
+use crate::store::snapshots::{self, PutRequest, Read, Snapshot, WriteOutcome, Written};
 
 const SNAPSHOT_TOO_LARGE: &str =
     "Send a smaller snapshot, or raise the server's --max-snapshot-bytes";
@@ -186,10 +186,10 @@ fn arrived_with_head(mut body: Body, length: Option<u64>) -> (Body, bool) {
 }
 
 /// A snapshot as an HTTP answer: its bytes with the contract's headers, or `304` when
-/// `If-None-Match` matches.
+/// `If-None-Match` matches (the statement then read no bytes).
 fn snapshot_response(
     snapshot: Snapshot,
-    with_body: bool,
+    read: Read<'_>,
     if_none_match: Option<&EntityTagCondition>,
 ) -> Response {
     let meta = &snapshot.meta;
@@ -208,7 +208,10 @@ fn snapshot_response(
         header::LAST_MODIFIED,
         HeaderValue::from_str(&last_modified).expect("an HTTP date is ASCII"),
     );
-    if if_none_match.is_some_and(|c| c.matches_weak(&meta.etag)) {
+    // A GET whose bytes were left unread is one the statement found matching: a 304 either way,
+    // never a 200 without its body.
+    let unread = matches!(read, Read::Body(_)) && snapshot.body.is_none();
+    if unread || if_none_match.is_some_and(|c| c.matches_weak(&meta.etag)) {
         return (StatusCode::NOT_MODIFIED, headers).into_response();
     }
     match HeaderValue::from_str(&meta.content_type) {
@@ -218,11 +221,24 @@ fn snapshot_response(
             HeaderValue::from_static(DEFAULT_CONTENT_TYPE),
         ),
     };
-    if !with_body {
-        // What a GET would send, for a HEAD that did not read the body.
-        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(meta.size));
+    match snapshot.body {
+        Some(body) => (StatusCode::OK, headers, body).into_response(),
+        None => {
+            // What a GET would send, for a HEAD that did not read the body.
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(meta.size));
+            (StatusCode::OK, headers).into_response()
+        }
     }
-    (StatusCode::OK, headers, snapshot.body).into_response()
+}
+
+/// What a read of `method` takes: a `HEAD` no bytes, a `GET` its bytes unless `If-None-Match`
+/// matches.
+fn wanted<'a>(method: &Method, if_none_match: Option<&'a EntityTagCondition>) -> Read<'a> {
+    if method == Method::HEAD {
+        Read::Head
+    } else {
+        Read::Body(if_none_match)
+    }
 }
 
 fn no_snapshot(key: &Key) -> ApiError {
@@ -237,15 +253,11 @@ async fn read(
     KeyPath(key): KeyPath,
     IfNoneMatch(if_none_match): IfNoneMatch,
 ) -> Result<Response, ApiError> {
-    let with_body = method != Method::HEAD;
-    let snapshot = snapshots::get(&state.db, &key, None, state.rules.keep_versions, with_body)
+    let read = wanted(&method, if_none_match.as_ref());
+    let snapshot = snapshots::get(&state.db, &key, None, state.rules.keep_versions, read)
         .await?
         .ok_or_else(|| no_snapshot(&key))?;
-    Ok(snapshot_response(
-        snapshot,
-        with_body,
-        if_none_match.as_ref(),
-    ))
+    Ok(snapshot_response(snapshot, read, if_none_match.as_ref()))
 }
 
 async fn read_version(
@@ -255,9 +267,9 @@ async fn read_version(
     IfNoneMatch(if_none_match): IfNoneMatch,
 ) -> Result<Response, ApiError> {
     let version = Version::parse(&version)?;
-    let with_body = method != Method::HEAD;
+    let read = wanted(&method, if_none_match.as_ref());
     let keep = state.rules.keep_versions;
-    let snapshot = snapshots::get(&state.db, &key, Some(version), keep, with_body)
+    let snapshot = snapshots::get(&state.db, &key, Some(version), keep, read)
         .await?
         .ok_or_else(|| {
             ApiError::NotFound(format!(
@@ -265,11 +277,7 @@ async fn read_version(
                 version.get()
             ))
         })?;
-    Ok(snapshot_response(
-        snapshot,
-        with_body,
-        if_none_match.as_ref(),
-    ))
+    Ok(snapshot_response(snapshot, read, if_none_match.as_ref()))
 }
 
 /// The query of a versions list.

@@ -474,8 +474,18 @@ pub async fn delete(
 pub struct Snapshot {
     /// Its metadata.
     pub meta: SnapshotMeta,
-    /// Its bytes, exactly as written (empty when read without them).
-    pub body: Bytes,
+    /// Its bytes, exactly as written; `None` when they were not read ([`Read`]).
+    pub body: Option<Bytes>,
+}
+
+/// What a read takes of a snapshot version besides its head.
+#[derive(Debug, Clone, Copy)]
+pub enum Read<'a> {
+    /// The head only (a `HEAD`).
+    Head,
+    /// The bytes too, unless the version's ETag matches this `If-None-Match` (weakly): the
+    /// answer is then `304`, which sends none.
+    Body(Option<&'a EntityTagCondition>),
 }
 
 #[derive(Debug, FromRow)]
@@ -550,6 +560,8 @@ pub(crate) struct GetJob {
     version: Option<Version>,
     keep_versions: i64,
     with_body: bool,
+    /// The If-None-Match tags, as get.sql takes them.
+    unless: Option<serde_json::Value>,
 }
 
 impl super::batch::Job for GetJob {
@@ -574,6 +586,7 @@ impl Kind for GetBatch {
             .bind(column(jobs, |j| j.version.map(Version::get)))
             .bind(column(jobs, |j| j.with_body))
             .bind(column(jobs, |j| j.keep_versions))
+            .bind(column(jobs, |j| j.unless.as_ref()))
     }
 }
 
@@ -581,25 +594,28 @@ impl Kind for GetBatch {
 /// of reads: only versions of a key that has a current snapshot, within the retention window,
 /// so a version that a later write pruned, or that a delete removed, is gone even if its row
 /// lingers. One statement, so the head and the body it points at are from one committed state.
-/// Without `with_body` (a `HEAD`) the body is not even read from storage, and the answer's body
-/// is empty.
+/// A body that is not wanted ([`Read`]) is not even read from storage.
 pub async fn get(
     db: &Db,
     key: &Key,
     version: Option<Version>,
     keep_versions: i64,
-    with_body: bool,
+    read: Read<'_>,
 ) -> Result<Option<Snapshot>> {
     let job = GetJob {
         key: key.clone(),
         version,
         keep_versions,
-        with_body,
+        with_body: matches!(read, Read::Body(_)),
+        unless: match read {
+            Read::Body(Some(condition)) => Some(serde_json::json!(condition.weak_tags())),
+            Read::Body(None) | Read::Head => None,
+        },
     };
     let row = db.batches().get.submit(job).await?;
     Ok(row.map(|r| Snapshot {
         meta: r.meta.into_meta(None),
-        body: r.body.map(Bytes::from).unwrap_or_default(),
+        body: r.body.map(Bytes::from),
     }))
 }
 

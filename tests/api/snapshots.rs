@@ -170,6 +170,34 @@ async fn a_weak_if_none_match_of_the_current_etag_answers_304_on_get_and_head_of
 }
 
 #[tokio::test]
+async fn if_none_match_star_or_a_list_naming_the_current_etag_answers_304_and_any_other_the_body() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("k", "a", 30000).await);
+    let etag = app.put("k", t, "the bytes").await.headers()["etag"].clone();
+    let etag = etag.to_str().unwrap();
+    let get = |condition: String| {
+        app.request(Method::GET, "/v1/snapshots/k")
+            .header("If-None-Match", condition)
+            .send()
+    };
+    for condition in [
+        "*".to_owned(),
+        format!("\"other\", W/{etag}"),
+        format!("\"other\",{etag}"),
+    ] {
+        let r = get(condition.clone()).await.unwrap();
+        assert_eq!(r.status(), StatusCode::NOT_MODIFIED, "{condition}");
+        assert!(r.bytes().await.unwrap().is_empty(), "{condition}");
+    }
+    for condition in ["\"other\"", "W/\"other\", \"another\""] {
+        let r = get(condition.to_owned()).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{condition}");
+        assert_eq!(r.bytes().await.unwrap(), "the bytes", "{condition}");
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn a_weak_if_match_never_matches_the_current_etag() {
     let app = TestApp::spawn().await;
     let t = token(&app.acquire("k", "a", 30000).await);

@@ -139,6 +139,15 @@ impl EntityTagCondition {
         }
     }
 
+    /// The tags to compare weakly with in SQL (RFC 9110 13.1.2, as [`Self::matches_weak`]):
+    /// every tag, weak or not, quoted as stored ETags are; `*` for any.
+    pub fn weak_tags(&self) -> Vec<String> {
+        match self {
+            Self::Any => vec!["*".to_owned()],
+            Self::Tags(tags) => tags.iter().map(|(_, t)| format!("\"{t}\"")).collect(),
+        }
+    }
+
     /// The single strong tag to compare with in SQL, when the condition reduces to one; `None`
     /// for `*`. A list of several tags is kept in Rust and checked against each.
     pub fn strong_tags(&self) -> Option<Vec<String>> {

@@ -1,14 +1,18 @@
 -- Snapshot reads, a batch of them: for each request (`i`), the current version (its version
 -- NULL) or one retained version, with its body only when asked (a HEAD reads none from
--- storage). Only versions of a key that has a current snapshot, within its retention window, so
+-- storage) and only when the version's ETag is not among the request's If-None-Match tags
+-- (a `304` sends no body, so a conditional GET of an unchanged snapshot reads none either). Only versions of a key that has a current snapshot, within its retention window, so
 -- a version that a later write pruned, or that a delete removed, is gone even if its row
 -- lingers. One statement, so each head and the body it points at come from one committed
 -- state; it takes no lock. A request with no such version has no row.
--- Parameters: $1 keys, $2 versions (or NULL), $3 whether to read the body, $4 versions kept.
+-- Parameters: $1 keys, $2 versions (or NULL), $3 whether to read the body, $4 versions kept,
+-- $5 the If-None-Match tags as a JSON array of stored ETags, `"*"` for any (NULL when none was
+-- sent); `jsonb ? text` is the weak comparison, since stored ETags are strong.
 SELECT r.i, v.version, v.token, v.etag, v.size, v.content_type, v.updated_at,
-    CASE WHEN r.with_body THEN v.body END AS body
-FROM unnest($1::text[], $2::bigint[], $3::boolean[], $4::bigint[])
-    WITH ORDINALITY AS r(key, version, with_body, keep, i)
+    CASE WHEN r.with_body AND NOT coalesce(r.unless ? v.etag OR r.unless ? '*', false)
+        THEN v.body END AS body
+FROM unnest($1::text[], $2::bigint[], $3::boolean[], $4::bigint[], $5::jsonb[])
+    WITH ORDINALITY AS r(key, version, with_body, keep, unless, i)
 JOIN leases l ON l.key = r.key
 JOIN snapshot_versions v ON v.key = l.key
 WHERE l.snapshot_etag IS NOT NULL AND v.version > l.snapshot_version - r.keep
