@@ -470,3 +470,31 @@ async fn hand_off_latency_from_a_release_and_from_an_expiry_is_measured() {
     }
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_waiting_acquire_sent_again_with_its_idempotency_key_is_answered_its_grant() {
+    let app = TestApp::spawn().await;
+    let holder = app.acquire("k", "holder", 30000).await;
+    let send = || {
+        app.request(Method::POST, "/v1/leases/k")
+            .header("Idempotency-Key", "wait-once")
+            .json(&json!({"owner": "w", "ttl_ms": 30000, "wait_ms": 60_000}))
+            .send()
+    };
+    let first = send();
+    let released = async {
+        until_queued(app.db(), "k", 1).await;
+        assert_eq!(app.release("k", token(&holder)).await.status(), 204);
+    };
+    let (first, ()) = tokio::join!(first, released);
+    let first = first.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let grant: Value = first.json().await.unwrap();
+    let again = send().await.unwrap();
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let replayed: Value = again.json().await.unwrap();
+    assert_eq!(replayed, grant, "the same grant, not a new one");
+    assert_eq!(queued(app.db(), "k").await, 0);
+    app.stop().await;
+}
