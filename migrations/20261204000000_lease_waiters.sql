@@ -22,6 +22,10 @@ CREATE TABLE lease_waiters (
 CREATE INDEX lease_waiters_key_id ON lease_waiters (key, id);
 CREATE INDEX lease_waiters_instance ON lease_waiters (instance);
 
+-- Each instance's id (lease_waiters.instance, and the objid of its liveness lock), drawn when it
+-- first listens: two live instances never share one.
+CREATE SEQUENCE lease_waiter_instance_seq AS integer MINVALUE 1 CYCLE;
+
 -- The advisory lock class of the instances' liveness locks (two-int4 form, which never meets
 -- the one-bigint locks of gate.sql): 'snap' in ASCII.
 CREATE FUNCTION waiter_lock_class() RETURNS integer LANGUAGE sql IMMUTABLE AS $$
@@ -57,18 +61,15 @@ CREATE TRIGGER leases_wake_waiters
     WHEN (OLD.end_reason IS NULL AND NEW.end_reason IS NOT NULL)
     EXECUTE FUNCTION notify_lease_waiters_on_end();
 
--- A waiter that leaves the queue without taking the key (refused, timed out, its client gone,
--- its instance dead) may have been the one the key was waiting for: while the key is not held
--- and others still wait, they are woken so that the next one takes it. An AFTER row trigger
--- runs at the end of the deleting statement and sees its changes, so a waiter that leaves with
--- a grant (acquire.sql deletes its row in the statement that grants) finds the key held and
--- wakes no one.
+-- A waiter that leaves the queue wakes the key's other waiters, at commit. One that leaves
+-- without taking the key (refused, timed out, its client gone, its instance dead) may have been
+-- the one the key was waiting for: the next one takes it now. One that leaves with the key (the
+-- statement that grants it deletes its row) started a lease that the waiters behind it saw no
+-- sign of (they were told `held` for a waiter ahead, with no expiry to sleep until): each
+-- instance's first waiter tries once more, finds the new lease, and sleeps until its expiry.
 CREATE FUNCTION notify_lease_waiters_on_leave() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF EXISTS (SELECT FROM lease_waiters WHERE key = OLD.key)
-        AND NOT EXISTS (SELECT FROM leases l WHERE l.key = OLD.key
-            AND lease_state(l.end_reason, l.expires_at, l.crash_recovery, l.recovery_required, now()) = 'held')
-    THEN
+    IF EXISTS (SELECT FROM lease_waiters WHERE key = OLD.key) THEN
         PERFORM pg_notify('snapfence_waiters', OLD.key);
     END IF;
     RETURN NULL;

@@ -370,12 +370,17 @@ async fn acquire(
             );
             announced = Some((what, now));
         }
-        if matches!(e, Error::LeaseHeld { .. }) {
-            // Held: the next try waits in the queue on the server, not here.
+        // Held: the next try waits in the queue on the server, not here; unless the server
+        // waited less than it was asked (its --max-wait is shorter), when the tries are paced
+        // as after a failure.
+        let asked = attempt_request.wait_ms.unwrap_or(0);
+        let cut_short = asked > 0 && now.duration_since(sent) < Duration::from_millis(asked as u64);
+        if matches!(e, Error::LeaseHeld { .. }) && (!queue || !cut_short) {
             queue = true;
             attempt = 0;
             continue;
         }
+        queue |= matches!(e, Error::LeaseHeld { .. });
         attempt += 1;
         tokio::select! {
             () = sleep(pause.backoff(attempt).min(until - now)) => {}

@@ -8,8 +8,8 @@
 //! each waiter is on, and an acquire that does not wait cannot pass the queue.
 //!
 //! Wake-ups come from the database, never from a polling loop: a release or an abandon notifies
-//! the key on `snapfence_waiters` at commit, and so does a waiter that leaves a free key (both
-//! triggers of `migrations/20261204000000_lease_waiters.sql`); this instance listens on one
+//! the key on `snapfence_waiters` at commit, and so does a waiter that leaves the queue, with the
+//! key or without it (both triggers of `migrations/20261204000000_lease_waiters.sql`); this instance listens on one
 //! connection of its own and wakes its first waiter of the key. An expiry needs no message: the
 //! first waiter sleeps until the holder's `expires_at` by the database clock (the statement
 //! that found the key held says how far off that is) and tries then. Only the first local waiter
@@ -29,6 +29,7 @@
 //! once, since a release may have gone unheard.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -72,8 +73,10 @@ pub struct Waiters {
 
 /// What the waiters of an instance share.
 struct Inner {
-    /// The id of this instance in `lease_waiters.instance`, and of its liveness lock.
-    instance: i32,
+    /// The id of this instance in `lease_waiters.instance`, and of its liveness lock: drawn
+    /// from the database's sequence when it first listens (unique among the instances that
+    /// share the database), 0 until then.
+    instance: AtomicI32,
     /// This instance's waiters by key, in queue order, each with what wakes it.
     queues: Mutex<HashMap<String, BTreeMap<i64, Arc<Notify>>>>,
     /// Whether the listening connection listens and holds the liveness lock.
@@ -94,7 +97,7 @@ struct Inner {
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Waiters")
-            .field("instance", &self.instance)
+            .field("instance", &self.instance.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
 }
@@ -117,8 +120,7 @@ impl Waiters {
     pub fn start(db: &Db) -> Self {
         let pool: PgPool = (**db).clone();
         let inner = Arc::new(Inner {
-            // Zero is never used, so that a row's instance is never mistaken for "none".
-            instance: rand::random::<i32>().max(1),
+            instance: AtomicI32::new(0),
             queues: Mutex::default(),
             listening: watch::Sender::new(false),
             stopping: watch::Sender::new(false),
@@ -193,9 +195,13 @@ impl Waiters {
     /// away) takes the place anyway, for one try that is the last.
     async fn enqueue(&self, key: &Key, until: Instant) -> Result<(Place, bool)> {
         let mut listening = self.inner.listening.subscribe();
-        let heard = tokio::time::timeout_at(until, listening.wait_for(|on| *on))
-            .await
-            .is_ok_and(|on| on.is_ok());
+        let mut stopping = self.inner.stopping.subscribe();
+        let heard = tokio::select! {
+            on = tokio::time::timeout_at(until, listening.wait_for(|on| *on)) => {
+                on.is_ok_and(|on| on.is_ok())
+            }
+            _ = stopping.wait_for(|on| *on) => false,
+        };
         if !heard {
             tracing::warn!(
                 %key,
@@ -209,7 +215,7 @@ impl Waiters {
             .enqueues
             .answer(Enqueue {
                 key: key.clone(),
-                instance: self.inner.instance,
+                instance: self.inner.instance.load(Ordering::Relaxed),
             })
             .await;
         let id = match queued {
@@ -417,9 +423,17 @@ async fn listen(inner: std::sync::Weak<Inner>) {
         let failure = async {
             let mut listener = PgListener::connect_with(&own).await?;
             listener.listen(CHANNEL).await?;
-            let Some(instance) = inner.upgrade().map(|i| i.instance) else {
+            let Some(i) = inner.upgrade() else {
                 return Ok(());
             };
+            let mut instance = i.instance.load(Ordering::Relaxed);
+            if instance == 0 {
+                instance = sqlx::query_scalar(include_str!("sql/wait_instance_id.sql"))
+                    .fetch_one(&mut listener)
+                    .await?;
+                i.instance.store(instance, Ordering::Relaxed);
+            }
+            drop(i);
             sqlx::query(include_str!("sql/wait_instance.sql"))
                 .bind(instance)
                 .execute(&mut listener)
@@ -477,7 +491,7 @@ async fn sweep(inner: std::sync::Weak<Inner>) {
             continue;
         }
         let swept = sqlx::query(include_str!("sql/wait_sweep.sql"))
-            .bind(i.instance)
+            .bind(i.instance.load(Ordering::Relaxed))
             .bind(&held)
             .execute(&i.pool)
             .bounded(&i.pool)

@@ -135,6 +135,45 @@ async fn a_waiter_is_granted_once_the_holders_lease_expires_by_the_database_cloc
     app.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_behind_another_instances_waiter_is_granted_once_that_waiters_lease_expires() {
+    let app = TestApp::spawn().await;
+    let second = app.another_instance().await;
+    let holder = app.acquire("k", "holder", 30000).await;
+    // The first waiter, on this instance, takes a short lease and never releases it.
+    let http = app.http.clone();
+    let url = format!("{}/v1/leases/k", app.instance.base);
+    let first = tokio::spawn(async move {
+        let r = http
+            .post(url)
+            .json(&json!({"owner": "first", "ttl_ms": 500, "wait_ms": 60_000}))
+            .send()
+            .await
+            .unwrap();
+        (r.status(), r.json::<Value>().await.unwrap())
+    });
+    until_queued(app.db(), "k", 1).await;
+    let http = app.http.clone();
+    let base = second.base.clone();
+    let behind =
+        tokio::spawn(async move { acquire_waiting(&http, &base, "k", "behind", 60_000).await });
+    until_queued(app.db(), "k", 2).await;
+    assert_eq!(app.release("k", token(&holder)).await.status(), 204);
+    let (status, first) = tokio::time::timeout(CEILING, first).await.unwrap().unwrap();
+    assert_eq!(status, StatusCode::CREATED, "{first}");
+    let (status, behind) = tokio::time::timeout(CEILING, behind)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status, StatusCode::CREATED, "{behind}");
+    let at = |v: &Value, field: &str| {
+        chrono::DateTime::parse_from_rfc3339(v[field].as_str().unwrap()).unwrap()
+    };
+    assert!(at(&behind, "acquired_at") >= at(&first, "expires_at"));
+    second.stop().await;
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn a_wait_that_runs_out_answers_lease_held_and_leaves_the_queue() {
     let app = TestApp::spawn().await;
@@ -206,11 +245,11 @@ async fn an_acquire_that_does_not_wait_cannot_pass_the_queue() {
     // A waiter of an instance that stays alive (this test's connection holds its liveness
     // lock), queued and not yet woken: the key it waits for is free, and reserved for it.
     let mut instance = PgConnection::connect_with(&app.options).await.unwrap();
-    sqlx::query("SELECT pg_advisory_lock(waiter_lock_class(), 7)")
+    sqlx::query("SELECT pg_advisory_lock(waiter_lock_class(), 2000000000)")
         .execute(&mut instance)
         .await
         .unwrap();
-    sqlx::query("INSERT INTO lease_waiters (key, instance) VALUES ('k', 7)")
+    sqlx::query("INSERT INTO lease_waiters (key, instance) VALUES ('k', 2000000000)")
         .execute(app.db())
         .await
         .unwrap();
@@ -237,11 +276,11 @@ async fn the_waiters_of_a_dead_instance_are_skipped_and_dropped_within_a_second(
     // waiter of "k"; then one of this instance queues behind it.
     let holder = app.acquire("k", "holder", 30000).await;
     let mut instance = PgConnection::connect_with(&app.options).await.unwrap();
-    sqlx::query("SELECT pg_advisory_lock(waiter_lock_class(), 7)")
+    sqlx::query("SELECT pg_advisory_lock(waiter_lock_class(), 2000000000)")
         .execute(&mut instance)
         .await
         .unwrap();
-    sqlx::query("INSERT INTO lease_waiters (key, instance) VALUES ('k', 7)")
+    sqlx::query("INSERT INTO lease_waiters (key, instance) VALUES ('k', 2000000000)")
         .execute(app.db())
         .await
         .unwrap();
@@ -429,5 +468,33 @@ async fn hand_off_latency_from_a_release_and_from_an_expiry_is_measured() {
             samples.len()
         );
     }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_waiting_acquire_sent_again_with_its_idempotency_key_is_answered_its_grant() {
+    let app = TestApp::spawn().await;
+    let holder = app.acquire("k", "holder", 30000).await;
+    let send = || {
+        app.request(Method::POST, "/v1/leases/k")
+            .header("Idempotency-Key", "wait-once")
+            .json(&json!({"owner": "w", "ttl_ms": 30000, "wait_ms": 60_000}))
+            .send()
+    };
+    let first = send();
+    let released = async {
+        until_queued(app.db(), "k", 1).await;
+        assert_eq!(app.release("k", token(&holder)).await.status(), 204);
+    };
+    let (first, ()) = tokio::join!(first, released);
+    let first = first.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let grant: Value = first.json().await.unwrap();
+    let again = send().await.unwrap();
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let replayed: Value = again.json().await.unwrap();
+    assert_eq!(replayed, grant, "the same grant, not a new one");
+    assert_eq!(queued(app.db(), "k").await, 0);
     app.stop().await;
 }

@@ -89,7 +89,7 @@ result AS (
     FROM decision d JOIN req r ON r.i = d.i LEFT JOIN new_lease n ON n.i = d.i
     LEFT JOIN cur c ON c.i = d.i),
 -- A waiter leaves the queue with its final answer, in the statement that gives it (a trigger on
--- lease_waiters wakes the next one if the key is left free). Deletes nothing for a request that
+-- lease_waiters wakes the waiters behind it). Deletes nothing for a request that
 -- does not wait.
 dequeued AS (
     DELETE FROM lease_waiters w USING result res JOIN req r ON r.i = res.i
