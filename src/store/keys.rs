@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::postgres::{PgListener, PgPoolOptions};
+use sqlx::postgres::PgListener;
 use sqlx::{FromRow, PgPool, Row};
 
 use super::{Bounded, Result};
@@ -294,12 +294,7 @@ impl KeyCache {
 /// `LISTEN` comes before the load, so no change committed after the load can go unnoticed.
 async fn listen(pool: PgPool, live: Arc<RwLock<Option<Arc<LiveKeys>>>>) {
     let set = |keys: Option<LiveKeys>| *live.write().expect("never poisoned") = keys.map(Arc::new);
-    // A pool of its own for the listening connection, so that it holds none of the
-    // connections that serve requests, and its name never comes back to them.
-    let own = PgPoolOptions::new()
-        .max_connections(1)
-        .acquire_timeout(pool.options().get_acquire_timeout())
-        .connect_lazy_with((*pool.connect_options()).clone());
+    let own = super::listening_pool(&pool);
     loop {
         let failure = async {
             let mut listener = PgListener::connect_with(&own).await?;

@@ -34,6 +34,15 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 pub use db::{Db, HOT_SETTINGS, HotPoolStatus};
 
+/// A pool of one connection beside `pool`, for a connection that `LISTEN`s: it is none of the
+/// connections that serve requests, and what is set on it never comes back to them.
+pub(crate) fn listening_pool(pool: &PgPool) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(pool.options().get_acquire_timeout())
+        .connect_lazy_with((*pool.connect_options()).clone())
+}
+
 /// Every statement the hot connections run ([`HOT_SETTINGS`]), named: for the test that their
 /// generic plans, made while the tables are empty, read a batch's rows by key alone.
 #[doc(hidden)]

@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sqlx::PgPool;
-use sqlx::postgres::{PgListener, PgPoolOptions};
+use sqlx::postgres::PgListener;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
@@ -413,12 +413,7 @@ async fn listen(inner: std::sync::Weak<Inner>) {
     let Some(pool) = inner.upgrade().map(|i| i.pool.clone()) else {
         return;
     };
-    // A pool of its own, so that the listening connection is none of the ones that serve
-    // requests.
-    let own = PgPoolOptions::new()
-        .max_connections(1)
-        .acquire_timeout(pool.options().get_acquire_timeout())
-        .connect_lazy_with((*pool.connect_options()).clone());
+    let own = super::listening_pool(&pool);
     loop {
         let failure = async {
             let mut listener = PgListener::connect_with(&own).await?;
