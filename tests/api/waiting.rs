@@ -52,6 +52,17 @@ async fn acquire_waiting(
     (status, r.json().await.unwrap())
 }
 
+/// A waiting acquire of `key` through `app`'s instance, in a task of its own.
+fn spawn_waiter(
+    app: &TestApp,
+    key: &'static str,
+    owner: &'static str,
+    wait_ms: i64,
+) -> tokio::task::JoinHandle<(StatusCode, Value)> {
+    let (http, base) = (app.http.clone(), app.instance.base.clone());
+    tokio::spawn(async move { acquire_waiting(&http, &base, key, owner, wait_ms).await })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn twenty_waiters_through_two_instances_get_the_lease_in_arrival_order_once_each() {
     let app = TestApp::spawn().await;
@@ -102,9 +113,7 @@ async fn twenty_waiters_through_two_instances_get_the_lease_in_arrival_order_onc
 async fn a_waiter_is_granted_when_the_holder_releases() {
     let app = TestApp::spawn().await;
     let holder = app.acquire("k", "holder", 30000).await;
-    let http = app.http.clone();
-    let base = app.instance.base.clone();
-    let waiter = tokio::spawn(async move { acquire_waiting(&http, &base, "k", "w", 60_000).await });
+    let waiter = spawn_waiter(&app, "k", "w", 60_000);
     until_queued(app.db(), "k", 1).await;
     assert_eq!(app.release("k", token(&holder)).await.status(), 204);
     let (status, grant) = tokio::time::timeout(CEILING, waiter)
@@ -218,9 +227,7 @@ async fn a_retained_recovery_record_is_answered_at_once_whatever_the_wait() {
 async fn a_waiter_behind_a_lease_that_leaves_a_recovery_record_is_answered_when_it_ends() {
     let app = TestApp::spawn().await;
     let g = app.acquire("k", "holder", 30000).await;
-    let http = app.http.clone();
-    let base = app.instance.base.clone();
-    let waiter = tokio::spawn(async move { acquire_waiting(&http, &base, "k", "w", 60_000).await });
+    let waiter = spawn_waiter(&app, "k", "w", 60_000);
     until_queued(app.db(), "k", 1).await;
     let abandoned = app
         .request(Method::POST, "/v1/leases/k/abandon")
@@ -267,10 +274,7 @@ async fn the_waiters_of_a_dead_instance_are_skipped_and_dropped_within_a_second(
     let app = TestApp::spawn().await;
     // A waiter that stays for the whole test, so that this instance sweeps throughout.
     let other = app.acquire("stays", "holder", 30000).await;
-    let http = app.http.clone();
-    let base = app.instance.base.clone();
-    let stays =
-        tokio::spawn(async move { acquire_waiting(&http, &base, "stays", "w", 60_000).await });
+    let stays = spawn_waiter(&app, "stays", "w", 60_000);
     until_queued(app.db(), "stays", 1).await;
     // Another instance, alive while this test's connection holds its liveness lock, queues a
     // waiter of "k"; then one of this instance queues behind it.
@@ -284,9 +288,7 @@ async fn the_waiters_of_a_dead_instance_are_skipped_and_dropped_within_a_second(
         .execute(app.db())
         .await
         .unwrap();
-    let http = app.http.clone();
-    let base = app.instance.base.clone();
-    let waiter = tokio::spawn(async move { acquire_waiting(&http, &base, "k", "w", 60_000).await });
+    let waiter = spawn_waiter(&app, "k", "w", 60_000);
     until_queued(app.db(), "k", 2).await;
     // The other instance dies: its connection, and with it its liveness lock, goes.
     instance.close().await.unwrap();
@@ -314,10 +316,7 @@ async fn the_waiters_of_a_dead_instance_are_skipped_and_dropped_within_a_second(
 async fn a_waiter_whose_client_goes_away_leaves_the_queue() {
     let app = TestApp::spawn().await;
     let holder = app.acquire("k", "holder", 30000).await;
-    let http = app.http.clone();
-    let base = app.instance.base.clone();
-    let gone =
-        tokio::spawn(async move { acquire_waiting(&http, &base, "k", "gone", 60_000).await });
+    let gone = spawn_waiter(&app, "k", "gone", 60_000);
     until_queued(app.db(), "k", 1).await;
     gone.abort();
     until_queued(app.db(), "k", 0).await;
