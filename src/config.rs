@@ -104,6 +104,21 @@ pub struct ServeConfig {
     #[arg(long, env = "SNAPFENCE_MAX_WAIT", value_parser = max_wait, default_value = "5m")]
     pub max_wait: Duration,
 
+    /// How long the history of changes is kept: a watch resumed from an older change is
+    /// answered 410 compacted.
+    #[arg(long, env = "SNAPFENCE_WATCH_RETENTION", value_parser = positive_duration, default_value = "24h")]
+    pub watch_retention: Duration,
+
+    /// How often an idle watch stream is sent a comment line, so that proxies and clients keep
+    /// it open; at most the contract's 15 seconds.
+    #[arg(long, env = "SNAPFENCE_WATCH_HEARTBEAT", value_parser = heartbeat, default_value = "10s")]
+    pub watch_heartbeat: Duration,
+
+    /// How long one watch stream lasts before the service ends it; the client resumes it with
+    /// `Last-Event-ID` and misses nothing. Bounds what a forgotten stream holds.
+    #[arg(long, env = "SNAPFENCE_MAX_WATCH", value_parser = positive_duration, default_value = "5m")]
+    pub max_watch: Duration,
+
     /// How long a request body may take to arrive before the request is answered 408.
     #[arg(long, env = "SNAPFENCE_BODY_TIMEOUT", value_parser = humantime::parse_duration, default_value = "30s")]
     pub body_timeout: Duration,
@@ -188,6 +203,9 @@ impl ServeConfig {
             idempotency_retention: self.idempotency_retention,
             body_timeout: self.body_timeout,
             max_wait: self.max_wait,
+            watch_retention: self.watch_retention,
+            watch_heartbeat: self.watch_heartbeat,
+            max_watch: self.max_watch,
             max_concurrent_requests: self.max_concurrent_requests as usize,
             max_header_bytes: self.max_header_bytes,
             head_timeout: self.head_timeout,
@@ -264,6 +282,17 @@ fn positive_duration(text: &str) -> Result<Duration, String> {
         Ok(d) => Ok(d),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// A `--watch-heartbeat`: above zero and at most the contract's 15 seconds.
+fn heartbeat(text: &str) -> Result<Duration, String> {
+    let d = positive_duration(text)?;
+    if d > Duration::from_secs(15) {
+        return Err(
+            "must be at most 15s, the longest the contract lets a watch stay silent".into(),
+        );
+    }
+    Ok(d)
 }
 
 /// A `--max-wait`: at most the contract's 5 minutes (`wait_ms` 0..=300000).

@@ -46,11 +46,13 @@ pub async fn run(
     let handle = axum_server::Handle::<conn::Peer>::new();
     let stopper = handle.clone();
     let waiters = state.waiters.clone();
+    let changes = state.changes.clone();
     tokio::spawn(async move {
         shutdown.await;
         // A waiting acquire would hold the shutdown up for as long as it may wait: each one
-        // makes its last try now and answers.
+        // makes its last try now and answers. A watch would hold it up forever: it ends.
         waiters.stop();
+        changes.stop();
         // No deadline: a request in flight is finished, however long its statement may take
         // (the database bounds that); idle keep-alive connections are closed at once.
         stopper.graceful_shutdown(None);

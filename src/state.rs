@@ -10,6 +10,7 @@ use crate::domain::TtlBounds;
 use crate::http::limits::Limits;
 use crate::metrics::Metrics;
 use crate::store::Db;
+use crate::store::changes::Changes;
 use crate::store::keys::KeyCache;
 use crate::store::waiters::Waiters;
 
@@ -53,6 +54,13 @@ pub struct Rules {
     /// answered 503. Below the largest body a request may send, such a body is never received
     /// (`snapfence serve` refuses that configuration).
     pub max_body_bytes_in_flight: usize,
+    /// How long the history of changes is kept for watches to resume in.
+    pub watch_retention: Duration,
+    /// How often an idle watch is sent a comment line, so that it stays open.
+    pub watch_heartbeat: Duration,
+    /// How long one watch stream lasts before the service ends it (the client resumes it
+    /// with `Last-Event-ID`).
+    pub max_watch: Duration,
 }
 
 /// A rate limit per API key: a token bucket of `burst` requests, refilled at `per_second`.
@@ -83,6 +91,9 @@ impl Default for Rules {
             max_in_flight_per_key: 64,
             rate_limit_per_key: None,
             max_body_bytes_in_flight: 256 * 1024 * 1024,
+            watch_retention: Duration::from_secs(86_400),
+            watch_heartbeat: Duration::from_secs(10),
+            max_watch: Duration::from_secs(300),
         }
     }
 }
@@ -102,17 +113,20 @@ pub struct AppState {
     pub limits: Arc<Limits>,
     /// This instance's waiting acquires.
     pub waiters: Waiters,
+    /// The history of changes, and this instance's watches.
+    pub changes: Changes,
 }
 
 impl AppState {
-    /// State over a pool with the given rules; starts following the API keys and listening for
-    /// waiters' wake-ups, so it must be called within a Tokio runtime.
+    /// State over a pool with the given rules; starts following the API keys, listening for
+    /// waiters' wake-ups and relaying changes, so it must be called within a Tokio runtime.
     pub fn new(db: PgPool, rules: Rules) -> Self {
         let keys = KeyCache::follow(db.clone());
         let db = Db::new(db);
         Self {
             keys,
             waiters: Waiters::start(&db),
+            changes: Changes::start(&db, rules.watch_retention),
             db,
             limits: Arc::new(Limits::new(&rules)),
             rules: Arc::new(rules),

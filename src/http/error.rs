@@ -11,8 +11,8 @@ use axum::response::{IntoResponse, Response};
 use crate::domain::RefusalReason;
 use crate::domain::headers::PROBLEM_JSON;
 use crate::domain::{
-    AuditId, ErrorCode, Holder, IdempotencyKey, InvalidInput, Key, Problem, RecoveryRecord,
-    RefusalFields,
+    AuditId, ChangeId, ErrorCode, Holder, IdempotencyKey, InvalidInput, Key, Problem,
+    RecoveryRecord, RefusalFields,
 };
 use crate::store::StoreError;
 use crate::store::snapshots::Refusal;
@@ -211,6 +211,16 @@ pub enum ApiError {
         /// The request's Idempotency-Key.
         key: IdempotencyKey,
     },
+    /// 410: a watch resumed from a change older than the retained history.
+    #[error(
+        "change {since} is older than the retained history, which starts after change {horizon}: the changes between are gone. Read the current state of the keys, then watch again without since (or Last-Event-ID)"
+    )]
+    Compacted {
+        /// The id the watch asked to resume after.
+        since: ChangeId,
+        /// The highest id pruned.
+        horizon: ChangeId,
+    },
     /// 500: a bug. The cause is logged, never sent.
     #[error("internal error; it was logged with this request's x-request-id")]
     Internal,
@@ -326,6 +336,7 @@ impl ApiError {
             Self::Unavailable(_) => ErrorCode::Unavailable,
             Self::RequestTimeout(_) => ErrorCode::RequestTimeout,
             Self::Internal => ErrorCode::Internal,
+            Self::Compacted { .. } => ErrorCode::Compacted,
             Self::IdempotencyKeyReused(_) => ErrorCode::IdempotencyKeyReused,
             Self::RequestInProgress(_) => ErrorCode::RequestInProgress,
             Self::IndeterminateRetry { .. } => ErrorCode::Indeterminate,

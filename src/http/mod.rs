@@ -13,6 +13,7 @@ pub mod limits;
 pub mod ops;
 pub mod snapshots;
 pub mod ui;
+pub mod watch;
 
 use std::any::Any;
 use std::sync::Arc;
@@ -206,6 +207,7 @@ fn api_routes() -> Routes {
         .merge(leases::routes())
         .merge(snapshots::routes())
         .merge(audit::routes())
+        .merge(watch::routes())
 }
 
 fn routes() -> Routes {

@@ -19,6 +19,7 @@
 
 pub mod audit;
 mod batch;
+pub mod changes;
 mod db;
 pub mod idempotency;
 pub mod keys;
@@ -41,6 +42,19 @@ pub(crate) fn listening_pool(pool: &PgPool) -> PgPool {
         .max_connections(1)
         .acquire_timeout(pool.options().get_acquire_timeout())
         .connect_lazy_with((*pool.connect_options()).clone())
+}
+
+/// The background tasks of a part of the store (its listening, sweeping or relaying loops),
+/// aborted when the last handle to that part goes.
+#[derive(Debug)]
+pub(crate) struct Tasks(pub(crate) Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
 }
 
 /// Every statement the hot connections run ([`HOT_SETTINGS`]), named: for the test that their

@@ -48,7 +48,7 @@ use super::idempotency::{self, Gated};
 use super::leases::{
     AcquireAnswer, AcquireOutcome, NewLease, WaitingAcquireBatch, WaitingAcquireJob,
 };
-use super::{Bounded, Db, RequestContext, Result, StoreError};
+use super::{Bounded, Db, RequestContext, Result, StoreError, Tasks};
 use crate::domain::Key;
 
 /// The channel the triggers notify a key on when its waiters should look again.
@@ -99,18 +99,6 @@ impl std::fmt::Debug for Inner {
         f.debug_struct("Waiters")
             .field("instance", &self.instance.load(Ordering::Relaxed))
             .finish_non_exhaustive()
-    }
-}
-
-/// The listening and sweeping tasks, aborted when the last [`Waiters`] goes.
-#[derive(Debug)]
-struct Tasks(Vec<tokio::task::JoinHandle<()>>);
-
-impl Drop for Tasks {
-    fn drop(&mut self) {
-        for task in &self.0 {
-            task.abort();
-        }
     }
 }
 

@@ -78,6 +78,7 @@ codes! {
     IdempotencyKeyReused = "idempotency_key_reused", 422, "An `Idempotency-Key` seen before with a different request.";
     RequestInProgress = "request_in_progress", 409, "An `Idempotency-Key` whose first request is still running; retry after `Retry-After`.";
     TooManyRequests = "too_many_requests", 429, "A per-API-key limit (requests in flight, or rate) is reached; `Retry-After` says when to retry.";
+    Compacted = "compacted", 410, "A watch resumed from a change that is no longer retained; watch again without `since` (or from 0) and reread the state.";
 }
 
 impl std::fmt::Display for ErrorCode {

@@ -1,7 +1,7 @@
 //! The vocabulary of snapfence's HTTP contract (`docs/api.md`), shared by the server and every
 //! client: validated values (keys, tokens, owners, TTLs, metadata, page sizes and cursors), the
 //! records the service hands out (leases, recovery records, snapshot metadata, audit rows), every
-//! JSON request and answer body, the error codes ([`ErrorCode`]) and the header names
+//! JSON request and answer body, the watch's events, the error codes ([`ErrorCode`]) and the header names
 //! ([`headers`]).
 //!
 //! Every bound the contract states is checked here, on construction, so that an unchecked string
@@ -14,6 +14,7 @@ pub mod headers;
 mod lease;
 mod snapshot;
 mod values;
+mod watch;
 mod wire;
 
 pub use audit::{AuditId, AuditOperation, Recovery, RefusalReason, Rejection};
@@ -25,6 +26,7 @@ pub use values::{
     MAX_METADATA_BYTES, MAX_OWNER_BYTES, Metadata, Owner, PageLimit, TtlBounds, TtlMs, Version,
     json_integer, json_integer_opt,
 };
+pub use watch::{ChangeData, ChangeEvent, ChangeId, ChangeKind, ChangeReason};
 pub use wire::{AcquireRequest, Grant, Health, Holder, MAX_WAIT_MS, Page, RenewRequest};
 
 /// Times in JSON: RFC 3339 in UTC with milliseconds, e.g. `2026-12-02T13:05:00.123Z`.

@@ -48,7 +48,7 @@ granted AS (
     UPDATE leases SET token = next_fencing_token(), owner = r.owner, ttl_ms = r.ttl_ms,
         metadata = r.metadata::json, crash_recovery = r.crash_recovery, recovery_required = false,
         acquired_at = now(), expires_at = now() + r.ttl_ms * interval '1 millisecond',
-        end_reason = NULL, ended_at = NULL
+        end_reason = NULL, ended_at = NULL, expiry_reported = false
     FROM decision d JOIN req r ON r.i = d.i
     WHERE leases.key = r.key AND d.verdict = 'grant'
     RETURNING r.i, leases.key, leases.token, leases.owner, leases.ttl_ms, leases.metadata,

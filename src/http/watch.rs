@@ -1,0 +1,103 @@
+//! `/v1/watch`: the changes to keys under a prefix as server-sent events (contract v1.1,
+//! "Watch"). Each event is `id:` (the change id), `event:` (its kind) and `data:` (its JSON);
+//! a comment line every `--watch-heartbeat` keeps an idle stream open; a stream ends after
+//! `--max-watch` (and when the instance shuts down), and the client resumes it with
+//! `Last-Event-ID`, missing nothing and getting nothing twice. The delivery rules live in
+//! [`crate::store::changes`].
+
+use std::convert::Infallible;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use futures_util::{Stream, StreamExt, stream};
+use serde::Deserialize;
+
+use super::Routes;
+use super::error::ApiError;
+use super::extract::ApiQuery;
+use crate::domain::{ChangeId, KeyPrefix};
+use crate::state::AppState;
+use crate::store::changes::{Opened, Watch};
+
+/// The header an SSE client resumes with: the id of the last event it received.
+const LAST_EVENT_ID: &str = "last-event-id";
+
+/// The watch route.
+pub(super) fn routes() -> Routes {
+    Routes::new().route("/v1/watch", get(watch))
+}
+
+/// The query of a watch.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchParams {
+    #[serde(default)]
+    prefix: Option<String>,
+    #[serde(default)]
+    since: Option<String>,
+}
+
+async fn watch(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiQuery(params): ApiQuery<WatchParams>,
+) -> Result<Response, ApiError> {
+    let prefix = KeyPrefix::parse(params.prefix.unwrap_or_default())?;
+    // A reconnecting EventSource sends the URL it first opened (with its `since`) and the id it
+    // got to: the header is the newer news.
+    let since = match headers.get(LAST_EVENT_ID) {
+        Some(raw) => Some(ChangeId::parse(raw.to_str().map_err(|_| {
+            ApiError::InvalidRequest(
+                "Last-Event-ID is not visible ASCII; send the id of the last event you received"
+                    .into(),
+            )
+        })?)?),
+        None => params.since.as_deref().map(ChangeId::parse).transpose()?,
+    };
+    let watch = match state.changes.watch(&prefix, since).await? {
+        Opened::Watching(watch) => watch,
+        Opened::Compacted { horizon } => {
+            return Err(ApiError::Compacted {
+                since: since.unwrap_or(ChangeId::ORIGIN),
+                horizon,
+            });
+        }
+    };
+    let ends = tokio::time::sleep(state.rules.max_watch);
+    let sse = Sse::new(events(watch).take_until(ends))
+        .keep_alive(KeepAlive::new().interval(state.rules.watch_heartbeat));
+    let mut response = sse.into_response();
+    // Proxies that buffer answers (nginx) would hold the events back.
+    response
+        .headers_mut()
+        .insert("x-accel-buffering", HeaderValue::from_static("no"));
+    Ok(response)
+}
+
+/// The watch's changes as SSE events; a failure to read the history ends the stream with a
+/// comment that says so (the client resumes from its last event).
+fn events(watch: Watch) -> impl Stream<Item = Result<Event, Infallible>> {
+    stream::unfold(Some(watch), |watch| async move {
+        let mut watch = watch?;
+        let event = match watch.next().await? {
+            Ok(change) => Event::default()
+                .id(change.id.to_string())
+                .event(change.event.as_str())
+                .json_data(&change.data)
+                .expect("a change serializes"),
+            Err(e) => {
+                tracing::warn!(error = %e, "a watch cannot read the history of changes; ending it");
+                return Some((
+                    Ok(Event::default().comment(
+                        "the database cannot be read now; resume with Last-Event-ID in a second",
+                    )),
+                    None,
+                ));
+            }
+        };
+        Some((Ok(event), Some(watch)))
+    })
+}

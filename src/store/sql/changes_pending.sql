@@ -1,0 +1,9 @@
+-- Of the leases ($1 keys, $2 tokens) the relay looked at, the ones that are still to expire:
+-- renewed since, or not yet past expires_at by the database clock. Run after changes_expire.sql
+-- in the same transaction, as a statement of its own, so that it sees what a renewal that
+-- committed meanwhile wrote. A key granted again is not listed: its grant's event brings the
+-- new lease.
+SELECT l.key, l.token, l.expires_at
+FROM unnest($1::text[], $2::bigint[]) AS d (key, token)
+JOIN leases l ON l.key = d.key AND l.token = d.token
+WHERE l.end_reason IS NULL AND NOT l.expiry_reported
