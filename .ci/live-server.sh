@@ -38,8 +38,11 @@ start_live_server() {
   live_url="http://127.0.0.1:$port"
   # --max-wait: the fuzzer sends acquires with any wait_ms up to 5 minutes, many on keys it
   # holds itself for hours; cut each wait short, so that a case is answered at once (the waiting
-  # itself is the API tests' business, tests/api/waiting.rs).
-  "$bin" serve --data-dir "$live_dir/data" --listen "127.0.0.1:$port" --max-wait 20ms >"$live_dir/serve.log" 2>&1 &
+  # itself is the API tests' business, tests/api/waiting.rs). --max-watch likewise: a watch
+  # streams until the service ends it, and the fuzzer reads each answer to its end
+  # (tests/api/watch.rs covers the streams).
+  "$bin" serve --data-dir "$live_dir/data" --listen "127.0.0.1:$port" --max-wait 20ms \
+    --max-watch 20ms >"$live_dir/serve.log" 2>&1 &
   live_pid=$!
   local _
   for _ in $(seq 1 240); do

@@ -49,7 +49,8 @@ const KEEP_EVERY: Duration = Duration::from_secs(1);
 const CLAIM_EVERY: Duration = Duration::from_secs(1);
 /// The most changes one relay transaction numbers; more are left for the next, at once.
 const MOVE_BATCH: i64 = 5000;
-/// How often the relay drops history older than the retention, and how much at a time.
+/// How often the relay drops history older than the retention (or as often as the retention
+/// itself, when that is shorter), and how much at a time.
 const PRUNE_EVERY: Duration = Duration::from_secs(10);
 const PRUNE_BATCH: i64 = 10_000;
 /// How long a relay transaction may take before the relay gives it up (and rereads the
@@ -546,7 +547,7 @@ async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<bool> {
             .execute(&mut *tx)
             .await?;
     }
-    let prune = relay.pruned.elapsed() >= PRUNE_EVERY;
+    let prune = relay.pruned.elapsed() >= PRUNE_EVERY.min(i.retention);
     if prune {
         let retention = i64::try_from(i.retention.as_millis()).unwrap_or(i64::MAX);
         sqlx::query(include_str!("sql/changes_prune.sql"))

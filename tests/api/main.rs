@@ -25,3 +25,4 @@ mod tenant_limits;
 mod timeline;
 mod tls;
 mod waiting;
+mod watch;

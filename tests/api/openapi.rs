@@ -446,6 +446,9 @@ async fn answers_conform_to_the_spec_across_every_operation_and_error_code() {
         c.check("get", log, app.get(&format!("{log}?reason=nonsense")).await)
             .await;
     }
+    // A watch's stream is the next test's; its refusals are answers like any other.
+    c.check("get", "/v1/watch", app.get("/v1/watch?since=x").await)
+        .await;
     c.check("get", "/healthz", app.get("/healthz").await).await;
     for asset in snapfence::http::ui::ASSETS {
         c.check("get", asset.path, app.get(asset.path).await).await;
@@ -481,6 +484,52 @@ async fn answers_conform_to_the_spec_across_every_operation_and_error_code() {
             );
         }
     }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn answers_of_the_watch_conform_to_the_spec() {
+    let mut rules = crate::harness::rules();
+    // Streams that end, so that their bodies can be read whole; a history that is pruned.
+    rules.max_watch = Duration::from_millis(200);
+    rules.watch_retention = Duration::from_millis(200);
+    let app = TestApp::spawn_with(rules).await;
+    let mut c = Conformance::new();
+    let watch = "/v1/watch";
+    app.acquire("w", "o", 30000).await;
+    c.check("get", watch, app.get("/v1/watch").await).await;
+    c.check(
+        "head",
+        watch,
+        app.request(Method::HEAD, watch).send().await.unwrap(),
+    )
+    .await;
+    c.check("get", watch, app.get("/v1/watch?since=-1").await)
+        .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = app.get("/v1/watch?since=0").await;
+        let status = r.status();
+        c.check("get", watch, r).await;
+        if status == StatusCode::GONE {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never compacted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let gone = app
+        .request(Method::HEAD, "/v1/watch?since=0")
+        .send()
+        .await
+        .unwrap();
+    c.check("head", watch, gone).await;
+    let reader = app
+        .make_key("confined", snapfence::domain::Scope::Read, "a/")
+        .await;
+    let outside = app
+        .request(Method::GET, "/v1/watch?prefix=b")
+        .header("Authorization", format!("Bearer {reader}"));
+    c.check("get", watch, outside.send().await.unwrap()).await;
     app.stop().await;
 }
 

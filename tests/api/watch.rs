@@ -1,0 +1,564 @@
+//! Watch (`GET /v1/watch`): every change seen once and in order through another instance than
+//! the writer's, resumption with `Last-Event-ID` after a cut with no gap and no duplicate,
+//! prefixes and their scopes, `410 compacted`, heartbeats, expiries by the database clock, the
+//! end of a stream after `--max-watch`, and a relay that dies.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::harness::{self, Instance, TestApp, enc, problem, rules, token};
+
+/// How long a condition that must come about may take at most (a generous ceiling on a loaded
+/// machine, never a speed expectation).
+const CEILING: Duration = Duration::from_secs(30);
+
+/// One server-sent event as it came over the wire.
+#[derive(Debug, Clone)]
+struct Sse {
+    id: i64,
+    event: String,
+    data: Value,
+}
+
+/// A watch stream read event by event, as any SSE client reads it.
+struct Stream {
+    body: futures_util::stream::BoxStream<'static, reqwest::Result<bytes::Bytes>>,
+    buffer: String,
+    /// Comment lines seen so far (heartbeats).
+    comments: usize,
+}
+
+impl Stream {
+    /// Opens `GET /v1/watch{query}` on `base`, with `Last-Event-ID` when given; the answer
+    /// must be a stream.
+    async fn open(http: &reqwest::Client, base: &str, query: &str, last: Option<i64>) -> Self {
+        let mut req = http.get(format!("{base}/v1/watch{query}"));
+        if let Some(last) = last {
+            req = req.header("Last-Event-ID", last.to_string());
+        }
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "watch{query}");
+        assert_eq!(r.headers()["content-type"], "text/event-stream");
+        Self {
+            body: r.bytes_stream().boxed(),
+            buffer: String::new(),
+            comments: 0,
+        }
+    }
+
+    /// The next event; `None` when the stream ended or nothing came within `within`.
+    async fn next_within(&mut self, within: Duration) -> Option<Sse> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                let (mut id, mut event, mut data) = (None, None, None);
+                for line in block.lines().filter(|l| !l.is_empty()) {
+                    match line.split_once(':') {
+                        Some(("", _)) => self.comments += 1,
+                        Some(("id", v)) => id = Some(v.trim().parse().unwrap()),
+                        Some(("event", v)) => event = Some(v.trim().to_owned()),
+                        Some(("data", v)) => data = Some(serde_json::from_str(v.trim()).unwrap()),
+                        _ => panic!("an unexpected line in {block:?}"),
+                    }
+                }
+                if let (Some(id), Some(event), Some(data)) = (id, event, data) {
+                    return Some(Sse { id, event, data });
+                }
+                continue;
+            }
+            let chunk = tokio::time::timeout_at(deadline, self.body.next()).await;
+            match chunk {
+                Ok(Some(Ok(bytes))) => self.buffer.push_str(std::str::from_utf8(&bytes).unwrap()),
+                Ok(Some(Err(e))) => panic!("the stream failed: {e}"),
+                Ok(None) | Err(_) => return None,
+            }
+        }
+    }
+
+    /// The next event, which must come within the ceiling.
+    async fn next(&mut self) -> Sse {
+        self.next_within(CEILING)
+            .await
+            .expect("an event within the ceiling")
+    }
+
+    /// The next `n` events.
+    async fn take(&mut self, n: usize) -> Vec<Sse> {
+        let mut events = Vec::with_capacity(n);
+        for _ in 0..n {
+            events.push(self.next().await);
+        }
+        events
+    }
+}
+
+/// (event, key, token) of each event: what the tests compare with the history they made.
+fn summary(events: &[Sse]) -> Vec<(String, String, i64)> {
+    events
+        .iter()
+        .map(|e| {
+            (
+                e.event.clone(),
+                e.data["key"].as_str().unwrap().to_owned(),
+                e.data["token"].as_i64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn change(event: &str, key: &str, token: i64) -> (String, String, i64) {
+    (event.to_owned(), key.to_owned(), token)
+}
+
+/// A request to `path` on `instance`, with `token` as its Fencing-Token.
+async fn fenced(app: &TestApp, method: Method, path: &str, token: i64) -> reqwest::Response {
+    app.request(method, path)
+        .header("Fencing-Token", token.to_string())
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn every_kind_of_change_is_seen_once_in_order_through_another_instance() {
+    let app = TestApp::spawn().await;
+    let b = app.another_instance().await;
+    let mut watch = Stream::open(&app.http, &b.base, "", None).await;
+
+    // Long enough for the three calls below to come first on a loaded machine.
+    let first = token(&app.acquire("jobs/a", "w1", 2000).await);
+    assert_eq!(app.put("jobs/a", first, "one").await.status(), 201);
+    let refused = app.put("jobs/a", first + 100, "stale").await;
+    let audit_id = problem(refused, StatusCode::CONFLICT, "unknown_token").await["audit_id"]
+        .as_i64()
+        .unwrap();
+    let snap = format!("/v1/snapshots/{}", enc("jobs/a"));
+    assert_eq!(
+        fenced(&app, Method::DELETE, &snap, first).await.status(),
+        204
+    );
+    // The lease expires by the database clock; the next grant needs no reconciling.
+    let mut events = watch.take(5).await;
+    let second = token(
+        &app.acquire_with("jobs/a", json!({"owner": "w2", "ttl_ms": 30000}))
+            .await
+            .json::<Value>()
+            .await
+            .unwrap(),
+    );
+    let lease = format!("/v1/leases/{}", enc("jobs/a"));
+    let mark = format!("{lease}/require-recovery");
+    assert_eq!(
+        fenced(&app, Method::POST, &mark, second).await.status(),
+        204
+    );
+    assert_eq!(
+        fenced(&app, Method::DELETE, &lease, second).await.status(),
+        204
+    );
+    let third = app
+        .acquire_with(
+            "jobs/a",
+            json!({"owner": "w3", "ttl_ms": 30000, "reconciled": true}),
+        )
+        .await;
+    assert_eq!(third.status(), 201);
+    let third = token(&third.json().await.unwrap());
+    let abandon = format!("{lease}/abandon");
+    assert_eq!(
+        fenced(&app, Method::POST, &abandon, third).await.status(),
+        204
+    );
+    events.extend(watch.take(6).await);
+
+    assert_eq!(
+        summary(&events),
+        vec![
+            change("lease.granted", "jobs/a", first),
+            change("snapshot.written", "jobs/a", first),
+            change("write.refused", "jobs/a", first + 100),
+            change("snapshot.deleted", "jobs/a", first),
+            change("lease.expired", "jobs/a", first),
+            change("lease.granted", "jobs/a", second),
+            change("lease.recovery_required", "jobs/a", second),
+            change("lease.released", "jobs/a", second),
+            change("lease.reconciled", "jobs/a", third),
+            change("lease.granted", "jobs/a", third),
+            change("lease.abandoned", "jobs/a", third),
+        ]
+    );
+    let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids increase: {ids:?}");
+    // The members each kind carries, and no body.
+    assert_eq!(events[1].data["version"], 1);
+    assert!(events[1].data["etag"].as_str().unwrap().starts_with('"'));
+    assert_eq!(events[2].data["reason"], "unknown_token");
+    assert_eq!(events[2].data["audit_id"], audit_id);
+    assert_eq!(events[2].data["operation"], "put");
+    assert_eq!(events[3].data["version"], 1);
+    assert_eq!(events[8].data["reason"], "recovery_required");
+    assert_eq!(events[8].data["record_token"], second);
+    for e in &events {
+        assert!(
+            e.data["at"].is_string() && e.data.get("body").is_none(),
+            "{e:?}"
+        );
+    }
+    // Nothing more: a renewal is not a change.
+    let renew = app
+        .request(Method::POST, &format!("/v1/leases/{}/renew", enc("jobs/b")))
+        .json(&json!({"token": token(&app.acquire("jobs/b", "w", 30000).await)}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(renew.status(), 200);
+    assert_eq!(watch.next().await.event, "lease.granted");
+    assert!(
+        watch
+            .next_within(Duration::from_millis(500))
+            .await
+            .is_none()
+    );
+    b.stop().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_watch_cut_mid_stream_and_resumed_with_last_event_id_misses_nothing_and_repeats_nothing()
+{
+    const WRITERS: usize = 8;
+    const WRITES: usize = 1250; // each: 10,000 writes in all
+    let app = TestApp::spawn().await;
+    let b = app.another_instance().await;
+    let start = Stream::open(&app.http, &b.base, "?prefix=cut/", None).await;
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let key = format!("cut/{w}");
+        let t = token(&app.acquire(&key, "writer", 600_000).await);
+        let (http, base) = (app.http.clone(), app.instance.base.clone());
+        writers.push(tokio::spawn(async move {
+            for n in 0..WRITES {
+                let r = http
+                    .put(format!("{base}/v1/snapshots/{}", enc(&key)))
+                    .header("Fencing-Token", t.to_string())
+                    .body(format!("{n}"))
+                    .send()
+                    .await
+                    .unwrap();
+                assert!(r.status().is_success(), "{}", r.status());
+            }
+        }));
+    }
+    // Read while they write, cutting the connection every 1,500 events and resuming from the
+    // last id received.
+    let mut seen: Vec<Sse> = Vec::new();
+    let mut stream = start;
+    let total = WRITERS * (WRITES + 1);
+    while seen.len() < total {
+        for _ in 0..1500 {
+            if seen.len() == total {
+                break;
+            }
+            seen.push(stream.next().await);
+        }
+        let last = seen.last().unwrap().id;
+        stream = Stream::open(&app.http, &b.base, "?prefix=cut/", Some(last)).await;
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    assert!(
+        stream
+            .next_within(Duration::from_millis(500))
+            .await
+            .is_none(),
+        "nothing after the last change"
+    );
+    let ids: Vec<i64> = seen.iter().map(|e| e.id).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "in order, none twice");
+    let writes: BTreeSet<(String, i64)> = seen
+        .iter()
+        .filter(|e| e.event == "snapshot.written")
+        .map(|e| {
+            (
+                e.data["key"].as_str().unwrap().to_owned(),
+                e.data["version"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    let expected: BTreeSet<(String, i64)> = (0..WRITERS)
+        .flat_map(|w| (1..=WRITES as i64).map(move |v| (format!("cut/{w}"), v)))
+        .collect();
+    assert_eq!(writes.len(), WRITERS * WRITES, "every write once");
+    assert_eq!(writes, expected);
+    b.stop().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_watch_delivers_only_the_keys_under_its_prefix() {
+    let app = TestApp::spawn().await;
+    let mut watch = Stream::open(&app.http, &app.instance.base, "?prefix=team-a%2F", None).await;
+    app.acquire("team-b/x", "w", 30000).await;
+    let mine = token(&app.acquire("team-a/x", "w", 30000).await);
+    app.acquire("team-ab", "w", 30000).await;
+    let e = watch.next().await;
+    assert_eq!(
+        summary(&[e]),
+        vec![change("lease.granted", "team-a/x", mine)]
+    );
+    assert!(
+        watch
+            .next_within(Duration::from_millis(500))
+            .await
+            .is_none()
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_prefix_scoped_key_cannot_watch_outside_its_prefix() {
+    let app = TestApp::spawn().await;
+    let scoped = app
+        .make_key("team-a", snapfence::domain::Scope::Read, "team-a/")
+        .await;
+    let watch = |query: &'static str| {
+        app.request(Method::GET, &format!("/v1/watch{query}"))
+            .header("Authorization", format!("Bearer {scoped}"))
+            .send()
+    };
+    for outside in ["", "?prefix=team-b%2F", "?prefix=team-", "?prefix=team-a"] {
+        problem(
+            watch(outside).await.unwrap(),
+            StatusCode::FORBIDDEN,
+            "forbidden",
+        )
+        .await;
+    }
+    let inside = watch("?prefix=team-a%2Fjobs").await.unwrap();
+    assert_eq!(inside.status(), StatusCode::OK);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_malformed_since_or_last_event_id_is_400() {
+    let app = TestApp::spawn().await;
+    for query in ["?since=-1", "?since=x", "?since=1.5", "?since=", "?after=1"] {
+        problem(
+            app.get(&format!("/v1/watch{query}")).await,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        )
+        .await;
+    }
+    let r = app
+        .request(Method::GET, "/v1/watch")
+        .header("Last-Event-ID", "seven")
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn last_event_id_wins_over_since() {
+    let app = TestApp::spawn().await;
+    for key in ["k1", "k2", "k3"] {
+        app.acquire(key, "w", 30000).await;
+    }
+    let mut all = Stream::open(&app.http, &app.instance.base, "?since=0", None).await;
+    let events = all.take(3).await;
+    let mut resumed = Stream::open(
+        &app.http,
+        &app.instance.base,
+        "?since=0",
+        Some(events[1].id),
+    )
+    .await;
+    assert_eq!(resumed.next().await.id, events[2].id);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn resuming_from_before_the_retained_history_is_410_compacted() {
+    let mut short = rules();
+    short.watch_retention = Duration::from_millis(200);
+    let app = TestApp::spawn_with(short).await;
+    app.acquire("old", "w", 30000).await;
+    // The relay prunes what is older than the retention; the horizon moves past it.
+    let deadline = Instant::now() + CEILING;
+    loop {
+        let r = app.get("/v1/watch?since=0").await;
+        if r.status() == StatusCode::GONE {
+            let body = problem(r, StatusCode::GONE, "compacted").await;
+            assert!(body["detail"].as_str().unwrap().contains("watch again"));
+            break;
+        }
+        assert!(Instant::now() < deadline, "the history was never pruned");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // From the horizon on, a watch resumes.
+    let horizon: i64 = sqlx::query_scalar("SELECT pruned_through FROM change_horizon")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    let mut watch = Stream::open(
+        &app.http,
+        &app.instance.base,
+        &format!("?since={horizon}"),
+        None,
+    )
+    .await;
+    let grant = token(&app.acquire("new", "w", 30000).await);
+    assert_eq!(
+        summary(&[watch.next().await]),
+        vec![change("lease.granted", "new", grant)]
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_idle_watch_is_sent_heartbeat_comments() {
+    let mut quick = rules();
+    quick.watch_heartbeat = Duration::from_millis(100);
+    let app = TestApp::spawn_with(quick).await;
+    let mut watch = Stream::open(&app.http, &app.instance.base, "", None).await;
+    assert!(
+        watch
+            .next_within(Duration::from_millis(1000))
+            .await
+            .is_none()
+    );
+    assert!(
+        watch.comments >= 3,
+        "{} heartbeats in a second at one per 100 ms",
+        watch.comments
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn lease_expired_is_sent_within_a_second_of_the_expiry_by_the_database_clock() {
+    let app = TestApp::spawn().await;
+    let mut watch = Stream::open(&app.http, &app.instance.base, "", None).await;
+    let grant = app.acquire("short", "w", 200).await;
+    assert_eq!(watch.next().await.event, "lease.granted");
+    let expired = watch.next().await;
+    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    assert_eq!(
+        summary(&[expired.clone()]),
+        vec![change("lease.expired", "short", token(&grant))]
+    );
+    assert_eq!(expired.data["at"], grant["expires_at"], "at is the expiry");
+    let at: chrono::DateTime<chrono::Utc> = expired.data["at"].as_str().unwrap().parse().unwrap();
+    let late = now - at;
+    println!(
+        "lease.expired received {} ms after the expiry",
+        late.num_milliseconds()
+    );
+    assert!(
+        late < chrono::TimeDelta::seconds(1),
+        "received {late} after the expiry"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_renewal_that_reaches_a_lease_after_its_expiry_was_reported_is_lease_lost() {
+    let app = TestApp::spawn().await;
+    let mut watch = Stream::open(&app.http, &app.instance.base, "", None).await;
+    let t = token(&app.acquire("late", "w", 200).await);
+    assert_eq!(watch.next().await.event, "lease.granted");
+    assert_eq!(watch.next().await.event, "lease.expired");
+    let renew = app
+        .request(Method::POST, "/v1/leases/late/renew")
+        .json(&json!({"token": t, "ttl_ms": 30000}))
+        .send()
+        .await
+        .unwrap();
+    problem(renew, StatusCode::CONFLICT, "lease_lost").await;
+    let release = app.release("late", t).await;
+    problem(release, StatusCode::CONFLICT, "lease_lost").await;
+    assert!(
+        watch
+            .next_within(Duration::from_millis(500))
+            .await
+            .is_none()
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_stream_ends_after_max_watch_and_resumes_where_it_ended() {
+    let mut brief = rules();
+    brief.max_watch = Duration::from_millis(300);
+    let app = TestApp::spawn_with(brief).await;
+    let mut watch = Stream::open(&app.http, &app.instance.base, "", None).await;
+    let first = token(&app.acquire("k", "w", 30000).await);
+    let got = watch.next().await;
+    assert_eq!(
+        summary(&[got.clone()]),
+        vec![change("lease.granted", "k", first)]
+    );
+    let ended = Instant::now();
+    assert!(
+        watch.next_within(CEILING).await.is_none(),
+        "the stream ends"
+    );
+    assert!(
+        ended.elapsed() < CEILING,
+        "by itself, not by the test's ceiling"
+    );
+    let second = token(&app.acquire("k2", "w", 30000).await);
+    let mut resumed = Stream::open(&app.http, &app.instance.base, "", Some(got.id)).await;
+    assert_eq!(
+        summary(&[resumed.next().await]),
+        vec![change("lease.granted", "k2", second)]
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn when_the_relaying_instance_stops_another_takes_over() {
+    let database = harness::migrated_database().await;
+    let http = reqwest::Client::new();
+    // The first instance takes the role; the second waits for it to lapse.
+    let a = Instance::start(database.options().clone(), rules()).await;
+    let b = Instance::start(database.options().clone(), rules()).await;
+    let mut watch = Stream::open(&http, &b.base, "", None).await;
+    let acquire = |base: String, key: &'static str| {
+        let http = http.clone();
+        async move {
+            let r = http
+                .post(format!("{base}/v1/leases/{key}"))
+                .json(&json!({"owner": "w", "ttl_ms": 30000}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 201);
+            token(&r.json().await.unwrap())
+        }
+    };
+    let before = acquire(a.base.clone(), "r1").await;
+    assert_eq!(
+        summary(&[watch.next().await]),
+        vec![change("lease.granted", "r1", before)]
+    );
+    a.stop().await;
+    let after = acquire(b.base.clone(), "r2").await;
+    assert_eq!(
+        summary(&[watch.next().await]),
+        vec![change("lease.granted", "r2", after)]
+    );
+    b.stop().await;
+}
