@@ -8,13 +8,15 @@
 -- did into `change_inbox` (from the triggers below, in their own transaction: a change is in the
 -- inbox exactly when it committed, and the hot statements need no edit), and one relay per
 -- database (src/store/changes.rs) moves committed inbox rows into `changes`, numbering them
--- max(id) + 1, + 2, ... under an EXCLUSIVE lock on `changes`: the relay's transactions follow
--- one another, each numbers above the last, and each commits before the next can number, so the
--- ids in `changes` appear in increasing order to every reader.
+-- max(id) + 1, + 2, ... in transactions that each begin by updating `change_relay`'s one row:
+-- its row lock makes them follow one another, each numbers above the last (its statements after
+-- the lock see the last one's commit), and each commits before the next can number, so the ids
+-- in `changes` appear in increasing order to every reader. (A table lock on `changes` would do
+-- the same, but would keep autovacuum off it under a steady stream of changes.)
 --
--- The relay is the holder of `change_relay`'s one row, a lease by the database clock that it
--- renews; every transaction of the relay checks it first, so an instance that was paused and
--- lost the role numbers nothing.
+-- That row is also the relay role: a lease by the database clock that its holder renews; every
+-- transaction of the relay checks it first, so an instance that was paused and lost the role
+-- numbers nothing.
 
 -- What one change carries: the contract's `key`, `token`, `at`, and the members of its kind.
 CREATE TABLE change_inbox (

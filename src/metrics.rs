@@ -83,6 +83,10 @@ pub struct Metrics {
     pub pool_waiting: Gauge,
     /// That pool's size limit.
     pub pool_max: Gauge,
+    /// Acquires of this instance waiting in a key's queue, read at scrape time.
+    pub lease_waiters: Gauge,
+    /// Watch streams this instance serves, read at scrape time.
+    pub watch_streams: Gauge,
 }
 
 fn latency_histogram() -> Histogram {
@@ -109,6 +113,8 @@ impl Metrics {
             pool_connections: Family::default(),
             pool_waiting: Gauge::default(),
             pool_max: Gauge::default(),
+            lease_waiters: Gauge::default(),
+            watch_streams: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -176,6 +182,16 @@ impl Metrics {
             "db_pool_max_connections",
             "Database pool size limit",
             m.pool_max.clone(),
+        );
+        registry.register(
+            "lease_waiters",
+            "Acquires of this instance waiting in a key's queue (wait_ms)",
+            m.lease_waiters.clone(),
+        );
+        registry.register(
+            "watch_streams",
+            "Watch streams this instance serves",
+            m.watch_streams.clone(),
         );
         Arc::new(Metrics { registry, ..m })
     }

@@ -47,6 +47,8 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         .set(hot.idle as i64);
     m.pool_waiting.set(hot.waiting as i64);
     m.pool_max.set(hot.max as i64);
+    m.lease_waiters.set(state.waiters.waiting() as i64);
+    m.watch_streams.set(state.changes.watching() as i64);
     match store::audit::sizes(&state.db).await {
         Ok(sizes) => {
             for (log, rows, bytes) in sizes {

@@ -8,7 +8,7 @@
 //! - One instance on the database is the relay (the role is a lease by the database clock in
 //!   `change_relay`, kept by every transaction of the relay's; [`relay`]). Every [`RELAY_TICK`]
 //!   it moves the committed inbox rows into `changes`, numbering them after the highest id under
-//!   an exclusive lock, so ids appear in increasing order to every reader; it reports expiries
+//!   the relay row's lock, so ids appear in increasing order to every reader; it reports expiries
 //!   (it keeps the expiry time of every live lease, and marks the ones that passed by the
 //!   database clock); it drops the history older than the retention; and it notifies
 //!   `snapfence_changes` at each commit that numbered something.
@@ -510,9 +510,6 @@ async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<bool> {
         }
         return Ok(false);
     };
-    sqlx::query("LOCK TABLE changes IN EXCLUSIVE MODE")
-        .execute(&mut *tx)
-        .await?;
     let relay = match role {
         Some(r) if !r.stale => r,
         _ => {

@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::harness::{self, Instance, TestApp, enc, problem, rules, token};
+use crate::metrics::{sample, scrape};
 
 /// How long a condition that must come about may take at most (a generous ceiling on a loaded
 /// machine, never a speed expectation).
@@ -561,4 +562,24 @@ async fn when_the_relaying_instance_stops_another_takes_over() {
         vec![change("lease.granted", "r2", after)]
     );
     b.stop().await;
+}
+
+#[tokio::test]
+async fn open_watches_are_counted_in_the_metrics() {
+    let app = TestApp::spawn().await;
+    let streams = |text: String| sample(&text, "snapfence_watch_streams");
+    assert_eq!(streams(scrape(&app).await), 0.0);
+    let one = Stream::open(&app.http, &app.instance.base, "", None).await;
+    let two = Stream::open(&app.http, &app.instance.base, "?prefix=a", None).await;
+    assert_eq!(streams(scrape(&app).await), 2.0);
+    drop((one, two));
+    let deadline = Instant::now() + CEILING;
+    while streams(scrape(&app).await) != 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "closed watches are never uncounted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    app.stop().await;
 }

@@ -1,8 +1,8 @@
 -- The relay numbers up to $1 committed inbox rows, in the order they were noted, after the
 -- highest id given so far (or after the pruned history, once all of it is gone), and moves them
--- into `changes`. Run under LOCK TABLE changes IN EXCLUSIVE MODE by the holder of the relay role
--- (changes_claim.sql), so no other transaction numbers between its max(id) and its commit: ids
--- appear in `changes` in increasing order. Returns what the relay needs: the new ids, and the
+-- into `changes`. Run by the holder of the relay role, in the transaction that changes_claim.sql
+-- began by locking the role's row, so no other transaction numbers between its max(id) and its
+-- commit: ids appear in `changes` in increasing order. Returns what the relay needs: the new ids, and the
 -- grants' expiry times.
 WITH moved AS (
     DELETE FROM change_inbox
