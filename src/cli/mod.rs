@@ -1,5 +1,5 @@
-//! The `snapfence` command line: `serve` runs the service; `lease`, `snapshot` and `audit` call
-//! it through [`snapfence_client`]; `run` runs a command under a lease; `completions` and `man`
+//! The `snapfence` command line: `serve` runs the service; `lease`, `snapshot`, `audit` and
+//! `watch` call it through [`snapfence_client`]; `run` runs a command under a lease; `completions` and `man`
 //! describe the command line itself. Answers go to stdout (a table, or the contract's JSON with
 //! `--output json`, which also prints a failed call's problem details there), errors and
 //! progress to stderr, and the exit code tells the outcome apart ([`exit`]).
@@ -13,6 +13,7 @@ mod output;
 mod run;
 mod serve;
 mod snapshot;
+mod watch;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -71,7 +72,8 @@ pub struct Global {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the HTTP service (with an embedded PostgreSQL unless DATABASE_URL is set).
-    Serve(ServeConfig),
+    // Boxed: the service's configuration is many times the size of every other command's.
+    Serve(Box<ServeConfig>),
     /// Manage API keys in the service's database.
     Keys(keys::KeysArgs),
     /// Print the completion script of a shell (bash, zsh, fish, elvish, powershell).
@@ -97,6 +99,10 @@ pub enum ClientCommand {
     Audit(audit::AuditCommand),
     /// Run a command under a lease, and stop it before the lease can lapse.
     Run(run::RunArgs),
+    /// Print the changes to keys as they commit, one line each, until interrupted or --count;
+    /// resumes by itself, missing none, when the server ends the stream or the connection
+    /// breaks.
+    Watch(watch::WatchArgs),
 }
 
 /// What every client subcommand needs.
@@ -127,7 +133,7 @@ pub fn main() -> ExitCode {
     let cli =
         Cli::from_arg_matches(&describe::command().get_matches()).unwrap_or_else(|e| e.exit());
     let command = match cli.command {
-        Command::Serve(config) => return serve::main(config),
+        Command::Serve(config) => return serve::main(*config),
         Command::Keys(args) => return keys::main(args, cli.global.output),
         Command::Completions(args) => return describe::completions(&args).into(),
         Command::Man(args) => return describe::man(&args).into(),
@@ -155,6 +161,7 @@ pub fn main() -> ExitCode {
             ClientCommand::Snapshot(c) => snapshot::main(&ctx, c).await,
             ClientCommand::Audit(c) => audit::main(&ctx, c).await,
             ClientCommand::Run(args) => run::main(&ctx, args).await,
+            ClientCommand::Watch(args) => watch::main(&ctx, args).await,
         }
     });
     exit.into()
@@ -212,7 +219,7 @@ mod parse {
 
     use crate::domain::RefusalReason;
     use crate::domain::{
-        EntityTagCondition, FencingToken, InvalidInput, KeyPrefix, LeaseState, Metadata,
+        ChangeId, EntityTagCondition, FencingToken, InvalidInput, KeyPrefix, LeaseState, Metadata,
         RecoveryReason,
     };
 
@@ -233,6 +240,10 @@ mod parse {
 
     pub fn prefix(raw: &str) -> Result<KeyPrefix, InvalidInput> {
         KeyPrefix::parse(raw)
+    }
+
+    pub fn change_id(raw: &str) -> Result<ChangeId, InvalidInput> {
+        ChangeId::parse(raw)
     }
 
     pub fn state(raw: &str) -> Result<LeaseState, InvalidInput> {

@@ -99,18 +99,18 @@ impl Stream {
     }
 }
 
-/// (event, key, token) of each event: what the tests compare with the history they made.
+/// (event, key, token) of an event: what the tests compare with the history they made.
+fn what(e: &Sse) -> (String, String, i64) {
+    (
+        e.event.clone(),
+        e.data["key"].as_str().unwrap().to_owned(),
+        e.data["token"].as_i64().unwrap(),
+    )
+}
+
+/// [`what`] of each event.
 fn summary(events: &[Sse]) -> Vec<(String, String, i64)> {
-    events
-        .iter()
-        .map(|e| {
-            (
-                e.event.clone(),
-                e.data["key"].as_str().unwrap().to_owned(),
-                e.data["token"].as_i64().unwrap(),
-            )
-        })
-        .collect()
+    events.iter().map(what).collect()
 }
 
 fn change(event: &str, key: &str, token: i64) -> (String, String, i64) {
@@ -310,10 +310,7 @@ async fn a_watch_delivers_only_the_keys_under_its_prefix() {
     let mine = token(&app.acquire("team-a/x", "w", 30000).await);
     app.acquire("team-ab", "w", 30000).await;
     let e = watch.next().await;
-    assert_eq!(
-        summary(&[e]),
-        vec![change("lease.granted", "team-a/x", mine)]
-    );
+    assert_eq!(what(&e), change("lease.granted", "team-a/x", mine));
     assert!(
         watch
             .next_within(Duration::from_millis(500))
@@ -419,8 +416,8 @@ async fn resuming_from_before_the_retained_history_is_410_compacted() {
     .await;
     let grant = token(&app.acquire("new", "w", 30000).await);
     assert_eq!(
-        summary(&[watch.next().await]),
-        vec![change("lease.granted", "new", grant)]
+        what(&watch.next().await),
+        change("lease.granted", "new", grant)
     );
     app.stop().await;
 }
@@ -457,8 +454,8 @@ async fn lease_expired_is_sent_within_a_second_of_the_expiry_by_the_database_clo
         .await
         .unwrap();
     assert_eq!(
-        summary(&[expired.clone()]),
-        vec![change("lease.expired", "short", token(&grant))]
+        what(&expired),
+        change("lease.expired", "short", token(&grant))
     );
     assert_eq!(expired.data["at"], grant["expires_at"], "at is the expiry");
     let at: chrono::DateTime<chrono::Utc> = expired.data["at"].as_str().unwrap().parse().unwrap();
@@ -507,10 +504,7 @@ async fn a_stream_ends_after_max_watch_and_resumes_where_it_ended() {
     let mut watch = Stream::open(&app.http, &app.instance.base, "", None).await;
     let first = token(&app.acquire("k", "w", 30000).await);
     let got = watch.next().await;
-    assert_eq!(
-        summary(&[got.clone()]),
-        vec![change("lease.granted", "k", first)]
-    );
+    assert_eq!(what(&got), change("lease.granted", "k", first));
     let ended = Instant::now();
     assert!(
         watch.next_within(CEILING).await.is_none(),
@@ -523,8 +517,8 @@ async fn a_stream_ends_after_max_watch_and_resumes_where_it_ended() {
     let second = token(&app.acquire("k2", "w", 30000).await);
     let mut resumed = Stream::open(&app.http, &app.instance.base, "", Some(got.id)).await;
     assert_eq!(
-        summary(&[resumed.next().await]),
-        vec![change("lease.granted", "k2", second)]
+        what(&resumed.next().await),
+        change("lease.granted", "k2", second)
     );
     app.stop().await;
 }
@@ -552,14 +546,14 @@ async fn when_the_relaying_instance_stops_another_takes_over() {
     };
     let before = acquire(a.base.clone(), "r1").await;
     assert_eq!(
-        summary(&[watch.next().await]),
-        vec![change("lease.granted", "r1", before)]
+        what(&watch.next().await),
+        change("lease.granted", "r1", before)
     );
     a.stop().await;
     let after = acquire(b.base.clone(), "r2").await;
     assert_eq!(
-        summary(&[watch.next().await]),
-        vec![change("lease.granted", "r2", after)]
+        what(&watch.next().await),
+        change("lease.granted", "r2", after)
     );
     b.stop().await;
 }
