@@ -26,6 +26,7 @@ impl Client {
             base: base.into(),
             timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(3),
+            watch_idle_timeout: Duration::from_secs(45),
             retry: RetryPolicy::default(),
             on_retry: None,
             api_key: None,
@@ -40,6 +41,7 @@ pub struct ClientBuilder {
     base: String,
     timeout: Duration,
     connect_timeout: Duration,
+    watch_idle_timeout: Duration,
     retry: RetryPolicy,
     on_retry: Option<OnRetry>,
     api_key: Option<ApiKey>,
@@ -56,6 +58,15 @@ impl ClientBuilder {
     /// How long making a connection may take. Default 3 s.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long a watch ([`Client::watch`]) may go without receiving a byte, heartbeats
+    /// included, before it takes its connection for dead and resumes on a new one. Default
+    /// 45 s: three times the longest pause between the server's heartbeats that the contract
+    /// allows (15 s).
+    pub fn watch_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.watch_idle_timeout = timeout;
         self
     }
 
@@ -110,11 +121,7 @@ impl ClientBuilder {
             value.set_sensitive(true);
             headers.insert(header::AUTHORIZATION, value);
         }
-        let mut http = reqwest::Client::builder()
-            .timeout(self.timeout)
-            .connect_timeout(self.connect_timeout)
-            .default_headers(headers)
-            .user_agent(concat!("snapfence/", env!("CARGO_PKG_VERSION")));
+        let mut roots = Vec::new();
         for pem in &self.roots {
             let certs = reqwest::Certificate::from_pem_bundle(pem)
                 .ok()
@@ -122,15 +129,31 @@ impl ClientBuilder {
                 .ok_or_else(|| {
                     Error::invalid("a root certificate file holds no PEM certificate")
                 })?;
-            for cert in certs {
-                http = http.add_root_certificate(cert);
-            }
+            roots.extend(certs);
         }
-        let http = http
-            .build()
-            .map_err(|e| Error::invalid(format!("cannot set up the HTTP client: {e}")))?;
+        let http = |bound: fn(reqwest::ClientBuilder, Duration) -> reqwest::ClientBuilder,
+                    by: Duration| {
+            let mut http = reqwest::Client::builder()
+                .connect_timeout(self.connect_timeout)
+                .default_headers(headers.clone())
+                .user_agent(concat!("snapfence/", env!("CARGO_PKG_VERSION")));
+            for cert in &roots {
+                http = http.add_root_certificate(cert.clone());
+            }
+            bound(http, by)
+                .build()
+                .map_err(|e| Error::invalid(format!("cannot set up the HTTP client: {e}")))
+        };
+        // A watch's answer never ends by itself, so no bound on the whole call fits it: its
+        // own client bounds each read instead, which the server's heartbeats keep short.
+        let watch_http = http(
+            reqwest::ClientBuilder::read_timeout,
+            self.watch_idle_timeout,
+        )?;
+        let http = http(reqwest::ClientBuilder::timeout, self.timeout)?;
         Ok(Client {
             http,
+            watch_http,
             base: Arc::from(self.base.trim_end_matches('/')),
             retry: self.retry,
             on_retry: self.on_retry,

@@ -170,6 +170,14 @@ pub enum Error {
         /// The server's explanation.
         detail: String,
     },
+    /// `410 compacted`: a watch asked to resume after a change older than the retained history,
+    /// so the changes since then can no longer be told. Read the current state of the keys,
+    /// then watch again without `since` (or from [`ChangeId::ORIGIN`](snapfence_types::ChangeId::ORIGIN)).
+    #[error("{detail}")]
+    Compacted {
+        /// The server's explanation.
+        detail: String,
+    },
     /// The request or its answer did not make it across the network: no connection, a
     /// connection that broke, or a timeout.
     #[error("{}", transport_message(*may_have_reached))]
@@ -293,6 +301,7 @@ impl Error {
             Self::IdempotencyKeyReused { .. } => ErrorCode::IdempotencyKeyReused,
             Self::RequestInProgress { .. } => ErrorCode::RequestInProgress,
             Self::TooManyRequests { .. } => ErrorCode::TooManyRequests,
+            Self::Compacted { .. } => ErrorCode::Compacted,
             Self::Transport { .. } | Self::Unexpected { .. } | Self::Protocol { .. } => {
                 return None;
             }
@@ -465,6 +474,7 @@ fn decode(
             detail,
             retry_after: retry_after(headers),
         },
+        ErrorCode::Compacted => Error::Compacted { detail },
         _ => unexpected(),
     })
 }

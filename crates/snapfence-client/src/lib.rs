@@ -23,6 +23,36 @@
 //! # }
 //! ```
 //!
+//! # Watching changes
+//!
+//! [`Client::watch`] follows the changes to keys (grants, releases, expiries, writes,
+//! refusals…) as the server numbers them, and resumes by itself, without a gap or a duplicate,
+//! when its connection ends or breaks:
+//!
+//! ```no_run
+//! use snapfence_client::{ChangeId, ChangeKind, Client, Error, KeyPrefix, WatchOptions};
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = Client::new("http://127.0.0.1:7878")?;
+//! let options = WatchOptions::new()
+//!     .prefix(KeyPrefix::parse("jobs/")?)
+//!     .since(ChangeId::ORIGIN);
+//! let mut watch = client.watch(&options);
+//! while let Some(change) = watch.next().await {
+//!     match change {
+//!         Ok(change) if change.event == ChangeKind::SnapshotWritten => {
+//!             println!("{} now at version {:?}", change.data.key, change.data.version);
+//!         }
+//!         Ok(_) => {}
+//!         // The history since `since` is gone: read the state again, then watch from now.
+//!         Err(Error::Compacted { .. }) => break,
+//!         Err(e) => return Err(e.into()),
+//!     }
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Timeouts and retries
 //!
 //! Every attempt is bounded by [`ClientBuilder::timeout`] (connecting by
@@ -48,6 +78,7 @@ mod retry;
 mod snapshots;
 mod transport;
 mod types;
+mod watch;
 
 use std::sync::Arc;
 
@@ -59,6 +90,7 @@ pub use self::retry::RetryPolicy;
 pub use self::types::{
     AuditFilter, LeaseFilter, PageRequest, PutOptions, Snapshot, SnapshotHead, Written,
 };
+pub use self::watch::{Watch, WatchOptions};
 /// The contract's vocabulary, re-exported so that a user of the client needs no second crate.
 pub use snapfence_types::*;
 
@@ -69,6 +101,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, Clone)]
 pub struct Client {
     http: reqwest::Client,
+    /// The connections of watches, whose reads are bounded one by one instead of as a whole.
+    watch_http: reqwest::Client,
     base: Arc<str>,
     retry: RetryPolicy,
     on_retry: Option<OnRetry>,

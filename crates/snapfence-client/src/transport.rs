@@ -71,18 +71,24 @@ impl Client {
             }
             earlier_unknown |= kind == CallKind::Change
                 && (error.is_indeterminate() || matches!(error, Error::RequestInProgress { .. }));
-            // A server that said when to come back is believed, over the backoff.
-            let pause = error.retry_after().map_or_else(
-                || self.retry.backoff(attempt),
-                |asked| asked.max(self.retry.backoff(attempt)),
-            );
-            tracing::debug!(%call, attempt, error = %error, ?pause, "retrying");
-            if let Some(OnRetry(f)) = &self.on_retry {
-                f(&error, pause);
-            }
-            tokio::time::sleep(pause).await;
+            self.pause_before_retry(&call, &error, attempt).await;
             attempt += 1;
         }
+    }
+
+    /// Waits before retry `attempt` (1-based) of `call`, which failed with `error`, and tells
+    /// the [`on_retry`](crate::ClientBuilder::on_retry) hook how long.
+    pub(crate) async fn pause_before_retry(&self, call: &Call<'_>, error: &Error, attempt: u32) {
+        // A server that said when to come back is believed, over the backoff.
+        let pause = error.retry_after().map_or_else(
+            || self.retry.backoff(attempt),
+            |asked| asked.max(self.retry.backoff(attempt)),
+        );
+        tracing::debug!(%call, attempt, error = %error, ?pause, "retrying");
+        if let Some(OnRetry(f)) = &self.on_retry {
+            f(error, pause);
+        }
+        tokio::time::sleep(pause).await;
     }
 
     /// [`send`](Self::send), then the answer's JSON body as `T`.
