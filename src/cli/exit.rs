@@ -27,6 +27,9 @@ pub enum Exit {
     /// 13: the service or its database cannot be reached, or is at a limit (`503`, `429`, a
     /// network failure), after the client's retries.
     Unavailable,
+    /// 14: `watch --since` asked for changes older than the server keeps (`compacted`): read
+    /// the state again and watch without `--since`.
+    Compacted,
     /// A status passed on: `run`'s command's own exit code, or 128 + the number of the signal
     /// that killed it (or that interrupted `run` while it waited).
     Status(u8),
@@ -49,6 +52,8 @@ Exit codes:
   12        stale: `stale_token` or `unknown_token`, a refused fenced write
   13        unavailable: `503`, `429` (a per-key limit), a gateway's 502/504, no connection to
             the server, or no answer within `--timeout`, after the client's retries
+  14        compacted: `watch --since` asked for changes older than the server keeps; read the
+            state again, then watch without `--since`
   126, 127  `run`: the command cannot be executed / was not found
   other     `run`: the command's own exit code, or 128 + the signal that killed it";
 
@@ -63,6 +68,7 @@ impl Exit {
             Self::Lost => 11,
             Self::Stale => 12,
             Self::Unavailable => 13,
+            Self::Compacted => 14,
             Self::Status(code) => code,
             Self::CannotExecute => 126,
             Self::CommandNotFound => 127,
@@ -76,6 +82,7 @@ impl From<&Error> for Exit {
             Error::LeaseHeld { .. } | Error::RecoveryRequired { .. } => Self::Held,
             Error::LeaseLost { .. } => Self::Lost,
             Error::StaleToken { .. } | Error::UnknownToken { .. } => Self::Stale,
+            Error::Compacted { .. } => Self::Compacted,
             Error::Unavailable { .. }
             | Error::Indeterminate { .. }
             | Error::Transport { .. }
@@ -119,7 +126,7 @@ mod tests {
             .skip_while(|l| !l.starts_with("| 0 "))
             .take_while(|l| l.starts_with('|'))
             .collect();
-        assert_eq!(rows.len(), 9, "{rows:?}");
+        assert_eq!(rows.len(), 10, "{rows:?}");
         let help = words(EXIT_CODES.trim_start_matches("Exit codes:"));
         assert_eq!(help, words(&rows.join("\n")));
     }

@@ -1,8 +1,8 @@
 //! The `snapfence` command line: `serve` runs the service; `lease`, `snapshot`, `audit` and
-//! `watch` call it through [`snapfence_client`]; `run` runs a command under a lease; `completions` and `man`
-//! describe the command line itself. Answers go to stdout (a table, or the contract's JSON with
-//! `--output json`, which also prints a failed call's problem details there), errors and
-//! progress to stderr, and the exit code tells the outcome apart ([`exit`]).
+//! `watch` call it through [`snapfence_client`]; `run` runs a command under a lease;
+//! `completions` and `man` describe the command line itself. Answers go to stdout (a table, or
+//! the contract's JSON with `--output json`, which also prints a failed call's problem details
+//! there), errors and progress to stderr, and the exit code tells the outcome apart ([`exit`]).
 
 mod audit;
 mod describe;

@@ -171,6 +171,9 @@ pub fn message(url: &str, e: &Error, check: Option<&str>) -> String {
                 }
                 Error::TokenRequired { .. } => ". With this CLI: --token, or SNAPFENCE_TOKEN",
                 Error::Unauthorized { .. } => ". With this CLI: --api-key, or SNAPFENCE_API_KEY",
+                Error::Compacted { .. } => {
+                    ". With this CLI: read the keys' state again (`snapfence lease list`, `snapfence snapshot get KEY`), then run `snapfence watch` without --since"
+                }
                 Error::PreconditionFailed { .. } => {
                     ". With this CLI: `snapfence snapshot get KEY` shows the current ETag (--if-match takes it)"
                 }

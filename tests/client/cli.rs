@@ -36,7 +36,7 @@ async fn json_golden(base: &str, args: &[&str], stdin: &[u8], name: &str) -> Val
 
 /// Runs the binary, which must fail with `code`, and compares its exit code and normalised
 /// stderr with `golden/errors/NAME.txt`.
-async fn error_golden(base: &str, args: &[&str], code: i32, name: &str) {
+pub(crate) async fn error_golden(base: &str, args: &[&str], code: i32, name: &str) {
     let ran = cli(base, args).await;
     assert_eq!(ran.code, code, "{args:?}: {}", ran.stderr);
     assert!(ran.stdout.is_empty(), "errors go to stderr: {}", ran.stdout);
