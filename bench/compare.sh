@@ -6,10 +6,20 @@
 #
 #   bench/compare.sh [--duration 10s] [--clients "1 8 32"] [--keys 10000] [--ops "acquire renew put get"]
 #                    [--baseline REV] [--with-etcd] [--install] [--memory] [--growth] [--profile]
-#                    [--dev] [--clean]
+#                    [--dev] [--clean] [--rounds 200] [--expiry-rounds 40] [--rates "200 2000"]
+#
+#   Lists (--clients, --ops, --rates) are separated by spaces or commas.
+#   --ops         also takes the timing cells, printed in a table of their own:
+#                 handoff  a waiting acquire's grant after the holder's release (--rounds times)
+#                          and after its expiry (--rounds, and etcd --expiry-rounds, each at
+#                          least 2 s there); etcd: Lock after Unlock / after the lease ran out
+#                 watch    fenced PUTs at each of --rates writes/s (by the largest of --clients
+#                          writers) to a watcher of /v1/watch; etcd: puts to a Watch
+#                 (they are not run against --baseline, nor over etcd's JSON gateway)
 #
 #   --baseline    also build revision REV (a commit, tag or branch of this repository) and load it
-#                 beside this one, on a database of its own in the same PostgreSQL
+#                 beside this one, on a database of its own in the same PostgreSQL (built once:
+#                 kept as target/release/snapfence-baseline-<commit>)
 #   --install     apt-get install wrk, and etcd-server and protobuf-compiler (for --with-etcd),
 #                 when they are missing
 #   --with-etcd   also load etcd (lease grant; fenced txn; range read), over its native gRPC API
@@ -27,6 +37,7 @@
 set -euo pipefail
 
 duration=10s clients="1 8 32" keys=10000 ops="acquire renew put get"
+rounds=200 expiry_rounds=40 rates="200 2000"
 with_etcd=0 install=0 memory=0 growth=0 profile=0 baseline= profile_dir=release clean=0
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -34,6 +45,9 @@ while [ $# -gt 0 ]; do
     --clients) clients=$2; shift ;;
     --keys) keys=$2; shift ;;
     --ops) ops=$2; shift ;;
+    --rounds) rounds=$2; shift ;;
+    --expiry-rounds) expiry_rounds=$2; shift ;;
+    --rates) rates=$2; shift ;;
     --baseline) baseline=$2; shift ;;
     --with-etcd) with_etcd=1 ;;
     --install) install=1 ;;
@@ -42,12 +56,21 @@ while [ $# -gt 0 ]; do
     --profile) profile=1 ;;
     --dev) profile_dir=debug ;;
     --clean) clean=1 ;;
-    -h | --help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "compare.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
 done
 secs=${duration%s}
+clients=${clients//,/ } ops=${ops//,/ } rates=${rates//,/ }
+# The cells of the request table, and the timing cells (their own table, below it).
+load_ops= timing_ops=
+for op in $ops; do
+    case $op in
+    handoff | watch) timing_ops+=" $op" ;;
+    *) load_ops+=" $op" ;;
+    esac
+done
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 say() { printf '\n== %s\n' "$*" >&2; }
@@ -98,19 +121,25 @@ base_sf=
 if [ -n "$baseline" ]; then
     rev=$(git -C "$root" rev-parse --verify "$baseline^{commit}") ||
         { echo "compare.sh: --baseline $baseline is not a revision of this repository" >&2; exit 2; }
-    say "building the baseline $(git -C "$root" log -1 --format='%h "%s"' "$rev" | cut -c1-90) ($profile_dir)"
-    git -C "$root" worktree add -q --detach "$work/baseline" "$rev"
-    # Its own target directory, seeded with this build's dependencies so only the changed crates
-    # build again; both are removed with the work directory.
-    bt=$work/baseline-target/$profile_dir
-    mkdir -p "$bt"
-    cp -a "$root/target/$profile_dir/deps" "$root/target/$profile_dir/build" \
-        "$root/target/$profile_dir/.fingerprint" "$bt/" 2>/dev/null || true
-    (cd "$work/baseline" && CARGO_TARGET_DIR=$work/baseline-target cargo build "${build_flags[@]}" --bin snapfence)
-    mv "$bt/snapfence" "$work/snapfence-baseline"
-    base_sf=$work/snapfence-baseline
-    rm -rf "$work/baseline-target"
-    git -C "$root" worktree remove --force "$work/baseline"
+    # Kept in this tree's target directory by commit, so that a second run (one on a quiet
+    # machine, after a first that built it) does not build it again.
+    base_sf=$root/target/$profile_dir/snapfence-baseline-$rev
+    if [ -x "$base_sf" ]; then
+        say "the baseline $(git -C "$root" log -1 --format='%h' "$rev"): built before ($base_sf)"
+    else
+        say "building the baseline $(git -C "$root" log -1 --format='%h "%s"' "$rev" | cut -c1-90) ($profile_dir)"
+        git -C "$root" worktree add -q --detach "$work/baseline" "$rev"
+        # Its own target directory, seeded with this build's dependencies so only the changed
+        # crates build again; removed with its worktree.
+        bt=$work/baseline-target/$profile_dir
+        mkdir -p "$bt"
+        cp -a "$root/target/$profile_dir/deps" "$root/target/$profile_dir/build" \
+            "$root/target/$profile_dir/.fingerprint" "$bt/" 2>/dev/null || true
+        (cd "$work/baseline" && CARGO_TARGET_DIR=$work/baseline-target cargo build "${build_flags[@]}" --bin snapfence)
+        mv "$bt/snapfence" "$base_sf"
+        rm -rf "$work/baseline-target"
+        git -C "$root" worktree remove --force "$work/baseline"
+    fi
 fi
 
 say "starting PostgreSQL in $work (fsync and synchronous_commit on, as in production)"
@@ -281,7 +310,7 @@ rss_peak() { awk '/VmHWM/ {printf "%.1f", $2 / 1024}' "/proc/$sf_pid/status"; }
 rows=() failed=0
 row_format='%-8s %7s %9s %7s %7s %9s %6s %8s %6s %8s %6s %7s %8s %6s %8s %6s %8s  %s'
 declare -A at32
-for op in $ops; do
+for op in $load_ops; do
     say "$op: pgbench (the service's statement) at $clients clients"
     pgbench_prepare "$op"
     for c in $clients; do
@@ -323,6 +352,48 @@ for op in $ops; do
         [ "$errs" = - ] || failed=1
     done
     if [ "$op" = put ]; then put_rss=$(rss_peak); fi
+done
+
+# The timing cells: each is one run of snapfence-bench against snapfence and, --with-etcd, against
+# etcd over gRPC; every answer is checked (an error or a failed check fails the script).
+timing_rows=()
+timing_format='%-8s %-10s %-9s %6s %8s %8s %8s %8s %8s %8s %8s %12s  %s'
+opt() { field "$1" <<<"$2" 2>/dev/null || echo -; } # a field a report may not have
+timing_row() { # cell target setup report -> a row of the timing table
+    local report=$4 e clock=- events=-
+    e=$(errors <<<"$report")
+    if [ "$(opt timing.clock_offset_error_ms "$report")" != - ]; then
+        clock="$(field timing.clock_offset_ms <<<"$report")±$(field timing.clock_offset_error_ms <<<"$report")"
+    fi
+    if [ "$1" = watch ]; then events=$(field ops_per_sec <<<"$report"); fi
+    timing_rows+=("$(printf "$timing_format" "$1" "$2" "$3" "$(field ok <<<"$report")" \
+        "$(field latency_ms.p50 <<<"$report")" "$(field latency_ms.p99 <<<"$report")" "$(field latency_ms.max <<<"$report")" \
+        "$(opt timing.from_send_ms.p50 "$report")" "$(opt timing.from_send_ms.p99 "$report")" \
+        "$(opt timing.writes_per_sec "$report")" "$events" "$clock" "$e")")
+    say "row: ${timing_rows[-1]}"
+    [ "$e" = - ] || failed=1
+}
+timing_targets() { # -> the targets of the timing cells, with the URL of each
+    echo "snapfence $url"
+    if [ -n "$etcd_url" ]; then echo "etcd-grpc $etcd_url"; fi
+}
+writers=$(printf '%s\n' $clients | sort -n | tail -1)
+for op in $timing_ops; do
+    while read -r who at; do
+        if [ "$op" = handoff ]; then
+            say "handoff: $who, $rounds hand-offs on release"
+            timing_row handoff "$who" "release" "$(target_url=$at bench handoff 1 --target "$who" --rounds "$rounds")"
+            n=$rounds
+            if [ "$who" != snapfence ]; then n=$expiry_rounds; fi
+            say "handoff: $who, $n hand-offs on expiry"
+            timing_row expiry "$who" "expiry" "$(target_url=$at bench expiry 1 --target "$who" --rounds "$n")"
+        else
+            for r in $rates; do
+                say "watch: $who, $writers writers at $r writes/s for $duration"
+                timing_row watch "$who" "${writers}x${r}/s" "$(target_url=$at bench watch "$writers" --target "$who" --rate "$r")"
+            done
+        fi
+    done < <(timing_targets)
 done
 
 extra=()
@@ -373,9 +444,16 @@ if [ "$profile" = 1 ]; then
 fi
 
 echo
-echo "snapfence $("$sf" --version | cut -d' ' -f2) vs pgbench (PostgreSQL $("${as_pg[@]}" "$pgbin/postgres" --version | awk '{print $3}')) on $(nproc) cores, loopback, $duration per cell, $keys keys, 1 KiB bodies"
-printf "$row_format\n" op clients service/s p50ms p99ms pgbench/s x-pg floor/s x-floor base/s x-base b-p50ms grpc/s x-grpc json/s x-json wrk/s errors
-for r in "${rows[@]}"; do echo "$r"; done
+if [ ${#rows[@]} -gt 0 ]; then
+    echo "snapfence $("$sf" --version | cut -d' ' -f2) vs pgbench (PostgreSQL $("${as_pg[@]}" "$pgbin/postgres" --version | awk '{print $3}')) on $(nproc) cores, loopback, $duration per cell, $keys keys, 1 KiB bodies"
+    printf "$row_format\n" op clients service/s p50ms p99ms pgbench/s x-pg floor/s x-floor base/s x-base b-p50ms grpc/s x-grpc json/s x-json wrk/s errors
+    for r in "${rows[@]}"; do echo "$r"; done
+fi
+if [ ${#timing_rows[@]} -gt 0 ]; then
+    echo "hand-off and watch delivery on $(nproc) cores, loopback: latencies in ms (n: hand-offs or events); watch cells $duration of 1 KiB writes"
+    printf "$timing_format\n" cell target setup n p50ms p99ms maxms s-p50ms s-p99ms writes/s events/s clock-ms errors
+    for r in "${timing_rows[@]}"; do echo "$r"; done
+fi
 for e in "${extra[@]}"; do echo "$e"; done
 trap - EXIT
 cleanup

@@ -8,9 +8,15 @@
 //! counted as accepted. An error is counted by its contract code, never as a success. The
 //! numbers are the server's: requests are sent over keep-alive connections and a request
 //! is timed from before it is sent until its answer has been read and checked.
+//!
+//! Two kinds of run time something else than a request: `handoff` and `expiry` time how long a
+//! waiting acquire (etcd: a blocked `Lock`) takes to be granted after the holder lets go
+//! ([`handoff`]), and `watch` how long a write takes to reach a watcher ([`watch`]).
 
+mod handoff;
 mod report;
 mod target;
+mod watch;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -51,10 +57,12 @@ fn main() -> ExitCode {
 pub struct BenchArgs {
     /// What each request does: `acquire` a lease (each key's lease expires before its worker
     /// comes back to it), `renew` a held lease, `put` a fenced write, `get` a snapshot, or
-    /// `mixed` (70% get, 20% put, 10% renew).
+    /// `mixed` (70% get, 20% put, 10% renew); or a timing run: `handoff` and `expiry` (a
+    /// waiter's grant after the holder's release or expiry, `--rounds` times), `watch` (writes
+    /// at `--rate` to a watcher, for `--duration`).
     #[arg(long, value_enum)]
     pub op: Op,
-    /// Requests in flight at once, one worker each.
+    /// Requests in flight at once, one worker each (`watch`: writers, one key each).
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
     /// How long to send requests for, after the keys are prepared.
@@ -72,6 +80,13 @@ pub struct BenchArgs {
     /// a range read.
     #[arg(long, value_enum, default_value = "snapfence")]
     pub target: TargetKind,
+    /// `handoff` and `expiry`: how many hand-offs to time, one after another, each on a key of
+    /// its own.
+    #[arg(long, default_value_t = 200)]
+    pub rounds: usize,
+    /// `watch`: the writes per second, all writers together.
+    #[arg(long, default_value_t = 200.0)]
+    pub rate: f64,
     /// Key names begin with this [default: `bench/` and a random run id, so that runs on one
     /// database never meet each other's leases].
     #[arg(long)]
@@ -92,6 +107,12 @@ pub enum Op {
     Get,
     /// 70% get, 20% put, 10% renew.
     Mixed,
+    /// A waiter's grant after the holder's release (etcd: `Lock` after `Unlock`).
+    Handoff,
+    /// A waiter's grant after the holder's lease expired (etcd: its lease's TTL ran out).
+    Expiry,
+    /// Writes delivered to a watcher (`GET /v1/watch`; etcd: `Watch`).
+    Watch,
 }
 
 /// The service a run loads.
@@ -144,7 +165,19 @@ fn bench(args: BenchArgs, global: &Global) -> ExitCode {
         Ok(target) => target,
         Err(message) => return fail(message),
     };
-    match runtime.block_on(run(&args, Arc::new(target))) {
+    let prefix = args
+        .prefix
+        .clone()
+        .unwrap_or_else(|| format!("bench/{}/", &uuid::Uuid::new_v4().simple().to_string()[..8]));
+    let target = Arc::new(target);
+    let ran = runtime.block_on(async {
+        match args.op {
+            Op::Handoff | Op::Expiry => handoff::run(&args, &target, &prefix).await,
+            Op::Watch => watch::run(&args, global, target, &prefix).await,
+            _ => run(&args, target, &prefix).await,
+        }
+    });
+    match ran {
         Ok(report) => {
             match global.output {
                 Output::Json => println!(
@@ -167,19 +200,11 @@ fn bench(args: BenchArgs, global: &Global) -> ExitCode {
 }
 
 /// Prepares the keys, runs the load, and checks what it wrote.
-async fn run(args: &BenchArgs, target: Arc<Target>) -> Result<Report, String> {
-    let prefix = args
-        .prefix
-        .clone()
-        .unwrap_or_else(|| format!("bench/{}/", &uuid::Uuid::new_v4().simple().to_string()[..8]));
-    let body = bytes::Bytes::from(
-        (0..args.body_bytes)
-            .map(|i| b"0123456789abcdef"[i % 16])
-            .collect::<Vec<u8>>(),
-    );
+async fn run(args: &BenchArgs, target: Arc<Target>, prefix: &str) -> Result<Report, String> {
+    let body = body_of(args.body_bytes);
     let per = args.keys / args.concurrency;
     let mut workers = (0..args.concurrency)
-        .map(|w| Worker::new(w, &prefix, w * per..(w + 1) * per, body.clone()))
+        .map(|w| Worker::new(w, prefix, w * per..(w + 1) * per, body.clone()))
         .collect::<Result<Vec<_>, _>>()?;
 
     let bar = progress(per * args.concurrency, "preparing keys");
@@ -236,7 +261,15 @@ async fn run(args: &BenchArgs, target: Arc<Target>) -> Result<Report, String> {
     })
     .await;
     bar.finish_and_clear();
-    Ok(recorder.report(args, &prefix, elapsed, checked.map(|_| ())))
+    Ok(recorder.report(args, prefix, elapsed, checked.map(|_| ())))
+}
+
+/// The body every write of a run sends: `len` bytes of hex digits.
+fn body_of(len: usize) -> bytes::Bytes {
+    (0..len)
+        .map(|i| b"0123456789abcdef"[i % 16])
+        .collect::<Vec<u8>>()
+        .into()
 }
 
 /// Runs `f` on every worker at once; gives the workers back, or the first failure.

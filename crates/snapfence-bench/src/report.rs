@@ -30,6 +30,21 @@ impl Histogram {
     fn ms_at(&self, quantile: f64) -> f64 {
         self.0.value_at_quantile(quantile) as f64 / 1000.0
     }
+
+    pub(super) fn latencies(&self) -> Latencies {
+        Latencies {
+            p50: self.ms_at(0.5),
+            p90: self.ms_at(0.9),
+            p99: self.ms_at(0.99),
+            max: self.0.max() as f64 / 1000.0,
+        }
+    }
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// Where the workers leave what they saw.
@@ -59,7 +74,21 @@ impl Recorder {
         verified: Result<(), String>,
     ) -> Report {
         let all = self.0.lock().expect("no worker panics holding it");
-        let (latency, errors) = (&all.0, &all.1);
+        Report::new(args, prefix, elapsed, &all.0, &all.1, verified)
+    }
+}
+
+impl Report {
+    /// The report of `latency` and `errors` over `elapsed`; `verified` fails too if any
+    /// success was counted as a wrong answer.
+    pub(super) fn new(
+        args: &BenchArgs,
+        prefix: &str,
+        elapsed: Duration,
+        latency: &Histogram,
+        errors: &Errors,
+        verified: Result<(), String>,
+    ) -> Self {
         let ok = latency.0.len();
         let secs = elapsed.as_secs_f64();
         let verified = verified.and_then(|()| match errors.get(WRONG_ANSWER) {
@@ -77,12 +106,8 @@ impl Recorder {
             ok,
             errors: errors.clone(),
             ops_per_sec: ok as f64 / secs,
-            latency_ms: Latencies {
-                p50: latency.ms_at(0.5),
-                p90: latency.ms_at(0.9),
-                p99: latency.ms_at(0.99),
-                max: latency.0.max() as f64 / 1000.0,
-            },
+            latency_ms: latency.latencies(),
+            timing: None,
             verified: verified.map(|()| "every accepted answer and every key checked out"),
         }
     }
@@ -112,8 +137,12 @@ pub struct Report {
     pub errors: BTreeMap<String, u64>,
     /// Successful requests per second.
     pub ops_per_sec: f64,
-    /// Latencies of the successful requests.
+    /// Latencies of the successful requests (of a hand-off or watch run: of the hand-offs or
+    /// the events, timed as `timing` says).
     pub latency_ms: Latencies,
+    /// A hand-off or watch run's timing: what its latencies run from and to, on which clock.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timing: Option<Timing>,
     /// Whether the check after the run found every key as the run left it, or what it found.
     #[serde(serialize_with = "verdict")]
     pub verified: Result<&'static str, String>,
@@ -133,6 +162,31 @@ fn verdict<S: serde::Serializer>(
         Ok(m) => Verdict::Ok(m).serialize(s),
         Err(m) => Verdict::Failed(m).serialize(s),
     }
+}
+
+/// What a hand-off or a watch run timed, and how.
+#[derive(Debug, Default, Serialize)]
+pub struct Timing {
+    /// From what to what each latency runs, and on which clock.
+    pub from_to: &'static str,
+    /// An expiry hand-off: the database clock minus this machine's (from the grants' times).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clock_offset_ms: Option<f64>,
+    /// How far the offset may be off either way, so how far each expiry latency may be.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clock_offset_error_ms: Option<f64>,
+    /// A watch run: the writes per second asked for, all writers together.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate: Option<f64>,
+    /// A watch run: the writes accepted per second, as sent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub writes_per_sec: Option<f64>,
+    /// A watch run: events that came before their write's answer (counted as 0 ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub early: Option<u64>,
+    /// A watch run: the same events timed from their write's sending instead (never early).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from_send_ms: Option<Latencies>,
 }
 
 /// Latency quantiles in milliseconds.
@@ -162,6 +216,29 @@ impl fmt::Display for Report {
             "  latency ms  p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}",
             l.p50, l.p90, l.p99, l.max
         )?;
+        if let Some(t) = &self.timing {
+            writeln!(f, "  timed       {}", t.from_to)?;
+            if let (Some(offset), Some(error)) = (t.clock_offset_ms, t.clock_offset_error_ms) {
+                writeln!(
+                    f,
+                    "  db clock    {offset:+.2} ms from this machine's (within {error:.2} ms)"
+                )?;
+            }
+            if let (Some(rate), Some(writes)) = (t.rate, t.writes_per_sec) {
+                writeln!(
+                    f,
+                    "  writes      {writes:.0}/s (asked {rate:.0}/s); {} events before their write's answer",
+                    t.early.unwrap_or(0)
+                )?;
+            }
+            if let Some(l) = &t.from_send_ms {
+                writeln!(
+                    f,
+                    "  from send   p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}",
+                    l.p50, l.p90, l.p99, l.max
+                )?;
+            }
+        }
         if self.errors.is_empty() {
             writeln!(f, "  errors      none")?;
         }

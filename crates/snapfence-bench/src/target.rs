@@ -19,8 +19,9 @@ use snapfence_client::{FencingToken, Key, LeaseState, Owner, Version};
 /// The TTL of the leases an `acquire` run takes: the shortest the default bounds allow, so each
 /// has expired by the time its worker comes back to its key.
 pub(super) const ACQUIRE_TTL: Duration = Duration::from_millis(100);
-/// The TTL of the leases that `renew`, `put`, `get` and `mixed` hold through the run.
-const HELD_TTL: Duration = Duration::from_secs(600);
+/// The TTL of the leases that `renew`, `put`, `get` and `mixed` (and a watch run's writers)
+/// hold through the run.
+pub(super) const HELD_TTL: Duration = Duration::from_secs(600);
 /// The TTL of an etcd lease grant, in seconds.
 const ETCD_LEASE_TTL: u64 = 60;
 /// The token an etcd fence key holds through a run.
@@ -57,6 +58,17 @@ fn etcd_has(op: Op) -> Result<(), String> {
     Ok(())
 }
 
+/// Refuses the timing runs over etcd's JSON gateway: its `Lock` and `Watch` are streams or
+/// long calls, which the gRPC target alone times as etcd's clients see them.
+fn etcd_gateway_has(op: Op) -> Result<(), String> {
+    if matches!(op, Op::Handoff | Op::Expiry | Op::Watch) {
+        return Err(format!(
+            "--op {op:?} against etcd runs over gRPC only: use --target etcd-grpc"
+        ));
+    }
+    etcd_has(op)
+}
+
 impl Target {
     /// The etcd gRPC target at `url` (`http://host:port`), for the operations it has an
     /// equivalent of.
@@ -74,7 +86,7 @@ impl Target {
 
     /// The etcd target, for the operations it has an equivalent of.
     pub(super) fn etcd(url: &str, timeout: Duration, op: Op) -> Result<Self, String> {
-        etcd_has(op)?;
+        etcd_gateway_has(op)?;
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .build()
@@ -379,7 +391,7 @@ impl Worker {
 }
 
 /// `Ok` when an answer checked out, else the [`WRONG_ANSWER`] code.
-fn check(right: bool) -> Result<(), String> {
+pub(super) fn check(right: bool) -> Result<(), String> {
     if right {
         Ok(())
     } else {
@@ -388,7 +400,7 @@ fn check(right: bool) -> Result<(), String> {
 }
 
 /// The code a failed call is counted under: the contract's code, or what failed instead.
-fn code(e: &Error) -> String {
+pub(super) fn code(e: &Error) -> String {
     match (e.code(), e) {
         (Some(code), _) => code.as_str().to_owned(),
         (None, Error::Transport { .. }) => "transport".to_owned(),
@@ -399,7 +411,7 @@ fn code(e: &Error) -> String {
 
 /// The code a failed etcd gRPC call is counted under.
 #[cfg(feature = "etcd-grpc")]
-fn grpc_code(e: etcd_client::Error) -> String {
+pub(super) fn grpc_code(e: etcd_client::Error) -> String {
     match e {
         etcd_client::Error::GRpcStatus(status) => format!("grpc_{:?}", status.code()),
         _ => "transport".to_owned(),

@@ -111,3 +111,62 @@ async fn bench_counts_refused_writes_by_their_code_and_fails_its_check() {
     );
     app.stop().await;
 }
+
+/// The JSON report of a timing run (`handoff`, `expiry`, `watch`) on keys under `prefix`,
+/// which must have exited 0 with no error and its check passed.
+async fn timing_run(base: &str, op: &str, prefix: &str, more: &[&str]) -> Value {
+    let mut args = vec!["--output", "json", "--op", op, "--prefix", prefix];
+    args.extend_from_slice(more);
+    let ran = cli(base, &args).await;
+    assert_eq!(ran.code, 0, "{op}: {}", ran.stderr);
+    let report: Value = serde_json::from_str(&ran.stdout).unwrap();
+    assert_eq!(report["errors"], serde_json::json!({}), "{report}");
+    assert!(report["verified"]["ok"].is_string(), "{report}");
+    assert!(report["timing"]["from_to"].is_string(), "{report}");
+    report
+}
+
+#[tokio::test]
+async fn bench_times_hand_offs_each_to_its_waiter() {
+    let app = TestApp::spawn().await;
+    let released = timing_run(&app.instance.base, "handoff", "h/", &["--rounds", "3"]).await;
+    assert_eq!(released["ok"], 3, "{released}");
+    let expired = timing_run(&app.instance.base, "expiry", "e/", &["--rounds", "2"]).await;
+    assert_eq!(expired["ok"], 2, "{expired}");
+    assert!(
+        expired["timing"]["clock_offset_error_ms"].as_f64().unwrap() < 1000.0,
+        "{expired}"
+    );
+    // Each round's key went from its holder to its waiter, who released it at the end.
+    let keys: (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE owner = 'bench-waiter' AND end_reason = 'released'), \
+         count(*) FROM leases WHERE key LIKE 'h/%' OR key LIKE 'e/%'",
+    )
+    .fetch_one(app.db())
+    .await
+    .unwrap();
+    assert_eq!(
+        keys,
+        (5, 5),
+        "every key's last lease is its waiter's, released"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn bench_sees_every_watched_write_once_in_order() {
+    let app = TestApp::spawn().await;
+    let more = ["--concurrency", "2", "--rate", "40", "--duration", "1s"];
+    let report = timing_run(&app.instance.base, "watch", "w/", &more).await;
+    let versions: i64 =
+        sqlx::query_scalar("SELECT sum(snapshot_version)::bigint FROM leases WHERE key LIKE 'w/%'")
+            .fetch_one(app.db())
+            .await
+            .unwrap();
+    assert!(versions > 0);
+    assert_eq!(
+        report["ok"], versions,
+        "one event per accepted write: {report}"
+    );
+    app.stop().await;
+}
