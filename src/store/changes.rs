@@ -4,9 +4,10 @@
 //! Three parts, each written up where it lives:
 //! - The changing statements note what they did in `change_inbox`, from triggers, in their own
 //!   transaction (`migrations/20261204100000_changes.sql`): a change is noted exactly when it
-//!   committed, and no hot statement carries watch code.
+//!   committed; the hot statements themselves only clear, and respect, a lease's
+//!   `expiry_reported` (a renewal or release of a lease the watchers heard expire is refused).
 //! - One instance on the database is the relay (the role is a lease by the database clock in
-//!   `change_relay`, kept by every transaction of the relay's; [`relay`]). Every [`RELAY_TICK`]
+//!   `change_relay`, kept by every transaction of the relay's: `relay`). Every [`RELAY_TICK`]
 //!   it moves the committed inbox rows into `changes`, numbering them after the highest id under
 //!   the relay row's lock, so ids appear in increasing order to every reader; it reports expiries
 //!   (it keeps the expiry time of every live lease, and marks the ones that passed by the
@@ -14,7 +15,7 @@
 //!   `snapfence_changes` at each commit that numbered something.
 //! - Every instance reads the new changes once, on that notification (or every second, should
 //!   one be missed while its listening connection was down), and hands them to its watchers
-//!   ([`fan_out`]). A watcher first catches up from the table, then follows the live changes,
+//!   (`fan_out`). A watcher first catches up from the table, then follows the live changes,
 //!   and catches up again if it fell behind: it sees every change after its starting id once,
 //!   in id order ([`Watch`]).
 
