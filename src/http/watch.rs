@@ -18,7 +18,7 @@ use serde::Deserialize;
 use super::Routes;
 use super::error::ApiError;
 use super::extract::ApiQuery;
-use crate::domain::{ChangeId, KeyPrefix};
+use crate::domain::{ChangeId, InvalidInput, KeyPrefix};
 use crate::state::AppState;
 use crate::store::changes::{Opened, Watch};
 
@@ -47,16 +47,21 @@ async fn watch(
 ) -> Result<Response, ApiError> {
     let prefix = KeyPrefix::parse(params.prefix.unwrap_or_default())?;
     // A reconnecting EventSource sends the URL it first opened (with its `since`) and the id it
-    // got to: the header is the newer news.
-    let since = match headers.get(LAST_EVENT_ID) {
-        Some(raw) => Some(ChangeId::parse(raw.to_str().map_err(|_| {
-            ApiError::InvalidRequest(
-                "Last-Event-ID is not visible ASCII; send the id of the last event you received"
-                    .into(),
-            )
-        })?)?),
-        None => params.since.as_deref().map(ChangeId::parse).transpose()?,
-    };
+    // got to: the header is the newer news. Both are checked, whichever is used.
+    let since = params.since.as_deref().map(ChangeId::parse).transpose()?;
+    let last = headers
+        .get(LAST_EVENT_ID)
+        .map(|raw| {
+            raw.to_str()
+                .map_err(|_| {
+                    InvalidInput::new(
+                        "Last-Event-ID is not visible ASCII; send the id of the last event you received",
+                    )
+                })
+                .and_then(ChangeId::parse)
+        })
+        .transpose()?;
+    let since = last.or(since);
     let watch = match state.changes.watch(&prefix, since).await? {
         Opened::Watching(watch) => watch,
         Opened::Compacted { horizon } => {

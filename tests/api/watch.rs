@@ -355,13 +355,20 @@ async fn a_malformed_since_or_last_event_id_is_400() {
         )
         .await;
     }
-    let r = app
-        .request(Method::GET, "/v1/watch")
-        .header("Last-Event-ID", "seven")
-        .send()
-        .await
-        .unwrap();
-    problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
+    // A bad one of the two is refused even when the other is the one that counts.
+    for (query, last) in [
+        ("", "seven"),
+        ("?since=x", "3"),
+        ("?since=9223372036854775808", "0"),
+    ] {
+        let r = app
+            .request(Method::GET, &format!("/v1/watch{query}"))
+            .header("Last-Event-ID", last)
+            .send()
+            .await
+            .unwrap();
+        problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
+    }
     app.stop().await;
 }
 
