@@ -7,8 +7,8 @@ use std::time::Duration;
 use serde_json::Value;
 use snapfence::domain::Scope;
 use snapfence_client::{
-    ChangeEvent, ChangeId, ChangeKind, Client, Error, FencingToken, KeyPrefix, PutOptions, Watch,
-    WatchOptions,
+    ChangeEvent, ChangeId, ChangeKind, Client, Error, FencingToken, KeyPrefix, PutOptions,
+    RetryPolicy, Watch, WatchOptions,
 };
 use tokio::time::Instant;
 
@@ -184,6 +184,44 @@ async fn a_watch_resumes_after_its_connection_is_cut_without_a_gap_or_a_duplicat
     changes.extend(take(&mut watch, 4).await);
     assert_eq!(ids(&changes), numbered(&app, "jobs/", 6).await);
     assert_eq!(proxy.connections(), 2, "one connection, cut, then one more");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_watch_whose_connection_goes_silent_resumes_on_a_new_one() {
+    let app = TestApp::spawn().await;
+    let proxy = Proxy::start(upstream(&app.instance.base)).await;
+    let watcher = Client::builder(proxy.base())
+        .watch_idle_timeout(Duration::from_millis(500))
+        .retry(RetryPolicy {
+            max_attempts: 20,
+            initial_backoff: Duration::from_millis(20),
+            max_backoff: Duration::from_millis(100),
+        })
+        .build()
+        .unwrap();
+    let mut watch = watch_all(&watcher, "jobs/");
+    let c = client(&app.instance.base);
+    grant(&c, &key("jobs/1"), "w", TTL).await;
+    let mut changes = take(&mut watch, 1).await;
+    // A partition: the connection stays open and nothing comes, heartbeats included.
+    proxy.stall();
+    grant(&c, &key("jobs/2"), "w", TTL).await;
+    let next = tokio::spawn(async move {
+        let next = take(&mut watch, 1).await;
+        (watch, next)
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    proxy.resume();
+    let (mut watch, next) = next.await.unwrap();
+    changes.extend(next);
+    grant(&c, &key("jobs/3"), "w", TTL).await;
+    changes.extend(take(&mut watch, 1).await);
+    assert_eq!(ids(&changes), numbered(&app, "jobs/", 3).await);
+    assert!(
+        proxy.connections() >= 2,
+        "the silent connection was never given up"
+    );
     app.stop().await;
 }
 
