@@ -56,7 +56,8 @@
 //! # Timeouts and retries
 //!
 //! Every attempt is bounded by [`ClientBuilder::timeout`] (connecting by
-//! [`ClientBuilder::connect_timeout`]). A failed attempt is retried, with exponential backoff and
+//! [`ClientBuilder::connect_timeout`]), except a watch's, which never ends by itself: each of its
+//! reads is bounded instead, by [`ClientBuilder::watch_idle_timeout`]. A failed attempt is retried, with exponential backoff and
 //! jitter, up to [`RetryPolicy::max_attempts`], whenever the same call may succeed later: nothing
 //! reached the server, `503 unavailable` or `indeterminate`, another 5xx, a broken connection or
 //! a timeout, an unreadable answer; and, for a change, `409 request_in_progress` (an earlier
