@@ -36,26 +36,16 @@ CREATE TABLE change_inbox (
     record_token   bigint
 );
 
-CREATE TABLE changes (
-    id             bigint PRIMARY KEY,
-    kind           text        NOT NULL CHECK (kind IN ('lease.granted', 'lease.released',
-        'lease.abandoned', 'lease.expired', 'lease.recovery_required', 'lease.reconciled',
-        'snapshot.written', 'snapshot.deleted', 'write.refused')),
-    key            text COLLATE "C" NOT NULL,
-    token          bigint      NOT NULL,
-    at             timestamptz NOT NULL,
-    owner          text,
-    expires_at     timestamptz,
-    version        bigint,
-    etag           text,
-    reason         text,
-    audit_id       bigint,
-    operation      text,
-    highest_token  bigint,
-    record_token   bigint,
+-- The numbered history: an inbox row as the relay numbered it (the same columns, so that the
+-- move is a plain INSERT ... SELECT), keyed by its change id.
+CREATE TABLE changes (LIKE change_inbox);
+ALTER TABLE changes
+    ADD PRIMARY KEY (id),
+    ADD CHECK (kind IN ('lease.granted', 'lease.released', 'lease.abandoned', 'lease.expired',
+        'lease.recovery_required', 'lease.reconciled', 'snapshot.written', 'snapshot.deleted',
+        'write.refused')),
     -- When the relay numbered it: what the retention counts from.
-    recorded_at    timestamptz NOT NULL DEFAULT clock_timestamp()
-);
+    ADD COLUMN recorded_at timestamptz NOT NULL DEFAULT clock_timestamp();
 
 -- The retained history starts after `pruned_through`: a watch resumed from an id below it has
 -- missed changes that are gone (410 compacted). Also the base of the numbering once every

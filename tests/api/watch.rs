@@ -89,6 +89,12 @@ impl Stream {
             .expect("an event within the ceiling")
     }
 
+    /// Asserts that no event comes within half a second: the history has nothing more.
+    async fn nothing_more(&mut self) {
+        let extra = self.next_within(Duration::from_millis(500)).await;
+        assert!(extra.is_none(), "an event beyond the history: {extra:?}");
+    }
+
     /// The next `n` events.
     async fn take(&mut self, n: usize) -> Vec<Sse> {
         let mut events = Vec::with_capacity(n);
@@ -220,12 +226,7 @@ async fn every_kind_of_change_is_seen_once_in_order_through_another_instance() {
         .unwrap();
     assert_eq!(renew.status(), 200);
     assert_eq!(watch.next().await.event, "lease.granted");
-    assert!(
-        watch
-            .next_within(Duration::from_millis(500))
-            .await
-            .is_none()
-    );
+    watch.nothing_more().await;
     b.stop().await;
     app.stop().await;
 }
@@ -274,13 +275,7 @@ async fn a_watch_cut_mid_stream_and_resumed_with_last_event_id_misses_nothing_an
     for w in writers {
         w.await.unwrap();
     }
-    assert!(
-        stream
-            .next_within(Duration::from_millis(500))
-            .await
-            .is_none(),
-        "nothing after the last change"
-    );
+    stream.nothing_more().await;
     let ids: Vec<i64> = seen.iter().map(|e| e.id).collect();
     assert!(ids.windows(2).all(|w| w[0] < w[1]), "in order, none twice");
     let writes: BTreeSet<(String, i64)> = seen
@@ -311,12 +306,7 @@ async fn a_watch_delivers_only_the_keys_under_its_prefix() {
     app.acquire("team-ab", "w", 30000).await;
     let e = watch.next().await;
     assert_eq!(what(&e), change("lease.granted", "team-a/x", mine));
-    assert!(
-        watch
-            .next_within(Duration::from_millis(500))
-            .await
-            .is_none()
-    );
+    watch.nothing_more().await;
     app.stop().await;
 }
 
@@ -494,12 +484,7 @@ async fn a_renewal_that_reaches_a_lease_after_its_expiry_was_reported_is_lease_l
     problem(renew, StatusCode::CONFLICT, "lease_lost").await;
     let release = app.release("late", t).await;
     problem(release, StatusCode::CONFLICT, "lease_lost").await;
-    assert!(
-        watch
-            .next_within(Duration::from_millis(500))
-            .await
-            .is_none()
-    );
+    watch.nothing_more().await;
     app.stop().await;
 }
 
