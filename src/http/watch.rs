@@ -18,12 +18,10 @@ use serde::Deserialize;
 use super::Routes;
 use super::error::ApiError;
 use super::extract::ApiQuery;
+use crate::domain::headers::{LAST_EVENT_ID, WATCH_AFTER};
 use crate::domain::{ChangeId, InvalidInput, KeyPrefix};
 use crate::state::AppState;
 use crate::store::changes::{Opened, Watch};
-
-/// The header an SSE client resumes with: the id of the last event it received.
-const LAST_EVENT_ID: &str = "last-event-id";
 
 /// The watch route.
 pub(super) fn routes() -> Routes {
@@ -71,14 +69,19 @@ async fn watch(
             });
         }
     };
+    // Where the stream starts, also for a client that is cut off before the first change: in a
+    // header, and as an event of an id alone, which an EventSource takes as its last id
+    // without dispatching anything (WHATWG HTML, 9.2.6).
+    let start = watch.position();
     let ends = tokio::time::sleep(state.rules.max_watch);
-    let sse = Sse::new(events(watch).take_until(ends))
+    let opening = stream::once(async move { Ok(Event::default().id(start.to_string())) });
+    let sse = Sse::new(opening.chain(events(watch)).take_until(ends))
         .keep_alive(KeepAlive::new().interval(state.rules.watch_heartbeat));
     let mut response = sse.into_response();
+    let headers = response.headers_mut();
+    headers.insert(WATCH_AFTER, HeaderValue::from(start.get()));
     // Proxies that buffer answers (nginx) would hold the events back.
-    response
-        .headers_mut()
-        .insert("x-accel-buffering", HeaderValue::from_static("no"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
     Ok(response)
 }
 

@@ -196,6 +196,11 @@ impl std::fmt::Debug for Watch {
 }
 
 impl Watch {
+    /// The change id this watch has passed: where a client that resumes now would resume.
+    pub fn position(&self) -> ChangeId {
+        ChangeId::from_stored(self.last)
+    }
+
     /// The next change; `None` once the instance shuts down, `Err` when the database cannot be
     /// read (the watcher then resumes from its last change).
     pub async fn next(&mut self) -> Option<Result<Arc<ChangeEvent>>> {

@@ -32,6 +32,8 @@ struct Stream {
     buffer: String,
     /// Comment lines seen so far (heartbeats).
     comments: usize,
+    /// The change id the stream starts after (`Watch-After`).
+    after: i64,
 }
 
 impl Stream {
@@ -45,10 +47,16 @@ impl Stream {
         let r = req.send().await.unwrap();
         assert_eq!(r.status(), StatusCode::OK, "watch{query}");
         assert_eq!(r.headers()["content-type"], "text/event-stream");
+        let after = r.headers()["watch-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
         Self {
             body: r.bytes_stream().boxed(),
             buffer: String::new(),
             comments: 0,
+            after,
         }
     }
 
@@ -359,6 +367,46 @@ async fn a_malformed_since_or_last_event_id_is_400() {
             .unwrap();
         problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
     }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_watch_says_where_it_starts_so_that_a_resume_before_any_change_misses_none() {
+    let app = TestApp::spawn().await;
+    app.acquire("before", "w", 30000).await;
+    // Once the relay has numbered it, a watch from now starts after it.
+    let deadline = Instant::now() + CEILING;
+    while sqlx::query_scalar::<_, i64>("SELECT count(*) FROM changes")
+        .fetch_one(app.db())
+        .await
+        .unwrap()
+        == 0
+    {
+        assert!(Instant::now() < deadline, "the grant was never numbered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let r = app.get("/v1/watch").await;
+    let after: i64 = r.headers()["watch-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // An event of the id alone opens the stream: an EventSource keeps it as its last id.
+    let mut body = r.bytes_stream();
+    let opening = body.next().await.unwrap().unwrap();
+    assert_eq!(
+        std::str::from_utf8(&opening).unwrap(),
+        format!("id: {after}\n\n")
+    );
+    drop(body);
+    // Cut off before any change: the change made meanwhile comes on the resumed stream.
+    let meanwhile = token(&app.acquire("meanwhile", "w", 30000).await);
+    let mut resumed = Stream::open(&app.http, &app.instance.base, "", Some(after)).await;
+    assert_eq!(resumed.after, after);
+    assert_eq!(
+        what(&resumed.next().await),
+        change("lease.granted", "meanwhile", meanwhile)
+    );
     app.stop().await;
 }
 

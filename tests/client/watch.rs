@@ -188,6 +188,27 @@ async fn a_watch_resumes_after_its_connection_is_cut_without_a_gap_or_a_duplicat
 }
 
 #[tokio::test]
+async fn a_watch_from_now_cut_before_its_first_change_misses_nothing() {
+    let app = TestApp::spawn().await;
+    let proxy = Proxy::start(upstream(&app.instance.base)).await;
+    let c = client(&app.instance.base);
+    let from_now = WatchOptions::new().prefix(KeyPrefix::parse("jobs/").unwrap());
+    let mut watch = client(&proxy.base()).watch(&from_now);
+    // Connected, with nothing to deliver yet.
+    let nothing = tokio::time::timeout(Duration::from_millis(300), watch.next()).await;
+    assert!(nothing.is_err(), "no change yet: {nothing:?}");
+    assert_eq!(proxy.connections(), 1);
+    // Cut off before any change, and kept off until a change is numbered.
+    proxy.stall();
+    proxy.cut();
+    grant(&c, &key("jobs/meanwhile"), "w", TTL).await;
+    let expected = numbered(&app, "jobs/", 1).await;
+    proxy.resume();
+    assert_eq!(ids(&take(&mut watch, 1).await), expected);
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn a_watch_whose_connection_goes_silent_resumes_on_a_new_one() {
     let app = TestApp::spawn().await;
     let proxy = Proxy::start(upstream(&app.instance.base)).await;

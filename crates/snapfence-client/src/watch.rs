@@ -7,13 +7,11 @@ use std::task::{Context, Poll};
 use eventsource_stream::{EventStreamError, Eventsource};
 use futures_util::{Stream, StreamExt, stream};
 use reqwest::{Method, StatusCode, header};
+use snapfence_types::headers::{LAST_EVENT_ID, WATCH_AFTER};
 use snapfence_types::{ChangeData, ChangeEvent, ChangeId, ChangeKind, KeyPrefix};
 
 use crate::transport::Call;
 use crate::{Client, Error, Result};
-
-/// The header that tells the server where to resume: the id of the last event received.
-const LAST_EVENT_ID: &str = "last-event-id";
 
 /// What a watch follows ([`Client::watch`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -83,9 +81,9 @@ impl Client {
     /// breaks or goes silent for longer than [`ClientBuilder::watch_idle_timeout`](crate::ClientBuilder::watch_idle_timeout),
     /// it reconnects after the [`RetryPolicy`](crate::RetryPolicy)'s backoff. Either way it
     /// sends the id of the last event it received as `Last-Event-ID`, and the server resumes
-    /// after it: nothing is missed and nothing comes twice. (Until the first event arrives
-    /// there is no id to send: a watch without [`WatchOptions::since`] that reconnects before
-    /// then starts again from the new moment, so pass `since` when every change counts.)
+    /// after it: nothing is missed and nothing comes twice. Before the first event it sends the
+    /// id the server said the stream starts after (the `Watch-After` header), so a watch
+    /// without [`WatchOptions::since`] that is cut off at once misses nothing either.
     ///
     /// It ends with an error, as its last item, when:
     /// - resuming is impossible: [`Error::Compacted`] (the id is older than the retained
@@ -158,7 +156,10 @@ impl Follow {
         while !self.ended {
             if self.open.is_none() {
                 match connect(&self.client, &self.resume()).await {
-                    Ok(events) => {
+                    Ok((after, events)) => {
+                        // Before its first event, a watch resumes from where the server said
+                        // its stream starts, so a cut then misses nothing either.
+                        self.last = self.last.or(after);
                         self.open = Some(events);
                         self.failures = 0;
                         self.delivered = false;
@@ -265,10 +266,11 @@ struct Resume {
     last: Option<ChangeId>,
 }
 
-/// Opens a connection that resumes after the last event received. A function, not a method of
+/// Opens a connection that resumes after the last event received; with the change id its
+/// stream starts after (`Watch-After`), when the server says it. A function, not a method of
 /// [`Follow`]: a borrow of it held while the request waits would need its open connection to be
 /// `Sync`, which the byte stream is not.
-async fn connect(client: &Client, resume: &Resume) -> Result<Events> {
+async fn connect(client: &Client, resume: &Resume) -> Result<(Option<ChangeId>, Events)> {
     let mut request = client
         .watch_http
         .get(format!("{}{}", client.base, CALL.path))
@@ -303,5 +305,10 @@ async fn connect(client: &Client, resume: &Resume) -> Result<Events> {
             detail: format!("the answer to {CALL} is not text/event-stream"),
         });
     }
-    Ok(Box::pin(response.bytes_stream().eventsource()))
+    let after = response
+        .headers()
+        .get(WATCH_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| ChangeId::parse(v).ok());
+    Ok((after, Box::pin(response.bytes_stream().eventsource())))
 }

@@ -10,5 +10,10 @@ pub const REQUEST_ID: &str = "x-request-id";
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// Set to `true` on an answer that was stored for an `Idempotency-Key` and is sent again.
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+/// A watch's answer: the change id its stream starts after, so that a client that resumes
+/// before the first event still resumes from there (`Last-Event-ID`).
+pub const WATCH_AFTER: &str = "watch-after";
+/// The header an SSE client resumes a watch with: the id of the last event it received.
+pub const LAST_EVENT_ID: &str = "last-event-id";
 /// The media type of every error body.
 pub const PROBLEM_JSON: &str = "application/problem+json";
