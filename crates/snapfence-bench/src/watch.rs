@@ -300,6 +300,23 @@ async fn open_stream(global: &Global, prefix: &str) -> Result<reqwest::Response,
     Ok(answer)
 }
 
+/// A watch stream's next item; at its end or failure, `None`, after telling `deliver` why
+/// (`what` names the stream).
+fn next_or_tell<T, E: std::fmt::Display>(
+    next: Result<Option<T>, E>,
+    deliver: &mpsc::UnboundedSender<Delivery>,
+    what: &str,
+) -> Option<T> {
+    let why = match next {
+        Ok(Some(item)) => return Some(item),
+        Ok(None) => format!("{what} ended"),
+        Err(e) => format!("{what} failed: {e}"),
+    };
+    // The receiver is gone only once the run is over.
+    let _ = deliver.send(Err(why));
+    None
+}
+
 /// Reads server-sent events (fields `id`, `event`, `data`; comment lines start with `:`; a
 /// blank line ends an event) and hands on each `snapshot.written`, stamped when the chunk that
 /// completed it arrived. The writers' own `lease.granted` may come first (granted before the
@@ -310,10 +327,8 @@ async fn follow_stream(mut stream: reqwest::Response, deliver: mpsc::UnboundedSe
     let (mut id, mut kind, mut data) = (String::new(), String::new(), String::new());
     let mut last_id = i64::MIN;
     loop {
-        let chunk = match stream.chunk().await {
-            Ok(Some(chunk)) => chunk,
-            Ok(None) => return drop(deliver.send(Err("the watch stream ended".into()))),
-            Err(e) => return drop(deliver.send(Err(format!("the watch stream failed: {e}")))),
+        let Some(chunk) = next_or_tell(stream.chunk().await, &deliver, "the watch stream") else {
+            return;
         };
         let at = Instant::now();
         buffer.extend_from_slice(&chunk);
@@ -386,10 +401,8 @@ async fn follow_etcd(
     deliver: mpsc::UnboundedSender<Delivery>,
 ) {
     loop {
-        let message = match stream.message().await {
-            Ok(Some(message)) => message,
-            Ok(None) => return drop(deliver.send(Err("the etcd watch ended".into()))),
-            Err(e) => return drop(deliver.send(Err(format!("the etcd watch failed: {e}")))),
+        let Some(message) = next_or_tell(stream.message().await, &deliver, "the etcd watch") else {
+            return;
         };
         let at = Instant::now();
         for event in message.events() {
