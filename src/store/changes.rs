@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgListener;
-use sqlx::{FromRow, PgPool, Postgres, Transaction};
+use sqlx::{FromRow, PgPool};
 use tokio::sync::{Notify, broadcast, watch};
 use tokio::time::Instant;
 
@@ -38,9 +38,13 @@ use crate::domain::{
 
 /// The channel the relay notifies at each commit that numbered changes.
 const CHANNEL: &str = "snapfence_changes";
-/// How often the relay looks for new changes and due expiries: the delay a watcher sees, well
-/// inside the contract's second for expiries.
+/// How often the relay looks for new changes and due expiries while there were none at its
+/// last turn: the delay a watcher sees of the first change after a quiet spell, well inside
+/// the contract's second for expiries.
 pub const RELAY_TICK: Duration = Duration::from_millis(50);
+/// How soon it looks again after a turn that numbered or marked something: under a steady
+/// stream of changes, the delay a watcher sees.
+const BUSY_TICK: Duration = Duration::from_millis(10);
 /// How long the relay role lasts without being kept (database clock): how long the changes stop
 /// when a relay dies, before another instance takes over.
 const ROLE_MS: i64 = 3000;
@@ -469,8 +473,7 @@ async fn relay(inner: Weak<Inner>) {
                 last_claim = Some(Instant::now());
             }
             match tokio::time::timeout(RELAY_BOUND, relay_once(&i, &mut role)).await {
-                Ok(Ok(true)) => Duration::ZERO,
-                Ok(Ok(false)) => RELAY_TICK,
+                Ok(Ok(pause)) => pause,
                 failed => {
                     if let Ok(Err(e)) = failed {
                         tracing::warn!(error = %e, "the change relay's transaction failed; trying again");
@@ -492,15 +495,16 @@ async fn relay(inner: Weak<Inner>) {
 }
 
 /// One turn of the relay: keeps (or takes) the role, reports the due expiries, numbers the new
-/// changes, and now and then prunes; in one transaction. Whether more work is waiting.
-async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<bool> {
+/// changes, and now and then prunes, in one transaction; then reports the due expiries. How long
+/// to pause before the next turn.
+async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<Duration> {
     if let Some(r) = role.as_ref() {
         let idle = !r.stale
             && r.kept.elapsed() < KEEP_EVERY
             && !r.expiry_due()
             && !inbox_has_rows(&i.pool).await?;
         if idle {
-            return Ok(false);
+            return Ok(RELAY_TICK);
         }
     }
     let mut tx = i.pool.begin().await?;
@@ -514,7 +518,7 @@ async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<bool> {
         if role.take().is_some() {
             tracing::info!("this instance no longer relays changes");
         }
-        return Ok(false);
+        return Ok(RELAY_TICK);
     };
     let relay = match role {
         Some(r) if !r.stale => r,
@@ -538,7 +542,6 @@ async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<bool> {
     };
     relay.offset = clock - Utc::now();
     relay.kept = Instant::now();
-    report_expiries(&mut tx, relay, clock).await?;
     let moved: Vec<Moved> = sqlx::query_as(include_str!("sql/changes_move.sql"))
         .bind(MOVE_BATCH)
         .fetch_all(&mut *tx)
@@ -559,14 +562,15 @@ async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<bool> {
             .execute(&mut *tx)
             .await?;
     }
-    // Until the commit is known, what the expiries heap lost to take_due is not known either.
+    // Until the commit is known, which grants' expiries to expect is not known either.
     relay.stale = true;
     tx.commit().await?;
     relay.stale = false;
     if prune {
         relay.pruned = Instant::now();
     }
-    let more = moved.len() == MOVE_BATCH as usize;
+    let full = moved.len() == MOVE_BATCH as usize;
+    let numbered = !moved.is_empty();
     relay.expect(
         moved
             .into_iter()
@@ -580,32 +584,42 @@ async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<bool> {
             })
             .collect(),
     );
-    Ok(more)
+    relay.stale = true;
+    let marked = report_expiries(&i.pool, relay, clock).await?;
+    relay.stale = false;
+    Ok(if full {
+        Duration::ZERO
+    } else if numbered || marked {
+        BUSY_TICK
+    } else {
+        RELAY_TICK
+    })
 }
 
-/// Marks the leases whose expiry passed by `clock` (`sql/changes_expire.sql`), and keeps
-/// expecting the ones that are not over after all (renewed meanwhile).
-async fn report_expiries(
-    tx: &mut Transaction<'_, Postgres>,
-    relay: &mut Relay,
-    clock: DateTime<Utc>,
-) -> Result<()> {
+/// Marks the leases whose expiry passed by `clock` (`sql/changes_expire.sql`), each statement
+/// on its own (the marks hold their row locks for one statement, not for the numbering), and
+/// keeps expecting the ones that are not over after all (renewed meanwhile, or skipped while a
+/// hot statement held them). Whether it marked any (their events wait in the inbox).
+async fn report_expiries(pool: &PgPool, relay: &mut Relay, clock: DateTime<Utc>) -> Result<bool> {
     let (keys, tokens) = relay.take_due(clock);
     if keys.is_empty() {
-        return Ok(());
+        return Ok(false);
     }
-    sqlx::query(include_str!("sql/changes_expire.sql"))
+    let marked = sqlx::query(include_str!("sql/changes_expire.sql"))
         .bind(&keys)
         .bind(&tokens)
-        .execute(&mut **tx)
-        .await?;
+        .execute(pool)
+        .bounded(pool)
+        .await?
+        .rows_affected();
     let pending: Vec<PendingExpiry> = sqlx::query_as(include_str!("sql/changes_pending.sql"))
         .bind(&keys)
         .bind(&tokens)
-        .fetch_all(&mut **tx)
+        .fetch_all(pool)
+        .bounded(pool)
         .await?;
     relay.expect(pending);
-    Ok(())
+    Ok(marked > 0)
 }
 
 /// Whether any change waits in the inbox: the relay's check while it has nothing else to do.

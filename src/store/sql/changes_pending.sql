@@ -1,7 +1,7 @@
 -- Of the leases ($1 keys, $2 tokens) the relay looked at, the ones that are still to expire:
--- renewed since, or not yet past expires_at by the database clock. Run after changes_expire.sql
--- in the same transaction, as a statement of its own, so that it sees what a renewal that
--- committed meanwhile wrote. A key granted again is not listed: its grant's event brings the
+-- renewed since, skipped while a hot statement held them, or not yet past expires_at by the
+-- database clock. Run after changes_expire.sql, as a statement of its own, so that it sees what
+-- a renewal that committed meanwhile wrote. A key granted again is not listed: its grant's event brings the
 -- new lease.
 SELECT l.key, l.token, l.expires_at
 FROM unnest($1::text[], $2::bigint[]) AS d (key, token)
