@@ -148,12 +148,7 @@ impl Cluster {
     }
 
     fn signal_all(&self, signal: Signal) {
-        let postmaster = self.pg.pid().expect("a running cluster");
-        kill(Pid::from_raw(postmaster), signal).expect("signalling the postmaster");
-        for child in children_of(postmaster) {
-            // A backend may have exited since it was listed.
-            kill(Pid::from_raw(child), signal).ok();
-        }
+        signal_server(self.pg.pid().expect("a running cluster"), signal);
     }
 
     /// One value of a query on the service's database, straight from the server.
@@ -181,8 +176,18 @@ impl Drop for Cluster {
     }
 }
 
+/// Sends `signal` to a PostgreSQL server: its postmaster, then every process it forked. With
+/// SIGSTOP the postmaster stops first, so that it cannot fork a process that escapes.
+pub fn signal_server(postmaster: i32, signal: Signal) {
+    kill(Pid::from_raw(postmaster), signal).expect("signalling the postmaster");
+    for child in children_of(postmaster) {
+        // A backend may have exited since it was listed.
+        kill(Pid::from_raw(child), signal).ok();
+    }
+}
+
 /// The processes whose parent is `parent`, from `/proc`.
-fn children_of(parent: i32) -> Vec<i32> {
+pub fn children_of(parent: i32) -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
