@@ -53,6 +53,8 @@ impl Fault {
             Fault::Switchover => {
                 let candidate = ha.sync_standby().await.expect("a synchronous standby");
                 ha.switchover(leader, candidate);
+                let now_leading = ha.wait_for_new_leader(leader).await;
+                assert_eq!(now_leading, candidate, "the candidate took over");
             }
             Fault::CutFromDcs => {
                 ha.cut_from_dcs(leader);
@@ -118,19 +120,21 @@ async fn under_patroni(fault: Fault) {
         let window = unavailable_since(&load, at).await;
         let now_leading = ha.wait_until_whole(mode).await;
         let (secured, now_on) = guard_caught_up(&ha).await;
+        let outage = load.recorder.longest_without_writes(at, workload::now());
         report_line(format_args!(
             "faults: {scenario}: {} led on timeline {timeline}, {} leads on timeline {now_on}, \
              the token sequence secured on timeline {secured}; unavailable for {} ms (fault to \
-             the first accepted write)",
+             the first write accepted after it), longest stretch without an accepted write {} ms",
             ha.name(leader),
             ha.name(now_leading),
-            window.as_millis()
+            window.as_millis(),
+            outage.as_millis()
         ));
         assert_eq!(
             secured, now_on,
             "the guard secured the token sequence on the leader's timeline"
         );
-        windows.push(window.as_millis());
+        windows.push((window.as_millis(), outage.as_millis()));
     }
     // Load on the recovered cluster too, so that what the fault left behind is exercised.
     sleep_ms(3000).await;
@@ -138,7 +142,8 @@ async fn under_patroni(fault: Fault) {
     let recorder = load.recorder.clone();
     let report = load.verdict(&scenario, faults, &services[0]).await;
     report_line(format_args!(
-        "faults: {scenario}: unavailability windows {windows:?} ms; acknowledged writes lost {}, \
+        "faults: {scenario}: (fault to the first accepted write, longest stretch without one) \
+         {windows:?} ms; acknowledged writes lost {}, \
          grants or writes done twice {}, tokens issued twice or out of order {}, fencing \
          anomalies {}",
         report.count(Property::LostWrite),
@@ -212,15 +217,23 @@ async fn patroni_asynchronous_failover_loses_writes_but_never_reissues_a_token()
         &burst,
     )
     .await;
-    let handed_out = load.recorder.highest_token().expect("grants before the crash");
+    let handed_out = load
+        .recorder
+        .highest_token()
+        .expect("grants before the crash");
     let at = workload::now();
     ha.crash(leader);
     let now_leading = ha.wait_for_new_leader(leader).await;
     let window = unavailable_since(&load, at).await;
     sleep_ms(3000).await;
+    let outage = load.recorder.longest_without_writes(at, workload::now());
     load.recorder.stop();
     let report = load
-        .verdict("patroni, asynchronous, leader's machine lost", 1, &services[0])
+        .verdict(
+            "patroni, asynchronous, leader's machine lost",
+            1,
+            &services[0],
+        )
         .await;
     let kept = ha
         .scalar("SELECT count(*) FROM leases WHERE key LIKE 'burst-%'")
@@ -229,12 +242,13 @@ async fn patroni_asynchronous_failover_loses_writes_but_never_reissues_a_token()
     let reissued = report.count(Property::TokenReissued) + report.count(Property::TokenRegression);
     report_line(format_args!(
         "faults: patroni, asynchronous: {} led, {} leads; unavailable for {} ms (fault to the \
-         first accepted write); acknowledged writes lost {}, acknowledged grants of the burst \
+         first accepted write), longest stretch without an accepted write {} ms; acknowledged writes lost {}, acknowledged grants of the burst \
          lost {} of {}; tokens handed out up to {handed_out}, the guard moved the sequence to \
          {secured_at}; {reissued} tokens reissued",
         ha.name(leader),
         ha.name(now_leading),
         window.as_millis(),
+        outage.as_millis(),
         report.count(Property::LostWrite),
         burst.len() as i64 - kept,
         burst.len()

@@ -203,11 +203,26 @@ impl Patroni {
                 .args(["--log-level", "warn"])
                 .arg("--data-dir")
                 .arg(dir.path().join("etcd"))
-                .args(["--listen-client-urls", &format!("http://127.0.0.1:{etcd_port}")])
-                .args(["--advertise-client-urls", &format!("http://127.0.0.1:{etcd_port}")])
-                .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer_port}")])
-                .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer_port}")])
-                .args(["--initial-cluster", &format!("e0=http://127.0.0.1:{peer_port}")])
+                .args([
+                    "--listen-client-urls",
+                    &format!("http://127.0.0.1:{etcd_port}"),
+                ])
+                .args([
+                    "--advertise-client-urls",
+                    &format!("http://127.0.0.1:{etcd_port}"),
+                ])
+                .args([
+                    "--listen-peer-urls",
+                    &format!("http://127.0.0.1:{peer_port}"),
+                ])
+                .args([
+                    "--initial-advertise-peer-urls",
+                    &format!("http://127.0.0.1:{peer_port}"),
+                ])
+                .args([
+                    "--initial-cluster",
+                    &format!("e0=http://127.0.0.1:{peer_port}"),
+                ])
                 .current_dir(dir.path()),
             &dir.path().join("etcd.log"),
             run_as,
@@ -225,7 +240,10 @@ impl Patroni {
         };
         this.watchdog();
         this.wait_for(
-            || async { this.get(&format!("http://127.0.0.1:{etcd_port}/version")).await },
+            || async {
+                this.get(&format!("http://127.0.0.1:{etcd_port}/version"))
+                    .await
+            },
             "etcd to answer",
         )
         .await;
@@ -278,8 +296,11 @@ impl Patroni {
             .await;
         this.start_haproxy(haproxy_bin, run_as);
         this.watchdog();
-        this.wait_for(|| this.routed_to_leader(), "HAProxy to reach the leader only")
-            .await;
+        this.wait_for(
+            || this.routed_to_leader(),
+            "HAProxy to reach the leader only",
+        )
+        .await;
         let mut conn = this.connect("postgres").await.expect("the leader");
         sqlx::query(&format!("CREATE DATABASE {DATABASE}"))
             .execute(&mut conn)
@@ -333,7 +354,10 @@ impl Patroni {
     }
 
     async fn connect(&self, database: &str) -> Option<sqlx::PgConnection> {
-        let url = format!("postgres://postgres@127.0.0.1:{}/{database}", self.haproxy_port);
+        let url = format!(
+            "postgres://postgres@127.0.0.1:{}/{database}",
+            self.haproxy_port
+        );
         let conn = tokio::time::timeout(Duration::from_secs(2), sqlx::PgConnection::connect(&url));
         let mut conn = conn.await.ok()?.ok()?;
         let primary: bool = sqlx::query_scalar("SELECT NOT pg_is_in_recovery()")
@@ -412,10 +436,16 @@ impl Patroni {
     /// Waits until a leader, every standby streaming (a synchronous one among them, with
     /// synchronous replication) and HAProxy on the leader: the stack is whole again.
     pub async fn wait_until_whole(&self, replication: Replication) -> NodeId {
-        self.wait_for(|| self.standing(replication), "the cluster to be whole again")
-            .await;
-        self.wait_for(|| self.routed_to_leader(), "HAProxy to reach the leader only")
-            .await;
+        self.wait_for(
+            || self.standing(replication),
+            "the cluster to be whole again",
+        )
+        .await;
+        self.wait_for(
+            || self.routed_to_leader(),
+            "HAProxy to reach the leader only",
+        )
+        .await;
         self.leader().await.expect("a leader")
     }
 
@@ -426,7 +456,10 @@ impl Patroni {
             if let Some(leader) = self.leader().await.filter(|&l| l != old) {
                 return leader;
             }
-            self.assert_before(deadline, &format!("a node other than {} to lead", self.name(old)));
+            self.assert_before(
+                deadline,
+                &format!("a node other than {} to lead", self.name(old)),
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -459,7 +492,13 @@ impl Patroni {
             let text = std::fs::read_to_string(self.dir.path().join(&name)).unwrap_or_default();
             let tail: Vec<&str> = text.lines().rev().take(15).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();
-            writeln!(logs, "--- {} (last lines)\n{}", name.display(), tail.join("\n")).unwrap();
+            writeln!(
+                logs,
+                "--- {} (last lines)\n{}",
+                name.display(),
+                tail.join("\n")
+            )
+            .unwrap();
         }
         panic!("timed out after {STARTUP:?} waiting for {what}\n{logs}");
     }

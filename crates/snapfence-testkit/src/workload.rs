@@ -145,6 +145,33 @@ impl Recorder {
             .min()
     }
 
+    /// The longest stretch of `[from, to]` in which no write was acknowledged: an outage as the
+    /// clients felt it, wherever in that span it fell (a leader cut off from its consensus
+    /// store keeps accepting writes for a while after the fault, then none until a successor
+    /// does).
+    pub fn longest_without_writes(&self, from: Micros, to: Micros) -> Duration {
+        let mut acknowledged: Vec<Micros> = self
+            .ops
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|o| matches!(o.outcome, Outcome::Ok(Answer::Written { .. })))
+            .map(|o| o.completed)
+            .filter(|at| (from..=to).contains(at))
+            .collect();
+        acknowledged.sort_unstable();
+        let bounds = std::iter::once(from)
+            .chain(acknowledged)
+            .chain(std::iter::once(to));
+        let longest = bounds
+            .clone()
+            .zip(bounds.skip(1))
+            .map(|(a, b)| b - a)
+            .max()
+            .unwrap_or_default();
+        Duration::from_micros(longest.max(0) as u64)
+    }
+
     /// The largest token granted so far.
     pub fn highest_token(&self) -> Option<i64> {
         self.ops
