@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::checker::{Micros, Property};
 use crate::patroni::{NodeId, Patroni, Replication, skipped};
 use crate::scenarios::{
-    LOST_WITH_ASYNC, Load, assert_exactly_once, plan, scale, sleep_ms, two_services,
+    BURST, LOST_WITH_ASYNC, Load, assert_exactly_once, plan, scale, sleep_ms, two_services,
 };
 use crate::workload::{self, Plan};
 
@@ -207,20 +207,7 @@ async fn patroni_asynchronous_failover_loses_writes_but_never_reissues_a_token()
     let leader = ha.wait_until_whole(mode).await;
     sleep_ms(3000).await;
     ha.stall_replication_from(leader);
-    // More grants than the 32 sequence values PostgreSQL logs ahead, acknowledged by the leader
-    // and never sent to a standby.
-    let burst: Vec<String> = (0..100).map(|i| format!("burst-{i}")).collect();
-    workload::acquire_each(
-        &load.plan,
-        services[0].base(),
-        load.recorder.clone(),
-        &burst,
-    )
-    .await;
-    let handed_out = load
-        .recorder
-        .highest_token()
-        .expect("grants before the crash");
+    let handed_out = load.grant_burst(&services[0]).await;
     let at = workload::now();
     ha.crash(leader);
     let now_leading = ha.wait_for_new_leader(leader).await;
@@ -242,19 +229,19 @@ async fn patroni_asynchronous_failover_loses_writes_but_never_reissues_a_token()
     let reissued = report.count(Property::TokenReissued) + report.count(Property::TokenRegression);
     report_line(format_args!(
         "faults: patroni, asynchronous: {} led, {} leads; unavailable for {} ms (fault to the \
-         first accepted write), longest stretch without an accepted write {} ms; acknowledged writes lost {}, acknowledged grants of the burst \
-         lost {} of {}; tokens handed out up to {handed_out}, the guard moved the sequence to \
-         {secured_at}; {reissued} tokens reissued",
+         first accepted write), longest stretch without an accepted write {} ms; acknowledged \
+         writes lost {}, acknowledged grants of the burst lost {} of {}; tokens handed out up to \
+         {handed_out}, the guard moved the sequence to {secured_at}; {reissued} tokens reissued",
         ha.name(leader),
         ha.name(now_leading),
         window.as_millis(),
         outage.as_millis(),
         report.count(Property::LostWrite),
-        burst.len() as i64 - kept,
-        burst.len()
+        BURST as i64 - kept,
+        BURST
     ));
     assert!(
-        kept < burst.len() as i64,
+        kept < BURST as i64,
         "the danger is real: the promoted standby lacks grants the old leader acknowledged"
     );
     assert!(

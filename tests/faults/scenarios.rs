@@ -67,6 +67,16 @@ impl Load {
         }
     }
 
+    /// Grants [`BURST`] more keys (`burst-0`, …), one after the other, through `service` as one
+    /// more client, and returns the largest token handed out so far. They are more grants than
+    /// the 32 sequence values PostgreSQL logs ahead: what a primary acknowledges while its
+    /// standbys receive nothing leaves a promoted standby's sequence behind.
+    pub(crate) async fn grant_burst(&self, service: &Service) -> i64 {
+        let burst: Vec<String> = (0..BURST).map(|i| format!("burst-{i}")).collect();
+        workload::acquire_each(&self.plan, service.base(), self.recorder.clone(), &burst).await;
+        self.recorder.highest_token().expect("grants")
+    }
+
     fn running(&self) -> bool {
         !self.task.is_finished()
     }
@@ -92,6 +102,9 @@ impl Load {
         report
     }
 }
+
+/// How many grants [`Load::grant_burst`] makes.
+pub(crate) const BURST: usize = 100;
 
 /// The exactly-once promise of `Idempotency-Key`, over a scenario's run: at least
 /// [`EXACTLY_ONCE_CALLS`] changing calls, each settled by a retry with its key (none left
@@ -452,21 +465,8 @@ async fn failover_to_a_lagging_asynchronous_standby_never_reissues_a_token() {
     let load = Load::start(plan(8), &[&services[0], &services[1]]);
     sleep_ms(2000).await;
     link.stall();
-    // More grants than the 32 sequence values PostgreSQL logs ahead, acknowledged by the
-    // primary and never sent to the standby.
-    let burst: Vec<String> = (0..100).map(|i| format!("burst-{i}")).collect();
-    workload::acquire_each(
-        &load.plan,
-        services[0].base(),
-        load.recorder.clone(),
-        &burst,
-    )
-    .await;
+    let handed_out = load.grant_burst(&services[0]).await;
     primary.crash();
-    let handed_out = load
-        .recorder
-        .highest_token()
-        .expect("grants before the crash");
     standby.promote();
     let standby_sequence = standby
         .scalar("SELECT last_value FROM fencing_token_seq")
