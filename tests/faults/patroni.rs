@@ -124,6 +124,16 @@ impl Daemon {
         self.child.as_ref().map(|c| c.id() as i32)
     }
 
+    /// Whether a process started here has exited (it is gone, or a zombie not yet reaped).
+    fn exited(&self) -> bool {
+        self.pid().is_some_and(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+                stat.rsplit_once(')')
+                    .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+            })
+        })
+    }
+
     fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             child.kill().ok();
@@ -330,9 +340,15 @@ impl Patroni {
         }
         let path = self.dir.path().join("haproxy.cfg");
         std::fs::write(&path, config).expect("writing haproxy.cfg");
-        // `-db`: in the foreground, so that its process id is the one started here.
+        // `-db`: in the foreground, so that its process id is the one started here. In the
+        // scratch directory: HAProxy goes back to where it started after reading its
+        // configuration, and the unprivileged user may not enter the tests' own directory.
         self.haproxy = Daemon::spawn(
-            Command::new(bin).arg("-db").arg("-f").arg(&path),
+            Command::new(bin)
+                .arg("-db")
+                .arg("-f")
+                .arg(&path)
+                .current_dir(self.dir.path()),
             &self.dir.path().join("haproxy.log"),
             run_as,
         );
@@ -476,9 +492,16 @@ impl Patroni {
         }
     }
 
-    /// Fails the test with the stack's logs if `deadline` has passed.
+    /// Fails the test with the stack's logs if `deadline` has passed, or at once if a process of
+    /// the stack has exited by itself (a configuration it refused, a port taken): no wait would
+    /// bring it back.
     fn assert_before(&self, deadline: Instant, what: &str) {
-        if Instant::now() < deadline {
+        let died = [("etcd", &self.etcd), ("haproxy", &self.haproxy)]
+            .into_iter()
+            .chain(self.nodes.iter().map(|n| (n.name.as_str(), &n.patroni)))
+            .find(|(_, d)| d.exited())
+            .map(|(name, _)| name);
+        if Instant::now() < deadline && died.is_none() {
             return;
         }
         let mut logs = String::new();
@@ -500,7 +523,10 @@ impl Patroni {
             )
             .unwrap();
         }
-        panic!("timed out after {STARTUP:?} waiting for {what}\n{logs}");
+        match died {
+            Some(name) => panic!("{name} exited while waiting for {what}\n{logs}"),
+            None => panic!("timed out after {STARTUP:?} waiting for {what}\n{logs}"),
+        }
     }
 
     /// SIGKILL to `node`'s postmaster (its Patroni goes on, and restarts or replaces it).
