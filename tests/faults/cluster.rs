@@ -148,12 +148,7 @@ impl Cluster {
     }
 
     fn signal_all(&self, signal: Signal) {
-        let postmaster = self.pg.pid().expect("a running cluster");
-        kill(Pid::from_raw(postmaster), signal).expect("signalling the postmaster");
-        for child in children_of(postmaster) {
-            // A backend may have exited since it was listed.
-            kill(Pid::from_raw(child), signal).ok();
-        }
+        signal_server(self.pg.pid().expect("a running cluster"), signal);
     }
 
     /// One value of a query on the service's database, straight from the server.
@@ -181,8 +176,18 @@ impl Drop for Cluster {
     }
 }
 
+/// Sends `signal` to a PostgreSQL server: its postmaster, then every process it forked. With
+/// SIGSTOP the postmaster stops first, so that it cannot fork a process that escapes.
+pub fn signal_server(postmaster: i32, signal: Signal) {
+    kill(Pid::from_raw(postmaster), signal).expect("signalling the postmaster");
+    for child in children_of(postmaster) {
+        // A backend may have exited since it was listed.
+        kill(Pid::from_raw(child), signal).ok();
+    }
+}
+
 /// The processes whose parent is `parent`, from `/proc`.
-fn children_of(parent: i32) -> Vec<i32> {
+pub fn children_of(parent: i32) -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -257,7 +262,9 @@ impl Service {
         if self.broken_fencing {
             cmd.env("SNAPFENCE_BREAK_FENCING", "written-token");
         }
-        self.child = Some(cmd.spawn().expect("starting snapfence serve"));
+        let child = cmd.spawn().expect("starting snapfence serve");
+        watch_over(child.id());
+        self.child = Some(child);
         self.wait_ready().await;
     }
 
@@ -320,6 +327,30 @@ impl Service {
         self.kill();
         self.spawn().await;
     }
+}
+
+/// A detached shell that kills the service `pid` once the test process has exited, however it
+/// exits: [`Drop`] does it when the test ends, this when the process is killed first. The
+/// service's command name is checked, since its number may have been reused by then.
+#[allow(
+    clippy::zombie_processes,
+    reason = "the watchdog must outlive this process; init reaps it"
+)]
+fn watch_over(pid: u32) {
+    use std::os::unix::process::CommandExt;
+    let script = format!(
+        "while kill -0 {me} 2>/dev/null && kill -0 {pid} 2>/dev/null; do sleep 0.5; done; \
+         [ \"$(cat /proc/{pid}/comm 2>/dev/null)\" = snapfence ] && kill -CONT {pid} && kill -KILL {pid}",
+        me = std::process::id()
+    );
+    Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("the service's watchdog");
 }
 
 impl Drop for Service {

@@ -4,11 +4,15 @@
 //!
 //! `checker` knows only histories; `checker_tests` proves it on hand-made ones; `workload`
 //! makes and records them; `cluster` and `proxy` are the real parts the faults are done to;
-//! `scenarios` puts them together, one fault each, and prints each run's figures. `checker`,
+//! `scenarios` puts them together, one fault each, and prints each run's figures. `patroni` is
+//! the stack production runs PostgreSQL with (Patroni, etcd, HAProxy), and `ha` the failovers
+//! done to it under the same workload and checker. `checker`,
 //! `workload` and `proxy` are `snapfence-testkit`'s, shared with the other test binaries.
 
 use snapfence_testkit::{checker, proxy, workload};
 
 mod checker_tests;
 mod cluster;
+mod ha;
+mod patroni;
 mod scenarios;

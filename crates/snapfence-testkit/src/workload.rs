@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rand::Rng;
@@ -72,6 +72,7 @@ pub struct Recorder {
     replays: AtomicUsize,
     timed_out_attempts: AtomicUsize,
     slowest_attempt_us: AtomicU64,
+    stopped: AtomicBool,
 }
 
 /// What the attempts of a run's changing calls came to.
@@ -119,6 +120,56 @@ impl Recorder {
     /// The history so far.
     pub fn history(&self) -> Vec<Op> {
         self.ops.lock().unwrap().clone()
+    }
+
+    /// Tells the clients to start no new operation, before the plan's duration is up: for a
+    /// scenario that runs until its faults are over rather than for a fixed time.
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::Relaxed);
+    }
+
+    fn stopped(&self) -> bool {
+        self.stopped.load(Ordering::Relaxed)
+    }
+
+    /// When the first write acknowledged after `at` was acknowledged: the end of an outage that
+    /// began at `at`, as the clients saw it. Only writes sent at or after `at` count, so that a
+    /// write that merely finished late does not close the window.
+    pub fn first_write_after(&self, at: Micros) -> Option<Micros> {
+        self.ops
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|o| o.invoked >= at && matches!(o.outcome, Outcome::Ok(Answer::Written { .. })))
+            .map(|o| o.completed)
+            .min()
+    }
+
+    /// The longest stretch of `[from, to]` in which no write was acknowledged: an outage as the
+    /// clients felt it, wherever in that span it fell (a leader cut off from its consensus
+    /// store keeps accepting writes for a while after the fault, then none until a successor
+    /// does).
+    pub fn longest_without_writes(&self, from: Micros, to: Micros) -> Duration {
+        let mut acknowledged: Vec<Micros> = self
+            .ops
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|o| matches!(o.outcome, Outcome::Ok(Answer::Written { .. })))
+            .map(|o| o.completed)
+            .filter(|at| (from..=to).contains(at))
+            .collect();
+        acknowledged.sort_unstable();
+        let bounds = std::iter::once(from)
+            .chain(acknowledged)
+            .chain(std::iter::once(to));
+        let longest = bounds
+            .clone()
+            .zip(bounds.skip(1))
+            .map(|(a, b)| b - a)
+            .max()
+            .unwrap_or_default();
+        Duration::from_micros(longest.max(0) as u64)
     }
 
     /// The largest token granted so far.
@@ -203,7 +254,7 @@ impl Client {
     async fn run(mut self, deadline: Instant) {
         let keys = self.plan.keys();
         let ttl = self.plan.ttl_ms as u64;
-        while Instant::now() < deadline {
+        while Instant::now() < deadline && !self.recorder.stopped() {
             let key = keys[rand::rng().random_range(0..keys.len())].clone();
             let token = match self.acquire(&key).await {
                 Outcome::Ok(Answer::Granted { token }) => token,
