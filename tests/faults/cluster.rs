@@ -332,25 +332,34 @@ impl Service {
 /// A detached shell that kills the service `pid` once the test process has exited, however it
 /// exits: [`Drop`] does it when the test ends, this when the process is killed first. The
 /// service's command name is checked, since its number may have been reused by then.
+fn watch_over(pid: u32) {
+    detached_watchdog(
+        &format!(
+            "while kill -0 {me} 2>/dev/null && kill -0 {pid} 2>/dev/null; do sleep 0.5; done; \
+             [ \"$(cat /proc/{pid}/comm 2>/dev/null)\" = snapfence ] && kill -CONT {pid} && kill -KILL {pid}",
+            me = std::process::id()
+        ),
+        "the service's watchdog",
+    );
+}
+
+/// Runs the shell `script` detached from the test (its own process group, no stdio), so that
+/// it outlives a test process that is killed: what [`watch_over`] and the Patroni stack's
+/// watchdog stop their processes with.
 #[allow(
     clippy::zombie_processes,
     reason = "the watchdog must outlive this process; init reaps it"
 )]
-fn watch_over(pid: u32) {
+pub fn detached_watchdog(script: &str, what: &str) {
     use std::os::unix::process::CommandExt;
-    let script = format!(
-        "while kill -0 {me} 2>/dev/null && kill -0 {pid} 2>/dev/null; do sleep 0.5; done; \
-         [ \"$(cat /proc/{pid}/comm 2>/dev/null)\" = snapfence ] && kill -CONT {pid} && kill -KILL {pid}",
-        me = std::process::id()
-    );
     Command::new("sh")
-        .args(["-c", &script])
+        .args(["-c", script])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .process_group(0)
         .spawn()
-        .expect("the service's watchdog");
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
 }
 
 impl Drop for Service {

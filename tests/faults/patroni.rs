@@ -30,7 +30,9 @@ use nix::unistd::{Gid, Pid, Uid, User};
 use reqwest::StatusCode;
 use sqlx::Connection;
 
-use crate::cluster::{DATABASE, blocking, children_of, free_port, scratch, signal_server, tcp_url};
+use crate::cluster::{
+    DATABASE, blocking, children_of, detached_watchdog, free_port, scratch, signal_server, tcp_url,
+};
 use crate::proxy::Proxy;
 
 /// Patroni's timings: a leader key lapses `TTL` seconds after its last renewal, each node runs
@@ -631,18 +633,7 @@ impl Patroni {
         }
         std::fs::write(self.dir.path().join(format!("watchdog.{generation}")), "")
             .expect("the watchdog's marker");
-        #[allow(
-            clippy::zombie_processes,
-            reason = "the watchdog must outlive this process; init reaps it"
-        )]
-        Command::new("sh")
-            .args(["-c", &script])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .expect("the stack's watchdog");
+        detached_watchdog(&script, "the stack's watchdog");
     }
 }
 
