@@ -28,6 +28,7 @@ async fn accepted_writes_always_carry_the_newest_token_under_racing_holders() {
         duration: Duration::from_secs(3),
         stall_chance: 0.3,
         idempotency_keys: true,
+        min_changing_calls: 0,
     };
     let recorder = Arc::new(Recorder::default());
     workload::run(

@@ -34,6 +34,7 @@ pub(crate) fn plan(seconds: u64) -> Plan {
         duration: Duration::from_secs(seconds) * scale(),
         stall_chance: 0.1,
         idempotency_keys: true,
+        min_changing_calls: 0,
     }
 }
 
@@ -143,10 +144,12 @@ pub(crate) fn assert_exactly_once(report: &Report, recorder: &Recorder, at_least
 const EXACTLY_ONCE_CALLS: usize = 1000;
 
 /// The plan of a scenario that checks the exactly-once promise: twice the clients for longer,
-/// so that [`EXACTLY_ONCE_CALLS`] are made although the faults hold every call up for a while.
+/// and on until [`EXACTLY_ONCE_CALLS`] are made, although the faults hold every call up for a
+/// while.
 fn exactly_once_plan() -> Plan {
     Plan {
         clients: plan(0).clients * 2,
+        min_changing_calls: EXACTLY_ONCE_CALLS,
         ..plan(12)
     }
 }
@@ -205,6 +208,7 @@ async fn crash_restarts_of_postgres_lose_no_acknowledged_write_and_never_reissue
     // 4 s each leaves time for a slow restart on a loaded machine.
     let plan = Plan {
         duration: Duration::from_secs(4 * crashes as u64 + 2),
+        min_changing_calls: EXACTLY_ONCE_CALLS,
         ..plan(0)
     };
     let load = Load::start(plan, &[&services[0], &services[1]]);

@@ -45,6 +45,11 @@ pub struct Plan {
     /// Whether changing calls carry an `Idempotency-Key` (always, but in the negative control
     /// that shows what retrying without one does).
     pub idempotency_keys: bool,
+    /// The fewest changing calls the run makes: past `duration`, clients keep starting new
+    /// operations until this many were made (for at most three more `duration`s), so that a
+    /// scenario that checks a promise over so many calls gets them on a slow machine too,
+    /// rather than failing by its speed.
+    pub min_changing_calls: usize,
 }
 
 impl Plan {
@@ -251,10 +256,21 @@ fn etag_of(body: &str) -> String {
 }
 
 impl Client {
+    /// Whether to start another operation: until the plan's deadline, then for as long as the
+    /// run has made fewer than its fewest changing calls (within three more durations), unless
+    /// the scenario stopped the clients.
+    fn goes_on(&self, deadline: Instant) -> bool {
+        let now = Instant::now();
+        let short =
+            self.recorder.changing_calls.load(Ordering::Relaxed) < self.plan.min_changing_calls;
+        !self.recorder.stopped()
+            && (now < deadline || short && now < deadline + self.plan.duration * 3)
+    }
+
     async fn run(mut self, deadline: Instant) {
         let keys = self.plan.keys();
         let ttl = self.plan.ttl_ms as u64;
-        while Instant::now() < deadline && !self.recorder.stopped() {
+        while self.goes_on(deadline) {
             let key = keys[rand::rng().random_range(0..keys.len())].clone();
             let token = match self.acquire(&key).await {
                 Outcome::Ok(Answer::Granted { token }) => token,
