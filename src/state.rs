@@ -10,9 +10,9 @@ use crate::domain::TtlBounds;
 use crate::http::limits::Limits;
 use crate::metrics::Metrics;
 use crate::store::Db;
-use crate::store::changes::Changes;
 use crate::store::keys::KeyCache;
 use crate::store::waiters::Waiters;
+use crate::store::watch::Changes;
 
 /// The rules an instance enforces, from its configuration.
 #[derive(Debug, Clone)]

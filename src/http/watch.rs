@@ -3,7 +3,7 @@
 //! a comment line every `--watch-heartbeat` keeps an idle stream open; a stream ends after
 //! `--max-watch` (and when the instance shuts down), and the client resumes it with
 //! `Last-Event-ID`, missing nothing and getting nothing twice. The delivery rules live in
-//! [`crate::store::changes`].
+//! [`crate::store::watch`].
 
 use std::convert::Infallible;
 
@@ -21,7 +21,7 @@ use super::extract::ApiQuery;
 use crate::domain::headers::{LAST_EVENT_ID, WATCH_AFTER};
 use crate::domain::{ChangeId, InvalidInput, KeyPrefix};
 use crate::state::AppState;
-use crate::store::changes::{Opened, Watch};
+use crate::store::watch::{Opened, Watch};
 
 /// The watch route.
 pub(super) fn routes() -> Routes {

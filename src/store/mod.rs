@@ -19,7 +19,6 @@
 
 pub mod audit;
 mod batch;
-pub mod changes;
 mod db;
 pub mod idempotency;
 pub mod keys;
@@ -27,6 +26,7 @@ pub mod leases;
 pub mod snapshots;
 pub mod timeline;
 pub mod waiters;
+pub mod watch;
 
 use std::future::Future;
 use std::time::Duration;

@@ -47,7 +47,7 @@ decision AS (
 -- The grants' tokens, drawn once each: a CTE with a volatile function is evaluated once. Drawn in
 -- `granted`'s SET instead, a token would be drawn again (and one thrown away) whenever the row
 -- had been changed by a commit after this statement's snapshot and before `cur`'s lock (the
--- change relay marking an expiry, a holder's last write): the UPDATE then recomputes its new row
+-- relay's share lock while it reports an expiry, a holder's last write): the UPDATE then recomputes its new row
 -- from the newest version.
 drawn AS (
     SELECT d.i, next_fencing_token() AS token FROM decision d WHERE d.verdict = 'grant'),
@@ -55,7 +55,7 @@ granted AS (
     UPDATE leases SET token = t.token, owner = r.owner, ttl_ms = r.ttl_ms,
         metadata = r.metadata::json, crash_recovery = r.crash_recovery, recovery_required = false,
         acquired_at = now(), expires_at = now() + r.ttl_ms * interval '1 millisecond',
-        end_reason = NULL, ended_at = NULL, expiry_reported = false
+        end_reason = NULL, ended_at = NULL
     FROM drawn t JOIN req r ON r.i = t.i
     WHERE leases.key = r.key
     RETURNING r.i, leases.key, leases.token, leases.owner, leases.ttl_ms, leases.metadata,

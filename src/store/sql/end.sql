@@ -13,8 +13,8 @@ changed AS (
         ended_at = CASE WHEN r.ending = 'recovery_required' THEN l.ended_at ELSE now() END,
         recovery_required = l.recovery_required OR r.ending = 'recovery_required'
     FROM locked k JOIN req r ON r.i = k.i
-    WHERE l.key = k.key AND l.token = r.token AND l.end_reason IS NULL AND l.expires_at > now()
-        AND NOT l.expiry_reported
+    WHERE l.key = k.key AND l.token = r.token AND l.end_reason IS NULL
+        AND l.expires_at > clock_timestamp()
     RETURNING r.i, l.key, l.token, l.owner, l.ttl_ms, l.metadata, l.crash_recovery,
         l.recovery_required, l.acquired_at, l.expires_at, l.ended_at),
 -- The answers: the lease as changed, or null (lease_lost).

@@ -2,9 +2,10 @@
 -- be the key's live lease, on the row `locked` locked first (in key order, as every batched
 -- statement locks). The lock yields the row's newest version, so a renewal racing a takeover
 -- either lands before it (and the takeover sees a live lease) or sees the new token and changes
--- nothing (no row: lease_lost). A lease whose expiry the watch has reported (expiry_reported,
--- set by the relay once expires_at passed) is over even for a renewal that began a moment
--- before it. renew_in.sql and gate.sql come first (nothing of a request
+-- nothing (no row: lease_lost). The lease must also be live by the database clock read after
+-- the lock (clock_timestamp(), not the statement's start): the watch's relay reports an expiry
+-- only under a share lock on the row once expires_at passed by that clock, so a renewal that
+-- began a moment before the expiry cannot bring back a lease the watchers heard expire. renew_in.sql and gate.sql come first (nothing of a request
 -- changes unless its verdict is `run`), remember.sql last.
 locked AS (
     SELECT r.i, l.key FROM req r JOIN gate g ON g.i = r.i AND g.verdict = 'run'
@@ -14,8 +15,8 @@ changed AS (
     UPDATE leases l SET ttl_ms = coalesce(r.ttl_ms, l.ttl_ms),
         expires_at = now() + coalesce(r.ttl_ms, l.ttl_ms) * interval '1 millisecond'
     FROM locked k JOIN req r ON r.i = k.i
-    WHERE l.key = k.key AND l.token = r.token AND l.end_reason IS NULL AND l.expires_at > now()
-        AND NOT l.expiry_reported
+    WHERE l.key = k.key AND l.token = r.token AND l.end_reason IS NULL
+        AND l.expires_at > clock_timestamp()
     RETURNING r.i, l.key, l.token, l.owner, l.ttl_ms, l.metadata, l.crash_recovery,
         l.recovery_required, l.acquired_at, l.expires_at, l.ended_at),
 -- The answers: the renewed lease, or null (lease_lost).

@@ -1,0 +1,425 @@
+//! Watch (contract v1.1, "Watch"): the history of changes, numbered in one order for the whole
+//! service, and this instance's share of delivering it.
+//!
+//! Three parts, each written up where it lives:
+//! - The changing statements write what they did into `change_log`, from triggers, in their
+//!   own transaction, once (`migrations/20261205000000_change_log.sql`): nothing is moved or
+//!   renumbered afterwards, and a renewal writes nothing.
+//! - One instance on the database is the relay ([`relay`]): it gives the committed changes
+//!   their ids by recording an epoch, a snapshot, every few milliseconds while changes come;
+//!   it reports expiries; it drops the history older than the retention; and it notifies
+//!   `snapfence_changes` at each epoch.
+//! - Every instance reads each new epoch once, on that notification (or every second, should
+//!   one be missed while its listening connection was down), and hands its changes to its
+//!   watchers (`fan_out`). A watcher first catches up from the tables, then follows the live
+//!   changes, and catches up again if it fell behind: it sees every change after its starting
+//!   id once, in id order ([`Watch`]).
+
+mod relay;
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::{PgListener, PgRow};
+use sqlx::{FromRow, PgPool, Row};
+use tokio::sync::{Notify, broadcast, watch};
+
+use super::{Bounded, Db, Result, StoreError, Tasks};
+use crate::domain::{
+    AuditId, AuditOperation, ChangeData, ChangeEvent, ChangeId, ChangeKind, ChangeReason, ETag,
+    FencingToken, Key, KeyPrefix, Owner, RecoveryReason, RefusalReason, Version,
+};
+
+/// The channel the relay notifies at each epoch.
+const CHANNEL: &str = "snapfence_changes";
+/// How often each instance reads new changes although no notification came.
+const READ_EVERY: Duration = Duration::from_secs(1);
+/// The pause before listening again after the listening connection failed.
+const RELISTEN_AFTER: Duration = Duration::from_millis(250);
+/// How many changes a read takes from one epoch at most, and from how many epochs.
+const PAGE: i64 = 500;
+const EPOCHS: i64 = 32;
+/// How many changes this instance's watchers may fall behind the newest before each catches
+/// up from the table instead.
+const LIVE_BUFFER: usize = 4096;
+
+/// The history of changes and this instance's watchers. Cheap to clone; its tasks stop when
+/// the last clone is dropped.
+#[derive(Debug, Clone)]
+pub struct Changes {
+    inner: Arc<Inner>,
+    _tasks: Arc<Tasks>,
+}
+
+/// What the relay, the reader and the watchers of this instance share.
+struct Inner {
+    pool: PgPool,
+    /// This instance's name as the relay's holder: unique per process.
+    name: String,
+    /// How long changes are kept.
+    retention: Duration,
+    /// Every new change, in id order, as this instance read it.
+    live: broadcast::Sender<Arc<ChangeEvent>>,
+    /// Woken by each notification of new changes.
+    fresh: Notify,
+    /// Set when the instance shuts down: every watch ends.
+    stopping: watch::Sender<bool>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Changes")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a watch starts.
+#[derive(Debug)]
+pub enum Opened {
+    /// The watch: every change after its starting id.
+    Watching(Watch),
+    /// The starting id is older than the retained history, which now starts after `horizon`.
+    Compacted {
+        /// The highest id pruned.
+        horizon: ChangeId,
+    },
+}
+
+impl Changes {
+    /// Starts this instance's relay (taking the role when no one holds it) and its reader of new
+    /// changes, keeping `retention` of history. Must be called within a Tokio runtime.
+    pub fn start(db: &Db, retention: Duration) -> Self {
+        let inner = Arc::new(Inner {
+            pool: (**db).clone(),
+            name: uuid::Uuid::new_v4().to_string(),
+            retention,
+            live: broadcast::Sender::new(LIVE_BUFFER),
+            fresh: Notify::new(),
+            stopping: watch::Sender::new(false),
+        });
+        let tasks = vec![
+            tokio::spawn(relay::relay(Arc::downgrade(&inner))),
+            tokio::spawn(listen(Arc::downgrade(&inner))),
+            tokio::spawn(fan_out(Arc::downgrade(&inner))),
+        ];
+        Self {
+            inner,
+            _tasks: Arc::new(Tasks(tasks)),
+        }
+    }
+
+    /// Ends every watch of this instance, now and from now on: called when the instance shuts
+    /// down, which waits for the requests in flight, and a watch would never end by itself.
+    pub fn stop(&self) {
+        self.inner.stopping.send_replace(true);
+    }
+
+    /// How many watches this instance serves, for the metrics.
+    pub fn watching(&self) -> usize {
+        self.inner.live.receiver_count()
+    }
+
+    /// A watch of the keys under `prefix`, from the change after `since` (or from now), unless
+    /// `since` is older than the retained history.
+    pub async fn watch(&self, prefix: &KeyPrefix, since: Option<ChangeId>) -> Result<Opened> {
+        // Following before reading: a change that the read misses is one that committed after
+        // it, and the reader hands it to this watch.
+        let live = self.inner.live.subscribe();
+        let top = Top::read(&self.inner.pool).await?;
+        let from = match since {
+            Some(since) if since.get() < top.pruned_through => {
+                return Ok(Opened::Compacted {
+                    horizon: ChangeId::from_stored(top.pruned_through),
+                });
+            }
+            Some(since) => since.get(),
+            None => top.top,
+        };
+        Ok(Opened::Watching(Watch {
+            inner: self.inner.clone(),
+            live,
+            stopping: self.inner.stopping.subscribe(),
+            prefix: prefix.as_str().to_owned(),
+            last: from,
+            caught_up: false,
+            backlog: VecDeque::new(),
+        }))
+    }
+}
+
+/// One watcher's changes: every change of its keys after its starting id, once each, in id
+/// order.
+pub struct Watch {
+    inner: Arc<Inner>,
+    live: broadcast::Receiver<Arc<ChangeEvent>>,
+    stopping: watch::Receiver<bool>,
+    prefix: String,
+    /// The id of the last change this watch passed (delivered, or not of its keys).
+    last: i64,
+    /// Whether the table has been read up to the live changes.
+    caught_up: bool,
+    backlog: VecDeque<Arc<ChangeEvent>>,
+}
+
+impl std::fmt::Debug for Watch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watch")
+            .field("prefix", &self.prefix)
+            .field("last", &self.last)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Watch {
+    /// The change id this watch has passed: where a client that resumes now would resume.
+    pub fn position(&self) -> ChangeId {
+        ChangeId::from_stored(self.last)
+    }
+
+    /// The next change; `None` once the instance shuts down, `Err` when the database cannot be
+    /// read (the watcher then resumes from its last change).
+    pub async fn next(&mut self) -> Option<Result<Arc<ChangeEvent>>> {
+        loop {
+            if *self.stopping.borrow() {
+                return None;
+            }
+            if let Some(change) = self.backlog.pop_front() {
+                return Some(Ok(change));
+            }
+            if !self.caught_up {
+                let page = match read(&self.inner.pool, self.last, &self.prefix).await {
+                    Ok(page) => page,
+                    Err(e) => return Some(Err(e)),
+                };
+                self.caught_up = page.complete;
+                self.last = page.through.unwrap_or(self.last);
+                self.backlog.extend(page.changes);
+                continue;
+            }
+            tokio::select! {
+                received = self.live.recv() => match received {
+                    Ok(change) if change.id.get() > self.last => {
+                        self.last = change.id.get();
+                        if change.data.key.as_str().starts_with(&self.prefix) {
+                            return Some(Ok(change));
+                        }
+                    }
+                    Ok(_) => {}
+                    // Fell behind the buffer: the changes it missed are in the table.
+                    Err(broadcast::error::RecvError::Lagged(_)) => self.caught_up = false,
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                },
+                _ = self.stopping.changed() => return None,
+            }
+        }
+    }
+}
+
+/// Where the history stands (`sql/top.sql`).
+#[derive(FromRow)]
+struct Top {
+    top: i64,
+    pruned_through: i64,
+}
+
+impl Top {
+    async fn read(pool: &PgPool) -> Result<Self> {
+        sqlx::query_as(include_str!("sql/top.sql"))
+            .fetch_one(pool)
+            .bounded(pool)
+            .await
+    }
+}
+
+/// What one read of the history gave (`sql/read.sql`).
+struct Page {
+    /// The changes of the keys asked for, in id order.
+    changes: Vec<Arc<ChangeEvent>>,
+    /// The id up to which the history has been read (changes of other keys included).
+    through: Option<i64>,
+    /// Whether that is the newest id given so far.
+    complete: bool,
+}
+
+/// The changes after `after` of keys under `prefix`: up to [`PAGE`] from each of up to
+/// [`EPOCHS`] epochs. An epoch that gave [`PAGE`] may have more: the page ends at its last
+/// change read, and what was read of later epochs is left for the next read.
+async fn read(pool: &PgPool, after: i64, prefix: &str) -> Result<Page> {
+    let rows: Vec<ReadRow> = sqlx::query_as(include_str!("sql/read.sql"))
+        .bind(after)
+        .bind(prefix)
+        .bind(PAGE)
+        .bind(EPOCHS)
+        .fetch_all(pool)
+        .bounded(pool)
+        .await?;
+    let mut page = Page {
+        changes: Vec::new(),
+        through: None,
+        complete: true,
+    };
+    let (mut epochs, mut epoch, mut in_epoch) = (0, None, 0);
+    for row in rows {
+        if epoch != Some(row.through) {
+            if in_epoch == PAGE {
+                // The epoch before may have more changes than were read.
+                page.complete = false;
+                return Ok(page);
+            }
+            epochs += 1;
+            epoch = Some(row.through);
+            in_epoch = 0;
+            page.through = Some(row.through);
+        }
+        if let Some(change) = row.change {
+            in_epoch += 1;
+            if in_epoch == PAGE {
+                page.through = Some(change.id);
+            }
+            page.changes.push(Arc::new(change.into_event()));
+        }
+    }
+    page.complete = in_epoch < PAGE && epochs < EPOCHS;
+    Ok(page)
+}
+
+/// A row of `sql/read.sql`: an epoch read, and one of its changes (none when none of them is of
+/// the keys asked for).
+struct ReadRow {
+    through: i64,
+    change: Option<ChangeRow>,
+}
+
+impl<'r> FromRow<'r, PgRow> for ReadRow {
+    fn from_row(row: &'r PgRow) -> sqlx::Result<Self> {
+        let id: Option<i64> = row.try_get("id")?;
+        Ok(Self {
+            through: row.try_get("through")?,
+            change: id.map(|_| ChangeRow::from_row(row)).transpose()?,
+        })
+    }
+}
+
+/// A change as read, with its id.
+#[derive(FromRow)]
+struct ChangeRow {
+    id: i64,
+    kind: String,
+    key: String,
+    token: i64,
+    at: DateTime<Utc>,
+    owner: Option<String>,
+    expires_at: Option<DateTime<Utc>>,
+    version: Option<i64>,
+    etag: Option<String>,
+    reason: Option<String>,
+    audit_id: Option<i64>,
+    operation: Option<String>,
+    highest_token: Option<i64>,
+    record_token: Option<i64>,
+}
+
+impl ChangeRow {
+    fn into_event(self) -> ChangeEvent {
+        let token = |t: i64| FencingToken::new(t).expect("stored tokens are valid");
+        let reason = self.reason.map(|r| {
+            RefusalReason::parse(&r)
+                .map(ChangeReason::Refusal)
+                .or_else(|| RecoveryReason::parse(&r).map(ChangeReason::Recovery))
+                .expect("stored reasons are valid")
+        });
+        let operation = self.operation.map(|o| match o.as_str() {
+            "put" => AuditOperation::Put,
+            _ => AuditOperation::Delete,
+        });
+        ChangeEvent {
+            id: ChangeId::from_stored(self.id),
+            event: ChangeKind::parse(&self.kind).expect("the table's CHECK names the kinds"),
+            data: ChangeData {
+                key: Key::parse(self.key).expect("stored keys are valid"),
+                token: token(self.token),
+                at: self.at,
+                owner: self
+                    .owner
+                    .map(|o| Owner::parse(o).expect("stored owners are valid")),
+                expires_at: self.expires_at,
+                version: self.version.map(Version::from_stored),
+                etag: self.etag.map(ETag::from_stored),
+                reason,
+                audit_id: self.audit_id.map(AuditId),
+                operation,
+                highest_token: self.highest_token.map(token),
+                record_token: self.record_token.map(token),
+            },
+        }
+    }
+}
+
+/// Listens on [`CHANNEL`] on a connection of its own and wakes the reader at each notification,
+/// and once each time it listens again (a notification may have come while it did not).
+async fn listen(inner: Weak<Inner>) {
+    let Some(own) = inner.upgrade().map(|i| super::listening_pool(&i.pool)) else {
+        return;
+    };
+    loop {
+        let failure = async {
+            let mut listener = PgListener::connect_with(&own).await?;
+            listener.listen(CHANNEL).await?;
+            loop {
+                match inner.upgrade() {
+                    Some(i) => i.fresh.notify_one(),
+                    None => return Ok(()),
+                }
+                // `None`: the connection was lost, and notifications with it.
+                if listener.try_recv().await?.is_none() {
+                    return Ok::<(), sqlx::Error>(());
+                }
+            }
+        }
+        .await;
+        if inner.strong_count() == 0 {
+            return;
+        }
+        if let Err(e) = failure {
+            tracing::warn!(error = %e, "cannot hear of new changes; watchers get them within a second instead");
+        }
+        tokio::time::sleep(RELISTEN_AFTER).await;
+    }
+}
+
+/// Reads the new changes, in id order, when woken (or every [`READ_EVERY`]), and hands each to
+/// this instance's watchers.
+async fn fan_out(inner: Weak<Inner>) {
+    let mut last: Option<i64> = None;
+    loop {
+        let Some(i) = inner.upgrade() else {
+            return;
+        };
+        let read_all = async {
+            let mut after = match last {
+                Some(after) => after,
+                None => Top::read(&i.pool).await?.top,
+            };
+            loop {
+                let page = read(&i.pool, after, "").await?;
+                for change in page.changes {
+                    // No watcher: nothing to hand on.
+                    let _ = i.live.send(change);
+                }
+                after = page.through.unwrap_or(after);
+                last = Some(after);
+                if page.complete {
+                    return Ok::<(), StoreError>(());
+                }
+            }
+        };
+        if let Err(e) = read_all.await {
+            tracing::warn!(error = %e, "cannot read new changes; trying again");
+        }
+        // Holds the instance's state for at most READ_EVERY once the last handle is gone.
+        let _ = tokio::time::timeout(READ_EVERY, i.fresh.notified()).await;
+    }
+}

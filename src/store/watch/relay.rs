@@ -1,0 +1,276 @@
+//! The relay: one instance on the database gives the committed changes their ids, an epoch at a
+//! time (`sql/epoch.sql`), reports expiries (`sql/expire.sql`) and drops old history
+//! (`sql/prune.sql`). The role is a lease by the database clock in `change_relay`, kept by every
+//! relay transaction (`sql/claim.sql`), so an instance that was paused and lost it numbers
+//! nothing; and two relays could not number the same changes anyway, since their epochs would
+//! start at the same id.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::Weak;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::{FromRow, PgPool};
+use tokio::time::Instant;
+
+use super::{CHANNEL, Inner};
+use crate::store::{Bounded, Result};
+
+/// How often the relay looks for new changes and due expiries while there were none at its
+/// last turn: the delay a watcher sees of the first change after a quiet spell, well inside
+/// the contract's second for expiries.
+const RELAY_TICK: Duration = Duration::from_millis(50);
+/// How soon it looks again after a turn that numbered or reported something: under a steady
+/// stream of changes, the delay a watcher sees.
+const BUSY_TICK: Duration = Duration::from_millis(10);
+/// How long the relay role lasts without being kept (database clock): how long the changes stop
+/// when a relay dies, before another instance takes over.
+const ROLE_MS: i64 = 3000;
+/// How often the relay keeps its role while it has nothing else to do.
+const KEEP_EVERY: Duration = Duration::from_secs(1);
+/// How often an instance that is not the relay tries to take the role.
+const CLAIM_EVERY: Duration = Duration::from_secs(1);
+/// How often the relay drops history older than the retention (or as often as the retention
+/// itself, when that is shorter), and how many epochs at a time.
+const PRUNE_EVERY: Duration = Duration::from_secs(10);
+const PRUNE_EPOCHS: i64 = 1000;
+/// How long a relay transaction may take before the relay gives it up (and rereads the
+/// leases' expiry times, since it cannot tell what it committed).
+const RELAY_BOUND: Duration = Duration::from_secs(5);
+
+/// The relay's own state, while it holds the role.
+struct Relay {
+    /// The live leases by expiry time (database clock), soonest first.
+    expiries: BinaryHeap<Reverse<(DateTime<Utc>, String, i64)>>,
+    /// The database clock less this host's, at the last transaction.
+    offset: chrono::TimeDelta,
+    /// Whether `expiries` may have missed something (a transaction whose outcome is unknown):
+    /// reread at the next transaction.
+    stale: bool,
+    kept: Instant,
+    pruned: Instant,
+}
+
+impl Relay {
+    /// Whether an expiry is due by the database clock, as this host estimates it.
+    fn expiry_due(&self) -> bool {
+        self.expiries
+            .peek()
+            .is_some_and(|Reverse((at, _, _))| *at <= Utc::now() + self.offset)
+    }
+
+    /// Takes out the leases whose expiry has passed at `clock`.
+    fn take_due(&mut self, clock: DateTime<Utc>) -> (Vec<String>, Vec<i64>) {
+        let (mut keys, mut tokens) = (Vec::new(), Vec::new());
+        while let Some(Reverse((at, _, _))) = self.expiries.peek() {
+            if *at > clock {
+                break;
+            }
+            let Reverse((_, key, token)) = self.expiries.pop().expect("peeked");
+            keys.push(key);
+            tokens.push(token);
+        }
+        (keys, tokens)
+    }
+
+    fn expect(&mut self, leases: impl IntoIterator<Item = PendingExpiry>) {
+        self.expiries.extend(
+            leases
+                .into_iter()
+                .map(|l| Reverse((l.expires_at, l.key, l.token))),
+        );
+    }
+}
+
+/// A lease whose expiry is still to be reported.
+#[derive(FromRow)]
+struct PendingExpiry {
+    key: String,
+    token: i64,
+    expires_at: DateTime<Utc>,
+}
+
+/// An epoch the relay recorded (`sql/epoch.sql`): its last id, and its grants.
+#[derive(FromRow)]
+struct Epoch {
+    last_id: i64,
+    keys: Option<Vec<String>>,
+    tokens: Option<Vec<i64>>,
+    expiries: Option<Vec<DateTime<Utc>>>,
+}
+
+impl Epoch {
+    fn grants(self) -> impl Iterator<Item = PendingExpiry> {
+        let keys = self.keys.unwrap_or_default();
+        let tokens = self.tokens.unwrap_or_default();
+        let expiries = self.expiries.unwrap_or_default();
+        keys.into_iter()
+            .zip(tokens)
+            .zip(expiries)
+            .map(|((key, token), expires_at)| PendingExpiry {
+                key,
+                token,
+                expires_at,
+            })
+    }
+}
+
+/// Holds, or tries to take, the relay role, and does the relay's work while it holds it.
+pub(super) async fn relay(inner: Weak<Inner>) {
+    let mut role: Option<Relay> = None;
+    let mut last_claim: Option<Instant> = None;
+    loop {
+        let Some(i) = inner.upgrade() else {
+            return;
+        };
+        let pause = if role.is_none() && last_claim.is_some_and(|t| t.elapsed() < CLAIM_EVERY) {
+            CLAIM_EVERY.saturating_sub(last_claim.map_or(Duration::ZERO, |t| t.elapsed()))
+        } else {
+            if role.is_none() {
+                last_claim = Some(Instant::now());
+            }
+            match tokio::time::timeout(RELAY_BOUND, relay_once(&i, &mut role)).await {
+                Ok(Ok(pause)) => pause,
+                failed => {
+                    if let Ok(Err(e)) = failed {
+                        tracing::warn!(error = %e, "the change relay's transaction failed; trying again");
+                    } else {
+                        tracing::warn!(
+                            "the change relay's transaction took too long; trying again"
+                        );
+                    }
+                    if let Some(r) = role.as_mut() {
+                        r.stale = true;
+                    }
+                    RELAY_TICK
+                }
+            }
+        };
+        drop(i);
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// One turn of the relay: keeps (or takes) the role, records an epoch of the changes committed
+/// since the last, and now and then prunes, in one transaction; then reports the due expiries.
+/// How long to pause before the next turn.
+async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<Duration> {
+    if let Some(r) = role.as_ref() {
+        let idle = !r.stale
+            && r.kept.elapsed() < KEEP_EVERY
+            && !r.expiry_due()
+            && !changes_waiting(&i.pool).await?;
+        if idle {
+            return Ok(RELAY_TICK);
+        }
+    }
+    let mut tx = i.pool.begin().await?;
+    let clock: Option<DateTime<Utc>> = sqlx::query_scalar(include_str!("sql/claim.sql"))
+        .bind(&i.name)
+        .bind(role.is_some())
+        .bind(ROLE_MS)
+        .fetch_optional(&mut *tx)
+        .await?;
+    let Some(clock) = clock else {
+        if role.take().is_some() {
+            tracing::info!("this instance no longer relays changes");
+        }
+        return Ok(RELAY_TICK);
+    };
+    let relay = match role {
+        Some(r) if !r.stale => r,
+        _ => {
+            if role.is_none() {
+                tracing::info!("this instance relays changes");
+            }
+            let live: Vec<PendingExpiry> = sqlx::query_as(include_str!("sql/live.sql"))
+                .fetch_all(&mut *tx)
+                .await?;
+            let mut fresh = Relay {
+                expiries: BinaryHeap::new(),
+                offset: chrono::TimeDelta::zero(),
+                stale: false,
+                kept: Instant::now(),
+                pruned: Instant::now() - PRUNE_EVERY,
+            };
+            fresh.expect(live);
+            role.insert(fresh)
+        }
+    };
+    relay.offset = clock - Utc::now();
+    relay.kept = Instant::now();
+    let epoch: Option<Epoch> = sqlx::query_as(include_str!("sql/epoch.sql"))
+        .fetch_optional(&mut *tx)
+        .await?;
+    if let Some(epoch) = &epoch {
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(CHANNEL)
+            .bind(epoch.last_id.to_string())
+            .execute(&mut *tx)
+            .await?;
+    }
+    let prune = relay.pruned.elapsed() >= PRUNE_EVERY.min(i.retention);
+    if prune {
+        let retention = i64::try_from(i.retention.as_millis()).unwrap_or(i64::MAX);
+        sqlx::query(include_str!("sql/prune.sql"))
+            .bind(retention)
+            .bind(PRUNE_EPOCHS)
+            .execute(&mut *tx)
+            .await?;
+    }
+    // Until the commit is known, which grants' expiries to expect is not known either.
+    relay.stale = true;
+    tx.commit().await?;
+    relay.stale = false;
+    if prune {
+        relay.pruned = Instant::now();
+    }
+    let numbered = epoch.is_some();
+    if let Some(epoch) = epoch {
+        relay.expect(epoch.grants());
+    }
+    relay.stale = true;
+    let reported = report_expiries(&i.pool, relay, clock).await?;
+    relay.stale = false;
+    Ok(if numbered || reported {
+        BUSY_TICK
+    } else {
+        RELAY_TICK
+    })
+}
+
+/// Reports the leases whose expiry passed by `clock` (`sql/expire.sql`), in a statement of its
+/// own (its share locks last one statement), and keeps expecting the ones that are not over
+/// after all (renewed meanwhile, or skipped while a hot statement held them). Whether it
+/// reported any (their events wait for the next epoch).
+async fn report_expiries(pool: &PgPool, relay: &mut Relay, clock: DateTime<Utc>) -> Result<bool> {
+    let (keys, tokens) = relay.take_due(clock);
+    if keys.is_empty() {
+        return Ok(false);
+    }
+    let reported = sqlx::query(include_str!("sql/expire.sql"))
+        .bind(&keys)
+        .bind(&tokens)
+        .execute(pool)
+        .bounded(pool)
+        .await?
+        .rows_affected();
+    let pending: Vec<PendingExpiry> = sqlx::query_as(include_str!("sql/pending.sql"))
+        .bind(&keys)
+        .bind(&tokens)
+        .fetch_all(pool)
+        .bounded(pool)
+        .await?;
+    relay.expect(pending);
+    Ok(reported > 0)
+}
+
+/// Whether any change committed since the last epoch (`sql/waiting.sql`): the relay's check
+/// while it has nothing else to do.
+async fn changes_waiting(pool: &PgPool) -> Result<bool> {
+    sqlx::query_scalar(include_str!("sql/waiting.sql"))
+        .fetch_one(pool)
+        .bounded(pool)
+        .await
+}

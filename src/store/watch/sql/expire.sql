@@ -1,0 +1,17 @@
+-- The relay's report of expiries: of the leases ($1 keys, $2 tokens) whose expires_at has
+-- passed by the database clock read after the lock, unended, the ones whose expiry no one
+-- reported yet (report_expiry(): the grant that replaces a lease may have) get `lease.expired`
+-- (at its expires_at). No UPDATE of the lease: a share lock, taken in key order like every hot
+-- statement's, and skipping a row a hot statement holds (tried again at the relay's next turn).
+-- The lock is what makes the report final: renew.sql and end.sql check the lease against
+-- clock_timestamp() after their own lock, so once this commits no one renews or ends it.
+WITH due AS (
+    SELECT l.key, l.token, l.owner, l.expires_at FROM leases l
+    JOIN unnest($1::text[], $2::bigint[]) AS d (key, token) ON l.key = d.key AND l.token = d.token
+    WHERE l.end_reason IS NULL AND l.expires_at <= clock_timestamp()
+    ORDER BY l.key
+    FOR SHARE OF l SKIP LOCKED),
+reported AS (
+    SELECT d.* FROM due d WHERE report_expiry(d.key, d.token))
+INSERT INTO change_log (kind, key, token, at, owner)
+SELECT 'lease.expired', r.key, r.token, r.expires_at, r.owner FROM reported r ORDER BY r.key
