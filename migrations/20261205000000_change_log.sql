@@ -103,14 +103,6 @@ SELECT key, token FROM leases
 WHERE end_reason IS NULL AND (expiry_reported OR expires_at <= now());
 ALTER TABLE leases DROP COLUMN expiry_reported;
 
--- Records that (key, token)'s expiry is reported unless it already was; returns whether this
--- call is the one that reports it.
-CREATE FUNCTION report_expiry(k text, t bigint) RETURNS boolean LANGUAGE sql VOLATILE AS $$
-    INSERT INTO expiry_reports AS r (key, token) VALUES (k, t)
-    ON CONFLICT (key) DO UPDATE SET token = excluded.token WHERE r.token < excluded.token
-    RETURNING true
-$$;
-
 -- First grants of keys. One trigger per statement (the hot statements change a batch of keys at
 -- once), reading its transition table; it runs after the statement's row locks, so `seq` is
 -- drawn after them.
@@ -131,15 +123,22 @@ $$;
 -- notes nothing.
 CREATE OR REPLACE FUNCTION note_lease_updates() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
+    WITH replaced AS (
+        -- The unended leases that a grant replaced, whose expiry this reports unless the relay
+        -- did (the upsert waits for the relay's, and then changes and returns nothing).
+        INSERT INTO expiry_reports AS r (key, token)
+        SELECT o.key, o.token FROM old_rows o JOIN new_rows n ON n.key = o.key
+        WHERE n.token <> o.token AND o.end_reason IS NULL
+        ORDER BY o.key
+        ON CONFLICT (key) DO UPDATE SET token = excluded.token WHERE r.token < excluded.token
+        RETURNING r.key)
     INSERT INTO change_log (kind, key, token, at, owner, expires_at, version, etag, reason,
         record_token)
     SELECT e.kind, o.key, e.token, e.at, e.owner, e.expires_at, e.version, e.etag, e.reason,
         e.record_token
-    FROM old_rows o JOIN new_rows n ON n.key = o.key
+    FROM old_rows o JOIN new_rows n ON n.key = o.key LEFT JOIN replaced x ON x.key = o.key
     CROSS JOIN LATERAL (VALUES
-        -- (A CASE in a CASE: report_expiry() must run only for such a grant.)
-        (1, CASE WHEN n.token <> o.token AND o.end_reason IS NULL
-             THEN CASE WHEN report_expiry(o.key, o.token) THEN 'lease.expired' END END,
+        (1, CASE WHEN x.key IS NOT NULL THEN 'lease.expired' END,
             o.token, o.expires_at, o.owner, NULL::timestamptz, NULL::bigint, NULL::text,
             NULL::text, NULL::bigint),
         (2, CASE WHEN n.token <> o.token AND lease_recovery_reason(o.end_reason, o.expires_at,

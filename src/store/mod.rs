@@ -311,6 +311,9 @@ pub fn pool(options: PgConnectOptions, settings: &DbSettings) -> PgPool {
             ("lock_timeout", ms.as_str()),
             // No transaction may sit idle holding locks if an instance stalls mid-transaction.
             ("idle_in_transaction_session_timeout", idle_ms.as_str()),
+            // No statement of the service gains from compiling: each is short, and under load the
+            // ones that cross jit_above_cost spent more in LLVM than in running (../PERF.md).
+            ("jit", "off"),
         ]);
     PgPoolOptions::new()
         .max_connections(settings.pool_size)

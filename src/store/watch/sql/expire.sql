@@ -1,6 +1,6 @@
 -- The relay's report of expiries: of the leases ($1 keys, $2 tokens) whose expires_at has
 -- passed by the database clock read after the lock, unended, the ones whose expiry no one
--- reported yet (report_expiry(): the grant that replaces a lease may have) get `lease.expired`
+-- reported yet (expiry_reports: the grant that replaces a lease may have) get `lease.expired`
 -- (at its expires_at). No UPDATE of the lease: a share lock, taken in key order like every hot
 -- statement's, and skipping a row a hot statement holds (tried again at the relay's next turn).
 -- The lock is what makes the report final: renew.sql and end.sql check the lease against
@@ -12,6 +12,9 @@ WITH due AS (
     ORDER BY l.key
     FOR SHARE OF l SKIP LOCKED),
 reported AS (
-    SELECT d.* FROM due d WHERE report_expiry(d.key, d.token))
+    INSERT INTO expiry_reports AS r (key, token) SELECT key, token FROM due ORDER BY key
+    ON CONFLICT (key) DO UPDATE SET token = excluded.token WHERE r.token < excluded.token
+    RETURNING r.key)
 INSERT INTO change_log (kind, key, token, at, owner)
-SELECT 'lease.expired', r.key, r.token, r.expires_at, r.owner FROM reported r ORDER BY r.key
+SELECT 'lease.expired', d.key, d.token, d.expires_at, d.owner
+FROM due d JOIN reported USING (key) ORDER BY d.key
