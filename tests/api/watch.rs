@@ -682,6 +682,64 @@ async fn when_the_relaying_instance_stops_another_takes_over() {
     b.stop().await;
 }
 
+/// A relay that takes the role reads the live leases, and its epochs bring grants it has just
+/// read: a lease it expects twice must still be reported once, and on time, while grants keep
+/// coming through the takeover and after it.
+#[tokio::test]
+async fn every_expiry_is_reported_once_and_on_time_while_grants_keep_coming_through_a_relay_takeover()
+ {
+    const KEYS: usize = 160;
+    const EVERY: Duration = Duration::from_millis(50);
+    let database = harness::migrated_database().await;
+    let http = reqwest::Client::new();
+    let a = Instance::start(database.options().clone(), rules()).await;
+    let b = Instance::start(database.options().clone(), rules()).await;
+    let mut watch = Stream::open(&http, &b.base, "?prefix=churn/", None).await;
+    let started = chrono::Utc::now();
+    let granting = {
+        let (http, base) = (http.clone(), b.base.clone());
+        tokio::spawn(async move {
+            let mut granted = Vec::new();
+            for round in 0..KEYS {
+                let r = http
+                    .post(format!("{base}/v1/leases/churn%2F{round}"))
+                    .json(&json!({"owner": "w", "ttl_ms": 300}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 201);
+                granted.push(token(&r.json().await.unwrap()));
+                tokio::time::sleep(EVERY).await;
+            }
+            granted
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The role lapses after 3 s and b takes it within a second more, grants still coming.
+    a.stop().await;
+    let mut expired = Vec::new();
+    while expired.len() < KEYS {
+        let e = watch.next().await;
+        if e.event == "lease.expired" {
+            let at: chrono::DateTime<chrono::Utc> = e.data["at"].as_str().unwrap().parse().unwrap();
+            expired.push((e.data["token"].as_i64().unwrap(), at, chrono::Utc::now()));
+        }
+    }
+    let granted = granting.await.unwrap();
+    watch.nothing_more().await;
+    let mut tokens: Vec<i64> = expired.iter().map(|e| e.0).collect();
+    tokens.sort_unstable();
+    assert_eq!(tokens, granted, "each lease expired once");
+    let settled = started + chrono::TimeDelta::milliseconds(5500);
+    for (token, at, received) in expired.into_iter().filter(|e| e.1 > settled) {
+        assert!(
+            received - at < chrono::TimeDelta::seconds(1),
+            "the expiry of {token} at {at} was received at {received}"
+        );
+    }
+    b.stop().await;
+}
+
 #[tokio::test]
 async fn open_watches_are_counted_in_the_metrics() {
     let app = TestApp::spawn().await;

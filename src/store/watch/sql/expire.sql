@@ -7,7 +7,10 @@
 -- clock_timestamp() after their own lock, so once this commits no one renews or ends it.
 WITH due AS (
     SELECT l.key, l.token, l.owner, l.expires_at FROM leases l
-    JOIN unnest($1::text[], $2::bigint[]) AS d (key, token) ON l.key = d.key AND l.token = d.token
+    -- DISTINCT: the relay may expect a lease twice (from its first read and from an epoch), and
+    -- an upsert must not meet one key twice.
+    JOIN (SELECT DISTINCT * FROM unnest($1::text[], $2::bigint[])) AS d (key, token)
+        ON l.key = d.key AND l.token = d.token
     WHERE l.end_reason IS NULL AND l.expires_at <= clock_timestamp()
     ORDER BY l.key
     FOR SHARE OF l SKIP LOCKED),
