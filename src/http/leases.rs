@@ -71,8 +71,8 @@ async fn acquire(
             StatusCode::CREATED,
             Json(Grant {
                 lease,
-                recovered,
-                recovery: kept,
+                recovered: recovered.map(|r| *r),
+                recovery: kept.map(|r| *r),
             }),
         )
             .into_response()),

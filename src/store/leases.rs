@@ -53,10 +53,10 @@ pub enum AcquireOutcome {
         /// The new lease.
         lease: Lease,
         /// The record that `reconciled: true` replaced, if there was one.
-        recovered: Option<RecoveryRecord>,
+        recovered: Option<Box<RecoveryRecord>>,
         /// The record that `reconciling: true` keeps until the holder confirms, if there was
         /// one.
-        kept: Option<RecoveryRecord>,
+        kept: Option<Box<RecoveryRecord>>,
     },
     /// Another lease is live; nothing changed.
     Held {
@@ -238,7 +238,7 @@ impl AcquireAnswer {
     pub(super) fn into_outcome(self) -> AcquireOutcome {
         match (self.verdict.as_str(), self.granted, self.current) {
             ("insert" | "grant", Some(lease), current) => {
-                let record = current.and_then(|c| c.recovery_record());
+                let record = current.and_then(|c| c.recovery_record()).map(Box::new);
                 let (recovered, kept) = if self.keeps {
                     (None, record)
                 } else {

@@ -101,17 +101,17 @@ new_lease AS (
     FROM inserted n JOIN req r ON r.key = n.key),
 reconciled AS (
     INSERT INTO recoveries (key, reason, record_owner, record_token, record_acquired_at,
-        record_ended_at, record_metadata, reconciled_by, new_token, request_id, remote_addr, principal,
-        operation)
+        record_ended_at, record_metadata, reconciled_by, new_token, request_id, remote_addr,
+        principal, operation)
     SELECT c.key, c.recovery_reason, c.rec_owner, c.rec_token, c.rec_acquired_at,
         c.rec_ended_at, c.rec_metadata, n.owner, n.token, r.request_id,
         r.remote_addr, r.principal, CASE WHEN n.keeps THEN 'reconciling' ELSE 'reconcile' END
     FROM cur c JOIN new_lease n ON n.i = c.i JOIN req r ON r.i = c.i
     WHERE c.recovery_reason IS NOT NULL),
 -- The answers: the verdict, the new lease, and the row as it was found (for `held`, and for the
--- recovery record a grant replaced or kept (`keeps`), or a refusal names). A waiter's `held` that is not its last
--- try is not settled: it waits on (acquire_wait_in.sql). `clock` is the statement's now(), so
--- that a waiter sleeps until the holder's expires_at by the database clock.
+-- recovery record a grant replaced or kept (`keeps`), or a refusal names). A waiter's `held`
+-- that is not its last try is not settled: it waits on (acquire_wait_in.sql). `clock` is the
+-- statement's now(), so that a waiter sleeps until the holder's expires_at by the database clock.
 result AS (
     SELECT d.i, d.verdict, to_json(n) AS granted, to_json(c) AS current,
         coalesce(n.keeps, false) AS keeps,
