@@ -119,8 +119,9 @@ $$;
 -- a new token is a grant (after the expiry of the lease it replaces, if no one reported it yet,
 -- and after the reconciliation of a recovery record it replaces); end_reason set is a release or
 -- an abandon; recovery_required set on the same lease is a require-recovery; a higher snapshot
--- version with an ETag is a write, an ETag cleared a delete. A renewal changes none of these and
--- notes nothing.
+-- version with an ETag is a write, an ETag cleared a delete; a kept record cleared on the same
+-- lease is a reconciliation confirmed (20261204200000_reconciling.sql). A renewal changes none of
+-- these and notes nothing.
 CREATE OR REPLACE FUNCTION note_lease_updates() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     WITH replaced AS (
@@ -141,12 +142,14 @@ BEGIN
         (1, CASE WHEN x.key IS NOT NULL THEN 'lease.expired' END,
             o.token, o.expires_at, o.owner, NULL::timestamptz, NULL::bigint, NULL::text,
             NULL::text, NULL::bigint),
-        (2, CASE WHEN n.token <> o.token AND lease_recovery_reason(o.end_reason, o.expires_at,
-                o.crash_recovery, o.recovery_required, n.acquired_at) IS NOT NULL
+        -- A grant that replaces a record (not one that keeps it: v1.2's reconciling grant).
+        (2, CASE WHEN n.token <> o.token AND n.kept_token IS NULL
+                AND key_recovery_reason(o.kept_reason, o.end_reason, o.expires_at,
+                    o.crash_recovery, o.recovery_required, n.acquired_at) IS NOT NULL
              THEN 'lease.reconciled' END,
             n.token, n.acquired_at, n.owner, NULL, NULL, NULL,
-            lease_recovery_reason(o.end_reason, o.expires_at, o.crash_recovery,
-                o.recovery_required, n.acquired_at), o.token),
+            key_recovery_reason(o.kept_reason, o.end_reason, o.expires_at, o.crash_recovery,
+                o.recovery_required, n.acquired_at), coalesce(o.kept_token, o.token)),
         (3, CASE WHEN n.token <> o.token THEN 'lease.granted' END,
             n.token, n.acquired_at, n.owner, n.expires_at, NULL, NULL, NULL, NULL),
         (4, CASE WHEN n.token = o.token AND o.end_reason IS NULL AND n.end_reason IS NOT NULL
@@ -160,7 +163,11 @@ BEGIN
             n.token, now(), NULL, NULL, n.snapshot_version, n.snapshot_etag, NULL, NULL),
         (7, CASE WHEN o.snapshot_etag IS NOT NULL AND n.snapshot_etag IS NULL
              THEN 'snapshot.deleted' END,
-            n.token, now(), NULL, NULL, o.snapshot_version, o.snapshot_etag, NULL, NULL)
+            n.token, now(), NULL, NULL, o.snapshot_version, o.snapshot_etag, NULL, NULL),
+        -- v1.2: the confirmation of a reconciling lease, which drops the record it kept.
+        (8, CASE WHEN n.token = o.token AND o.kept_token IS NOT NULL AND n.kept_token IS NULL
+             THEN 'lease.reconciled' END,
+            n.token, now(), n.owner, NULL, NULL, NULL, o.kept_reason, o.kept_token)
     ) AS e (rank, kind, token, at, owner, expires_at, version, etag, reason, record_token)
     WHERE e.kind IS NOT NULL
     ORDER BY o.key, e.rank;

@@ -59,7 +59,8 @@ pub struct Metrics {
     pub leases_granted: Counter,
     /// Acquires refused, by code (`lease_held`, `recovery_required`).
     pub leases_conflicted: Family<Label, Counter>,
-    /// Renewals, releases, abandons and require-recoveries refused with `lease_lost`, by route.
+    /// Renewals, releases, abandons, require-recoveries and confirmations refused with
+    /// `lease_lost`, by route.
     pub leases_lost: Family<Label, Counter>,
     /// Fenced writes accepted, by operation (`put`, `delete`).
     pub writes_accepted: Family<Label, Counter>,
@@ -275,6 +276,7 @@ fn route_name(route: &str) -> &'static str {
         "/v1/leases/{key}/renew" => "renew",
         "/v1/leases/{key}/abandon" => "abandon",
         "/v1/leases/{key}/require-recovery" => "require_recovery",
+        "/v1/leases/{key}/reconciled" => "reconciled",
         _ => "release",
     }
 }

@@ -118,6 +118,7 @@ pub async fn main(ctx: &Ctx, command: AuditCommand) -> Exit {
                             "TOKEN",
                             "RECONCILED_BY",
                             "NEW_TOKEN",
+                            "OPERATION",
                         ],
                         |r: &Recovery| {
                             vec![
@@ -129,6 +130,7 @@ pub async fn main(ctx: &Ctx, command: AuditCommand) -> Exit {
                                 r.recovery.token.to_string(),
                                 r.reconciled_by.as_str().to_owned(),
                                 r.highest_token.to_string(),
+                                r.operation.as_str().to_owned(),
                             ]
                         },
                     );

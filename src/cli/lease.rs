@@ -34,8 +34,14 @@ pub enum LeaseCommand {
         crash_recovery: bool,
         /// State that what a previous holder left behind is dealt with, replacing its recovery
         /// record.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "reconciling")]
         reconciled: bool,
+        /// Reconcile while holding the key: a retained recovery record is kept (and printed as
+        /// recovery.*) under this lease, everyone else is refused meanwhile, and the record goes
+        /// only when you confirm with `snapfence lease reconciled KEY --token N`; if the lease
+        /// ends first, the record stays as it was.
+        #[arg(long)]
+        reconciling: bool,
         /// While someone else holds the key, wait up to this long (at most 5m) in its queue on
         /// the server, behind those who came first, then fail as without it [default: fail at
         /// once].
@@ -57,6 +63,10 @@ pub enum LeaseCommand {
     Abandon(Fenced),
     /// Mark cleanup incomplete while still holding: the lease's end leaves a recovery record.
     RequireRecovery(Fenced),
+    /// Confirm, as the holder of a lease acquired with --reconciling, that what the previous
+    /// holder left behind no longer conflicts: the recovery record the lease keeps moves to the
+    /// audit log and the lease goes on; prints the lease.
+    Reconciled(Fenced),
     /// Show a key's state, newest lease and recovery record.
     Show {
         /// The key.
@@ -99,11 +109,13 @@ pub async fn main(ctx: &Ctx, command: LeaseCommand) -> Exit {
             metadata,
             crash_recovery,
             reconciled,
+            reconciling,
             wait,
         } => {
             let mut request = AcquireRequest::new(owner.unwrap_or_else(super::default_owner), ttl)
                 .crash_recovery(crash_recovery)
                 .reconciled(reconciled)
+                .reconciling(reconciling)
                 .wait(wait.unwrap_or_default());
             if let Some(m) = metadata {
                 request = request.metadata(m);
@@ -131,6 +143,18 @@ pub async fn main(ctx: &Ctx, command: LeaseCommand) -> Exit {
         LeaseCommand::Release(f) => end(ctx, f, Ending::Release).await,
         LeaseCommand::Abandon(f) => end(ctx, f, Ending::Abandon).await,
         LeaseCommand::RequireRecovery(f) => end(ctx, f, Ending::RequireRecovery).await,
+        LeaseCommand::Reconciled(Fenced { key, token }) => {
+            let check = format!(
+                "Check with `snapfence lease show {key}` whether token {token} is still the live lease and the record is gone"
+            );
+            match ctx.client.reconciled(&key, token).await {
+                Ok(lease) => {
+                    ctx.output.print(&lease, |l| fields(&lease_fields(l)));
+                    Exit::Success
+                }
+                Err(e) => ctx.fail(&e, Some(&check)),
+            }
+        }
         LeaseCommand::Show { key } => match ctx.client.lease_status(&key).await {
             Ok(status) => {
                 ctx.output.print(&status, status_table);
@@ -249,11 +273,11 @@ fn prefixed(prefix: &str, rows: Vec<(&'static str, String)>) -> Vec<(String, Str
 }
 
 fn grant_table(g: &Grant) -> String {
-    with_recovery(
-        prefixed("", lease_fields(&g.lease)),
-        "recovered",
-        g.recovered.as_ref(),
-    )
+    let mut rows = prefixed("", lease_fields(&g.lease));
+    if let Some(kept) = &g.recovery {
+        rows.extend(recovery_fields("recovery", kept));
+    }
+    with_recovery(rows, "recovered", g.recovered.as_ref())
 }
 
 fn status_table(s: &KeyStatus) -> String {

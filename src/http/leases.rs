@@ -1,4 +1,5 @@
-//! `/v1/leases`: acquire, renew, release, abandon, require-recovery, get and list.
+//! `/v1/leases`: acquire, renew, release, abandon, require-recovery, reconciled (v1.2), get and
+//! list.
 
 use axum::Json;
 use axum::extract::{FromRequestParts, State};
@@ -31,6 +32,7 @@ pub(super) fn routes() -> Routes {
         .route_without_query("/v1/leases/{key}/renew", post(renew))
         .route_without_query("/v1/leases/{key}/abandon", post(abandon))
         .route_without_query("/v1/leases/{key}/require-recovery", post(require_recovery))
+        .route_without_query("/v1/leases/{key}/reconciled", post(reconciled))
 }
 
 async fn acquire(
@@ -39,6 +41,7 @@ async fn acquire(
     Context(mut ctx, idempotency): Context,
     ApiJson(body): ApiJson<AcquireRequest>,
 ) -> Result<Response, ApiError> {
+    body.checked_reconcile()?;
     let canonical = serde_json::to_vec(&body).expect("a request serializes");
     idempotency.attach(&mut ctx, "acquire", &key, &[&canonical]);
     // Cut to the instance's --max-wait; none at all when that is zero.
@@ -53,15 +56,26 @@ async fn acquire(
         metadata: body.metadata,
         crash_recovery: body.crash_recovery,
         reconciled: body.reconciled,
+        reconciling: body.reconciling,
     };
     let done = match wait {
         None => leases::acquire(&state.db, &req, &ctx).await,
         Some(wait) => state.waiters.acquire(&req, &ctx, wait).await,
     };
     idempotency.respond(done, |outcome| match outcome {
-        AcquireOutcome::Granted { lease, recovered } => {
-            Ok((StatusCode::CREATED, Json(Grant { lease, recovered })).into_response())
-        }
+        AcquireOutcome::Granted {
+            lease,
+            recovered,
+            kept,
+        } => Ok((
+            StatusCode::CREATED,
+            Json(Grant {
+                lease,
+                recovered: recovered.map(|r| *r),
+                recovery: kept.map(|r| *r),
+            }),
+        )
+            .into_response()),
         AcquireOutcome::Held { holder } => Err(ApiError::LeaseHeld {
             key,
             holder: Box::new(Holder::from(&holder)),
@@ -99,7 +113,7 @@ fn lost(key: Key, token: FencingToken) -> ApiError {
     }
 }
 
-/// What a fenced call on a live lease (release, abandon, require-recovery) sends: the key, the
+/// What a fenced call on a live lease (release, abandon, require-recovery, reconciled) sends: the key, the
 /// lease's token, and the request's context and Idempotency-Key.
 struct LiveLeaseCall {
     key: Key,
@@ -158,6 +172,25 @@ async fn require_recovery(
     call: LiveLeaseCall,
 ) -> Result<Response, ApiError> {
     end(state, call, Ending::RequireRecovery).await
+}
+
+/// v1.2: the reconciling holder confirms; `200` with the lease, which goes on.
+async fn reconciled(
+    State(state): State<AppState>,
+    call: LiveLeaseCall,
+) -> Result<Response, ApiError> {
+    let LiveLeaseCall {
+        key,
+        token,
+        mut ctx,
+        idempotency,
+    } = call;
+    idempotency.attach(&mut ctx, "reconciled", &key, &[&token.get().to_be_bytes()]);
+    let done = leases::reconciled(&state.db, &key, token, &ctx).await;
+    idempotency.respond(done, |change| match change {
+        LeaseChange::Done(lease) => Ok(Json(lease).into_response()),
+        LeaseChange::Lost => Err(lost(key, token)),
+    })
 }
 
 async fn status(

@@ -1,6 +1,6 @@
 //! The audit log: `rejections` (refused fenced writes, written by the fenced statements in
-//! [`super::snapshots`]) and `recoveries` (recovery records replaced by a reconciling grant,
-//! written by [`super::leases::acquire`]). Reads page newest first by id; retention prunes in
+//! [`super::snapshots`]) and `recoveries` (recovery records replaced or kept by a reconciling
+//! grant, written by [`super::leases::acquire`], or confirmed by [`super::leases::reconciled`]). Reads page newest first by id; retention prunes in
 //! small batches.
 
 use std::time::Duration;
@@ -137,6 +137,8 @@ struct RecoveryRow {
     request_id: Option<String>,
     remote_addr: Option<String>,
     principal: Option<String>,
+    operation: String,
+    presented_token: Option<i64>,
 }
 
 impl RecoveryRow {
@@ -148,10 +150,16 @@ impl RecoveryRow {
             at: self.at,
             key: Key::parse(self.key).expect("stored keys are valid"),
             reason,
-            presented_token: None,
+            presented_token: self
+                .presented_token
+                .map(|t| FencingToken::new(t).expect("stored tokens are positive")),
             highest_token: FencingToken::new(self.new_token).expect("stored tokens are positive"),
             holder: reconciled_by.clone(),
-            operation: AuditOperation::Reconcile,
+            operation: match self.operation.as_str() {
+                "reconciling" => AuditOperation::Reconciling,
+                "reconciled" => AuditOperation::Reconciled,
+                _ => AuditOperation::Reconcile,
+            },
             request_id: self.request_id,
             remote_addr: self.remote_addr,
             principal: self.principal,

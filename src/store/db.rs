@@ -113,6 +113,8 @@ pub(crate) struct Batches {
     pub(crate) renew: Batcher<leases::RenewBatch>,
     /// Releases, abandons and require-recovery marks.
     pub(crate) end: Batcher<leases::EndBatch>,
+    /// Confirmations of reconciliations (v1.2).
+    pub(crate) reconciled: Batcher<leases::ReconciledBatch>,
     /// Fenced writes with their body bound.
     pub(crate) put: Batcher<snapshots::PutBatch>,
     /// Checks of a fenced write before its body is read.
@@ -157,6 +159,7 @@ impl Batches {
         self.acquire.queued()
             + self.renew.queued()
             + self.end.queued()
+            + self.reconciled.queued()
             + self.put.queued()
             + self.precheck.queued()
             + self.get.queued()
@@ -196,6 +199,7 @@ impl Db {
             acquire: Batcher::start(conns.clone()),
             renew: Batcher::start(conns.clone()),
             end: Batcher::start(conns.clone()),
+            reconciled: Batcher::start(conns.clone()),
             put: Batcher::start(conns.clone()),
             precheck: Batcher::start(conns.clone()),
             get: Batcher::start(conns.clone()),

@@ -38,17 +38,25 @@ pub struct NewLease {
     pub crash_recovery: bool,
     /// Whether the caller states that a retained recovery record has been dealt with.
     pub reconciled: bool,
+    /// v1.2: whether the caller reconciles while holding the key: a grant over a retained
+    /// recovery record keeps the record until [`reconciled`] confirms. Exclusive with
+    /// `reconciled` (the HTTP layer refuses both).
+    pub reconciling: bool,
 }
 
 /// How an acquire ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AcquireOutcome {
-    /// The lease is granted with a new token. `recovered` is the recovery record it replaced.
+    /// The lease is granted with a new token. `recovered` is the recovery record it replaced,
+    /// `kept` the one a reconciling grant keeps (at most one of the two is set).
     Granted {
         /// The new lease.
         lease: Lease,
         /// The record that `reconciled: true` replaced, if there was one.
-        recovered: Option<RecoveryRecord>,
+        recovered: Option<Box<RecoveryRecord>>,
+        /// The record that `reconciling: true` keeps until the holder confirms, if there was
+        /// one.
+        kept: Option<Box<RecoveryRecord>>,
     },
     /// Another lease is live; nothing changed.
     Held {
@@ -88,7 +96,8 @@ struct LeaseRow {
     ended_at: Option<DateTime<Utc>>,
 }
 
-/// A lease row with its derived recovery reason and state.
+/// A lease row with its derived recovery reason and state, and the record a reconciling lease
+/// keeps (v1.2; absent from answers remembered before it was added).
 #[derive(Debug, FromRow, Deserialize)]
 struct StatusRow {
     #[sqlx(flatten)]
@@ -96,6 +105,16 @@ struct StatusRow {
     lease: LeaseRow,
     recovery_reason: Option<String>,
     state: String,
+    #[serde(default)]
+    kept_owner: Option<String>,
+    #[serde(default)]
+    kept_token: Option<i64>,
+    #[serde(default)]
+    kept_acquired_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    kept_ended_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    kept_metadata: Option<serde_json::Value>,
 }
 
 impl LeaseRow {
@@ -128,11 +147,26 @@ impl LeaseRow {
 }
 
 impl StatusRow {
+    /// The key's retained recovery record: the one a reconciling lease keeps, if it keeps one,
+    /// else the newest lease's own (`key_recovery_reason` in the migrations decides the reason).
+    fn recovery_record(&self) -> Option<RecoveryRecord> {
+        let reason = self.recovery_reason.as_deref()?;
+        let Some(token) = self.kept_token else {
+            return Some(self.lease.recovery_record(reason));
+        };
+        Some(RecoveryRecord {
+            owner: Owner::parse(self.kept_owner.clone().expect("a kept record is whole"))
+                .expect("stored owners are valid"),
+            token: FencingToken::new(token).expect("stored tokens are positive"),
+            acquired_at: self.kept_acquired_at.expect("a kept record is whole"),
+            ended_at: self.kept_ended_at.expect("a kept record is whole"),
+            reason: RecoveryReason::parse(reason).expect("key_recovery_reason's values"),
+            metadata: self.kept_metadata.clone().map(Metadata::from_stored),
+        })
+    }
+
     fn into_status(self) -> KeyStatus {
-        let recovery = self
-            .recovery_reason
-            .as_deref()
-            .map(|r| self.lease.recovery_record(r));
+        let recovery = self.recovery_record();
         let lease = self.lease.into_lease();
         KeyStatus {
             key: lease.key.clone(),
@@ -179,6 +213,9 @@ pub(crate) struct AcquireAnswer {
     /// Absent from answers remembered before it was added.
     #[serde(default)]
     clock: Option<DateTime<Utc>>,
+    /// v1.2: whether the grant keeps the key's recovery record (a reconciling grant over one).
+    #[serde(default)]
+    keeps: bool,
 }
 
 impl AcquireAnswer {
@@ -201,24 +238,24 @@ impl AcquireAnswer {
     pub(super) fn into_outcome(self) -> AcquireOutcome {
         match (self.verdict.as_str(), self.granted, self.current) {
             ("insert" | "grant", Some(lease), current) => {
-                let recovered = current.and_then(|c| {
-                    let reason = c.recovery_reason.clone()?;
-                    Some(c.lease.recovery_record(&reason))
-                });
+                let record = current.and_then(|c| c.recovery_record()).map(Box::new);
+                let (recovered, kept) = if self.keeps {
+                    (None, record)
+                } else {
+                    (record, None)
+                };
                 AcquireOutcome::Granted {
                     lease: lease.into_lease(),
                     recovered,
+                    kept,
                 }
             }
             ("held", _, Some(c)) => AcquireOutcome::Held {
                 holder: c.lease.into_lease(),
             },
-            ("recovery_required", _, Some(c)) => {
-                let reason = c.recovery_reason.clone().expect("a verdict needs a reason");
-                AcquireOutcome::RecoveryRequired {
-                    recovery: c.lease.recovery_record(&reason),
-                }
-            }
+            ("recovery_required", _, Some(c)) => AcquireOutcome::RecoveryRequired {
+                recovery: c.recovery_record().expect("a verdict needs a reason"),
+            },
             (verdict, ..) => unreachable!("acquire verdict {verdict} without its row"),
         }
     }
@@ -288,7 +325,7 @@ impl Kind for WaitingAcquireBatch {
     }
 }
 
-/// An acquire statement with acquire_in.sql's twelve parameters bound over `jobs`.
+/// An acquire statement with acquire_in.sql's thirteen parameters bound over `jobs`.
 fn bind_acquires<'q>(
     statement: &'static str,
     jobs: &[&'q AcquireJob],
@@ -304,6 +341,7 @@ fn bind_acquires<'q>(
         .bind(column(jobs, |j| j.req.reconciled))
         .bind(column(jobs, |j| j.ctx.request_id.as_deref()))
         .bind(column(jobs, |j| j.ctx.remote_addr.as_deref()))
+        .bind(column(jobs, |j| j.req.reconciling))
 }
 
 impl super::batch::Job for AcquireJob {
@@ -504,6 +542,59 @@ pub async fn end(
             key: key.clone(),
             token,
             change: ending,
+            ctx: ctx.clone(),
+        })
+    })
+    .await?;
+    Ok(gated.map(ChangeAnswer::into_change))
+}
+
+/// The confirmation statement over a batch ([`reconciled`]), between the gate and the record;
+/// its race-freedom argument is in `sql/reconciled.sql`.
+pub(crate) const RECONCILED: &str = concat!(
+    include_str!("sql/reconciled_in.sql"),
+    include_str!("sql/gate.sql"),
+    include_str!("sql/reconciled.sql"),
+    include_str!("sql/remember.sql")
+);
+
+/// Confirmations of reconciliations, gathered into batches ([`super::batch`]). A job's change
+/// is its request's context, which the audit row of the moved record names.
+#[derive(Debug)]
+pub(crate) struct ReconciledBatch;
+
+impl Kind for ReconciledBatch {
+    type Job = ChangeJob<()>;
+    type Row = GatedRow<ChangeAnswer>;
+    const EFFECT: Effect = Effect::Changes;
+
+    fn query<'q>(jobs: &[&'q Self::Job]) -> QueryAs<'q, Postgres, Indexed<Self::Row>, PgArguments> {
+        bind_gates(sqlx::query_as(RECONCILED), jobs.iter().map(|&j| &j.ctx))
+            .bind(column(jobs, |j| j.key.as_str()))
+            .bind(column(jobs, |j| j.token.get()))
+            .bind(column(jobs, |j| j.ctx.request_id.as_deref()))
+            .bind(column(jobs, |j| j.ctx.remote_addr.as_deref()))
+    }
+}
+
+/// v1.2: the holder of `token`, the key's live lease, confirms that the leftovers of the
+/// recovery record its reconciling grant kept no longer conflict: in the next batch of
+/// confirmations, one statement (`sql/reconciled.sql`) clears the kept record, writes it to the
+/// audit log (operation `reconciled`) and answers the lease, which goes on unchanged; a lease
+/// that keeps no record is answered as it is, and changes nothing. Not the live lease:
+/// [`LeaseChange::Lost`], nothing changed.
+#[tracing::instrument(level = "debug", skip_all, fields(key = %key))]
+pub async fn reconciled(
+    db: &Db,
+    key: &Key,
+    token: FencingToken,
+    ctx: &RequestContext,
+) -> Result<Gated<LeaseChange>> {
+    let gated = idempotency::gated(ctx, || {
+        db.batches().reconciled.answer(ChangeJob {
+            key: key.clone(),
+            token,
+            change: (),
             ctx: ctx.clone(),
         })
     })

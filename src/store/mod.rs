@@ -66,6 +66,7 @@ pub fn hot_statements() -> Vec<(&'static str, &'static str)> {
         ("acquire (waiting)", leases::ACQUIRE_WAITING),
         ("renew", leases::RENEW),
         ("end", leases::END),
+        ("reconciled", leases::RECONCILED),
         ("put", snapshots::PUT),
         ("put (uploaded body)", snapshots::PUT_UPLOADED.as_str()),
         ("check before the body", snapshots::PRECHECK),

@@ -18,6 +18,7 @@ mod metrics;
 mod openapi;
 mod plans;
 mod raw;
+mod reconciling;
 mod recovery;
 mod serve;
 mod snapshots;

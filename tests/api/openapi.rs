@@ -406,18 +406,46 @@ async fn answers_conform_to_the_spec_across_every_operation_and_error_code() {
     .await;
     let blocked = send(Method::POST, "/v1/leases/k").json(&json!({"owner": "c", "ttl_ms": 30000}));
     c.check("post", lease, blocked.send().await.unwrap()).await;
-    let c_token = token(
-        &c.check(
+    // v1.2: both reconcile flags refused; a reconciling grant keeps the record until confirmed.
+    let both = json!({"owner": "c", "ttl_ms": 30000, "reconciled": true, "reconciling": true});
+    let both = send(Method::POST, "/v1/leases/k").json(&both);
+    c.check("post", lease, both.send().await.unwrap()).await;
+    let c_grant = c
+        .check(
             "post",
             lease,
             send(Method::POST, "/v1/leases/k")
-                .json(&json!({"owner": "c", "ttl_ms": 30000, "reconciled": true}))
+                .json(&json!({"owner": "c", "ttl_ms": 30000, "reconciling": true}))
                 .send()
                 .await
                 .unwrap(),
         )
-        .await,
-    );
+        .await;
+    assert!(c_grant["recovery"].is_object(), "{c_grant}");
+    let c_token = token(&c_grant);
+    c.check("get", lease, app.get("/v1/leases/k").await).await;
+    let confirm = "/v1/leases/{key}/reconciled";
+    c.check(
+        "post",
+        confirm,
+        fenced("reconciled", c_token + 1).send().await.unwrap(),
+    )
+    .await;
+    c.check(
+        "post",
+        confirm,
+        send(Method::POST, "/v1/leases/k/reconciled")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    c.check(
+        "post",
+        confirm,
+        fenced("reconciled", c_token).send().await.unwrap(),
+    )
+    .await;
     let release = |token: i64| {
         send(Method::DELETE, "/v1/leases/k").header("Fencing-Token", token.to_string())
     };

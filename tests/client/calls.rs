@@ -57,6 +57,71 @@ async fn a_reconciled_acquire_returns_the_record_it_replaced() {
 }
 
 #[tokio::test]
+async fn a_reconciling_acquire_returns_the_record_it_keeps_and_reconciled_moves_it_to_the_audit_log()
+ {
+    let app = TestApp::spawn().await;
+    let c = client(&app.instance.base);
+    let k = key("deploy");
+    let first = grant(&c, &k, "deployer-1", TTL).await;
+    c.abandon(&k, first.lease.token).await.unwrap();
+    let request = AcquireRequest::new(owner("deployer-2"), TTL).reconciling(true);
+    let second = c.acquire(&k, &request).await.unwrap();
+    assert!(second.recovered.is_none());
+    let kept = second.recovery.expect("the kept record");
+    assert_eq!(kept.reason, RecoveryReason::Abandoned);
+    assert_eq!(kept.token, first.lease.token);
+    let status = c.lease_status(&k).await.unwrap();
+    assert_eq!(status.state, LeaseState::Held);
+    assert_eq!(status.recovery.as_ref(), Some(&kept));
+
+    let lease = c.reconciled(&k, second.lease.token).await.unwrap();
+    assert_eq!(lease, second.lease);
+    assert_eq!(c.lease_status(&k).await.unwrap().recovery, None);
+    let rows = c.recoveries(&AuditFilter::default()).await.unwrap().items;
+    let operations: Vec<AuditOperation> = rows.iter().map(|r| r.operation).collect();
+    assert_eq!(
+        operations,
+        [AuditOperation::Reconciled, AuditOperation::Reconciling]
+    );
+    assert_eq!(rows[0].presented_token, Some(second.lease.token));
+    assert_eq!(rows[0].recovery, kept);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn reconciled_with_a_token_that_is_not_the_live_lease_is_lease_lost() {
+    let app = TestApp::spawn().await;
+    let c = client(&app.instance.base);
+    let k = key("deploy");
+    let first = grant(&c, &k, "deployer-1", TTL).await;
+    c.abandon(&k, first.lease.token).await.unwrap();
+    let request = AcquireRequest::new(owner("deployer-2"), TTL).reconciling(true);
+    let second = c.acquire(&k, &request).await.unwrap();
+    c.release(&k, second.lease.token).await.unwrap();
+    let e = c.reconciled(&k, second.lease.token).await.unwrap_err();
+    assert!(
+        matches!(e, snapfence_client::Error::LeaseLost { .. }),
+        "{e:?}"
+    );
+    let status = c.lease_status(&k).await.unwrap();
+    assert_eq!(status.state, LeaseState::RecoveryPending);
+    assert_eq!(status.recovery.unwrap().token, first.lease.token);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_acquire_request_refuses_reconciled_and_reconciling_together() {
+    let both = AcquireRequest::new(owner("w"), TTL)
+        .reconciled(true)
+        .reconciling(true);
+    assert!(both.checked_reconcile().is_err());
+    let plain = serde_json::to_value(AcquireRequest::new(owner("w"), TTL)).unwrap();
+    assert!(plain.get("reconciling").is_none(), "sent only when true");
+    let one = serde_json::to_value(AcquireRequest::new(owner("w"), TTL).reconciling(true)).unwrap();
+    assert_eq!(one["reconciling"], true);
+}
+
+#[tokio::test]
 async fn renew_extends_the_lease_and_keeps_its_token() {
     let app = TestApp::spawn().await;
     let c = client(&app.instance.base);

@@ -150,6 +150,56 @@ async fn lease_release_abandon_and_require_recovery_print_what_they_did() {
 }
 
 #[tokio::test]
+async fn lease_acquire_reconciling_prints_the_kept_record_and_lease_reconciled_the_lease() {
+    let app = TestApp::spawn().await;
+    let c = client(&app.instance.base);
+    let first = grant(&c, &key("deploy"), "deployer-1", TTL).await;
+    c.abandon(&key("deploy"), first.lease.token).await.unwrap();
+    let args = [
+        "lease",
+        "acquire",
+        "deploy",
+        "--owner",
+        "deployer-2",
+        "--reconciling",
+    ];
+    let g = json_golden(&app.instance.base, &args, b"", "lease-acquire-reconciling").await;
+    assert_eq!(g["recovery"]["token"], first.lease.token.get());
+    let t = g["token"].to_string();
+    let args = ["lease", "reconciled", "deploy", "--token", &t];
+    json_golden(&app.instance.base, &args, b"", "lease-reconciled").await;
+    assert_eq!(c.lease_status(&key("deploy")).await.unwrap().recovery, None);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn lease_acquire_refuses_reconciled_with_reconciling_as_a_usage_error() {
+    let app = TestApp::spawn().await;
+    let args = ["lease", "acquire", "k", "--reconciled", "--reconciling"];
+    let ran = cli(&app.instance.base, &args).await;
+    assert_eq!(ran.code, 2, "{}", ran.stderr);
+    assert!(ran.stderr.contains("--reconciling"), "{}", ran.stderr);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn lease_reconciled_with_a_lost_lease_exits_11() {
+    let app = TestApp::spawn().await;
+    let c = client(&app.instance.base);
+    let g = grant(&c, &key("k"), "w", TTL).await;
+    c.release(&key("k"), g.lease.token).await.unwrap();
+    let t = g.lease.token.to_string();
+    let ran = cli(
+        &app.instance.base,
+        &["lease", "reconciled", "k", "--token", &t],
+    )
+    .await;
+    assert_eq!(ran.code, 11, "{}", ran.stderr);
+    assert!(ran.stderr.contains("lease_lost"), "{}", ran.stderr);
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn lease_show_prints_the_state_lease_and_recovery_record() {
     let app = TestApp::spawn().await;
     let c = client(&app.instance.base);

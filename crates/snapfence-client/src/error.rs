@@ -16,7 +16,7 @@ use snapfence_types::{ErrorCode, Holder, Problem, RefusalFields};
 /// # Did a failed write take effect?
 ///
 /// For a read it does not matter: reads change nothing. A write (acquire, renew, release,
-/// abandon, require-recovery, put, delete) is sent with a fresh `Idempotency-Key`, the same on
+/// abandon, require-recovery, reconciled, put, delete) is sent with a fresh `Idempotency-Key`, the same on
 /// every attempt, so the server does it at most once, and a retry after an unknown outcome is
 /// answered with what happened (the grant, the version, the refusal); the client retries such
 /// failures up to [`RetryPolicy::max_attempts`](super::RetryPolicy) (the server keeps the

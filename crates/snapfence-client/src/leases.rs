@@ -1,4 +1,5 @@
-//! The lease calls: acquire, renew, release, abandon, require-recovery, status and list.
+//! The lease calls: acquire, renew, release, abandon, require-recovery, reconciled, status and
+//! list.
 
 use std::time::Duration;
 
@@ -92,6 +93,26 @@ impl Client {
     pub async fn require_recovery(&self, key: &Key, token: FencingToken) -> Result<()> {
         let path = format!("/v1/leases/{}/require-recovery", segment(key)?);
         self.end(Method::POST, path, token).await
+    }
+
+    /// v1.2, `POST /v1/leases/{key}/reconciled`: the holder of `token`, a lease acquired with
+    /// [`AcquireRequest::reconciling`], says the leftovers of the recovery record its grant kept
+    /// ([`Grant::recovery`]) no longer conflict: the record moves to the audit log and the lease
+    /// goes on (returned as it is). A lease that keeps no record (the key had none when it was
+    /// granted, or it confirmed already) is returned unchanged. [`Error::LeaseLost`] when the
+    /// token is not the key's live lease: the record then stays as it was.
+    pub async fn reconciled(&self, key: &Key, token: FencingToken) -> Result<Lease> {
+        let path = format!("/v1/leases/{}/reconciled", segment(key)?);
+        self.send_json(
+            CallKind::Change,
+            Call {
+                method: Method::POST,
+                path: &path,
+            },
+            &[StatusCode::OK],
+            |r| r.header(FENCING_TOKEN, token.get()),
+        )
+        .await
     }
 
     /// `GET /v1/leases/{key}`: the key's state, newest lease and recovery record.

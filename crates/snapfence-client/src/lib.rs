@@ -63,8 +63,8 @@
 //! a timeout, an unreadable answer; and, for a change, `409 request_in_progress` (an earlier
 //! attempt is still running on the server).
 //!
-//! That is safe for the changes too (acquire, renew, release, abandon, require-recovery, put,
-//! delete): each call is sent with a fresh `Idempotency-Key`, the same on every attempt, and the
+//! That is safe for the changes too (acquire, renew, release, abandon, require-recovery,
+//! reconciled, put, delete): each call is sent with a fresh `Idempotency-Key`, the same on every attempt, and the
 //! server (v1.1) does a change at most once per key and answers a retry with what the first
 //! attempt did. So a grant or a write whose answer was lost happens exactly once, and its caller
 //! still learns the token or the version. [`Error::is_indeterminate`] tells a failure that left

@@ -62,6 +62,12 @@ pub enum AuditOperation {
     Delete,
     /// An acquire with `reconciled: true` that replaced a recovery record.
     Reconcile,
+    /// v1.2: an acquire with `reconciling: true` that took the key and kept the record; the row
+    /// names the reconciling holder (the record stays until it confirms).
+    Reconciling,
+    /// v1.2: the reconciling holder confirmed (`POST /v1/leases/{key}/reconciled`) and the
+    /// record moved to the audit log.
+    Reconciled,
 }
 
 impl AuditOperation {
@@ -71,6 +77,8 @@ impl AuditOperation {
             Self::Put => "put",
             Self::Delete => "delete",
             Self::Reconcile => "reconcile",
+            Self::Reconciling => "reconciling",
+            Self::Reconciled => "reconciled",
         }
     }
 }
@@ -103,25 +111,29 @@ pub struct Rejection {
     pub principal: Option<String>,
 }
 
-/// One replaced recovery record, from `GET /v1/audit/recoveries`.
+/// One row of `GET /v1/audit/recoveries`: a recovery record replaced by a `reconciled` grant
+/// (`reconcile`), kept by a reconciling grant (`reconciling`, v1.2), or moved to the log by that
+/// holder's confirmation (`reconciled`, v1.2).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Recovery {
     /// Row id; pages are ordered by it, newest first.
     pub id: AuditId,
-    /// When the record was replaced (database clock).
+    /// When the record was replaced, kept or confirmed (database clock).
     #[serde(with = "rfc3339_millis")]
     pub at: DateTime<Utc>,
     /// The key.
     pub key: Key,
     /// The replaced record's reason.
     pub reason: RecoveryReason,
-    /// Always `None`: a reconciling acquire presents no token.
+    /// The confirming holder's token for `reconciled`; `None` for the grants, which present
+    /// none.
     pub presented_token: Option<FencingToken>,
     /// The reconciling grant's token.
     pub highest_token: FencingToken,
     /// The reconciling grant's owner.
     pub holder: Owner,
-    /// Always [`AuditOperation::Reconcile`].
+    /// [`AuditOperation::Reconcile`], [`AuditOperation::Reconciling`] or
+    /// [`AuditOperation::Reconciled`].
     pub operation: AuditOperation,
     /// The reconciling request's `x-request-id`.
     pub request_id: Option<String>,
@@ -129,7 +141,7 @@ pub struct Recovery {
     pub remote_addr: Option<String>,
     /// The authenticated principal, if authentication is configured.
     pub principal: Option<String>,
-    /// The record that was replaced.
+    /// The record that was replaced, kept or confirmed.
     pub recovery: RecoveryRecord,
     /// Who stated that the leftovers were reconciled.
     pub reconciled_by: Owner,

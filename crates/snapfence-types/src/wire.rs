@@ -31,6 +31,13 @@ pub struct AcquireRequest {
     /// so that a retained recovery record is replaced.
     #[serde(default)]
     pub reconciled: bool,
+    /// v1.2: whether the caller reconciles while holding the key: on a key with a retained
+    /// recovery record and no live lease the grant keeps the record (and shows it as the grant's
+    /// `recovery`) until the holder confirms with `POST /v1/leases/{key}/reconciled`; everyone
+    /// else is `lease_held` meanwhile. Exclusive with `reconciled`. Sent only when true, so a
+    /// request without it reads (and fingerprints) as before.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reconciling: bool,
     /// v1.1: how long to wait in milliseconds (0..=[`MAX_WAIT_MS`], absent or 0: not at all)
     /// while the key is held, in the key's queue, before the answer is `lease_held`. A retained
     /// recovery record is answered at once whatever the wait.
@@ -59,6 +66,7 @@ impl AcquireRequest {
             metadata: None,
             crash_recovery: false,
             reconciled: false,
+            reconciling: false,
             wait_ms: None,
         }
     }
@@ -103,6 +111,24 @@ impl AcquireRequest {
         self.reconciled = on;
         self
     }
+
+    /// v1.2: reconciles while holding the key: a retained recovery record is kept by the grant
+    /// until the holder confirms (`Client::reconciled`). Exclusive with
+    /// [`reconciled`](Self::reconciled).
+    pub fn reconciling(mut self, on: bool) -> Self {
+        self.reconciling = on;
+        self
+    }
+
+    /// Refuses `reconciled` and `reconciling` together, which the contract makes exclusive.
+    pub fn checked_reconcile(&self) -> Result<(), crate::InvalidInput> {
+        if self.reconciled && self.reconciling {
+            return Err(crate::InvalidInput::new(
+                "reconciled and reconciling are exclusive: reconciled says the leftovers were dealt with before asking, reconciling keeps the record until the holder confirms",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The body of a renewal. Without `ttl_ms` the lease keeps its TTL.
@@ -130,7 +156,8 @@ impl RenewRequest {
     }
 }
 
-/// A granted lease, and the recovery record it replaced when the acquire was `reconciled`.
+/// A granted lease, and the recovery record it replaced when the acquire was `reconciled`, or
+/// the one it keeps when the acquire was `reconciling` (v1.2).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Grant {
     /// The new lease.
@@ -139,6 +166,10 @@ pub struct Grant {
     /// The replaced record, if there was one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovered: Option<RecoveryRecord>,
+    /// v1.2: the retained record this reconciling lease keeps until its holder confirms with
+    /// `POST /v1/leases/{key}/reconciled`, if there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<RecoveryRecord>,
 }
 
 /// One page of a list: `{"items": [...], "next_cursor": string-or-null}`.

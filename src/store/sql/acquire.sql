@@ -4,6 +4,12 @@
 -- to `recoveries` by the same statement (`reconciled`), so the grant and its audit row commit
 -- together.
 --
+-- v1.2, `reconciling`: a grant over a retained record keeps it (the row's `kept_*` columns, see
+-- migrations/20261204200000_reconciling.sql) instead of replacing it, and its `recoveries` row
+-- (operation `reconciling`) names the reconciling holder; the record leaves only by that holder's
+-- confirmation (reconciled.sql) or a later `reconciled: true` grant. `rec_*` is the key's
+-- record as it stands: the kept one if the row keeps one, else the newest lease's own.
+--
 -- Race-freedom: on an existing key, every acquire, renew, release and write of that key waits
 -- for the row lock, so `decision` sees the state the last of them left. On a new key there is no
 -- row to lock: concurrent first acquires all try the INSERT, the primary key lets one win, and
@@ -19,9 +25,16 @@
 cur AS (
     SELECT r.i, l.key, l.token, l.owner, l.ttl_ms, l.metadata, l.crash_recovery,
         l.recovery_required, l.acquired_at, l.expires_at, l.ended_at,
-        lease_recovery_reason(l.end_reason, l.expires_at, l.crash_recovery, l.recovery_required, now())
-            AS recovery_reason,
-        lease_state(l.end_reason, l.expires_at, l.crash_recovery, l.recovery_required, now()) AS state
+        l.kept_owner, l.kept_token, l.kept_acquired_at, l.kept_ended_at, l.kept_metadata,
+        key_recovery_reason(l.kept_reason, l.end_reason, l.expires_at, l.crash_recovery,
+            l.recovery_required, now()) AS recovery_reason,
+        key_state(l.kept_reason, l.end_reason, l.expires_at, l.crash_recovery,
+            l.recovery_required, now()) AS state,
+        CASE WHEN l.kept_token IS NULL THEN l.owner ELSE l.kept_owner END AS rec_owner,
+        coalesce(l.kept_token, l.token) AS rec_token,
+        coalesce(l.kept_acquired_at, l.acquired_at) AS rec_acquired_at,
+        coalesce(l.kept_ended_at, l.ended_at, l.expires_at) AS rec_ended_at,
+        CASE WHEN l.kept_token IS NULL THEN l.metadata ELSE l.kept_metadata END AS rec_metadata
     FROM req r JOIN gate g ON g.i = r.i AND g.verdict = 'run' JOIN leases l ON l.key = r.key
     ORDER BY l.key FOR NO KEY UPDATE OF l),
 decision AS (
@@ -29,7 +42,8 @@ decision AS (
         WHEN g.verdict <> 'run' THEN g.verdict
         WHEN c.key IS NULL THEN 'insert'
         WHEN c.state = 'held' THEN 'held'
-        WHEN c.recovery_reason IS NOT NULL AND NOT r.reconciled THEN 'recovery_required'
+        WHEN c.recovery_reason IS NOT NULL AND NOT r.reconciled AND NOT r.reconciling
+            THEN 'recovery_required'
         -- Waiting acquire (v1.1): a free key goes to the first live waiter of its queue
         -- (migrations/20261204000000_lease_waiters.sql). Any other acquire finds it `held`: one
         -- that does not wait (`waiter` NULL) while anyone live waits, a waiter while a live one
@@ -55,12 +69,21 @@ granted AS (
     UPDATE leases SET token = t.token, owner = r.owner, ttl_ms = r.ttl_ms,
         metadata = r.metadata::json, crash_recovery = r.crash_recovery, recovery_required = false,
         acquired_at = now(), expires_at = now() + r.ttl_ms * interval '1 millisecond',
-        end_reason = NULL, ended_at = NULL
-    FROM drawn t JOIN req r ON r.i = t.i
+        end_reason = NULL, ended_at = NULL,
+        -- v1.2: a reconciling grant keeps the key's record (`keeps`); any other grant here was
+        -- either over no record or `reconciled: true`, which replaces it.
+        kept_reason = CASE WHEN k.keeps THEN c.recovery_reason END,
+        kept_owner = CASE WHEN k.keeps THEN c.rec_owner END,
+        kept_token = CASE WHEN k.keeps THEN c.rec_token END,
+        kept_acquired_at = CASE WHEN k.keeps THEN c.rec_acquired_at END,
+        kept_ended_at = CASE WHEN k.keeps THEN c.rec_ended_at END,
+        kept_metadata = CASE WHEN k.keeps THEN c.rec_metadata END
+    FROM drawn t JOIN req r ON r.i = t.i JOIN cur c ON c.i = t.i
+    CROSS JOIN LATERAL (SELECT r.reconciling AND c.recovery_reason IS NOT NULL AS keeps) k
     WHERE leases.key = r.key
     RETURNING r.i, leases.key, leases.token, leases.owner, leases.ttl_ms, leases.metadata,
         leases.crash_recovery, leases.recovery_required, leases.acquired_at, leases.expires_at,
-        leases.ended_at),
+        leases.ended_at, k.keeps),
 inserted AS (
     INSERT INTO leases (key, token, owner, ttl_ms, metadata, crash_recovery, acquired_at, expires_at)
     SELECT r.key, next_fencing_token(), r.owner, r.ttl_ms, r.metadata::json, r.crash_recovery,
@@ -71,25 +94,27 @@ inserted AS (
     RETURNING *),
 new_lease AS (
     SELECT i, key, token, owner, ttl_ms, metadata, crash_recovery, recovery_required,
-        acquired_at, expires_at, ended_at FROM granted
+        acquired_at, expires_at, ended_at, keeps FROM granted
     UNION ALL
     SELECT r.i, n.key, n.token, n.owner, n.ttl_ms, n.metadata, n.crash_recovery,
-        n.recovery_required, n.acquired_at, n.expires_at, n.ended_at
+        n.recovery_required, n.acquired_at, n.expires_at, n.ended_at, false
     FROM inserted n JOIN req r ON r.key = n.key),
 reconciled AS (
     INSERT INTO recoveries (key, reason, record_owner, record_token, record_acquired_at,
-        record_ended_at, record_metadata, reconciled_by, new_token, request_id, remote_addr, principal)
-    SELECT c.key, c.recovery_reason, c.owner, c.token, c.acquired_at,
-        coalesce(c.ended_at, c.expires_at), c.metadata, n.owner, n.token, r.request_id,
-        r.remote_addr, r.principal
+        record_ended_at, record_metadata, reconciled_by, new_token, request_id, remote_addr,
+        principal, operation)
+    SELECT c.key, c.recovery_reason, c.rec_owner, c.rec_token, c.rec_acquired_at,
+        c.rec_ended_at, c.rec_metadata, n.owner, n.token, r.request_id,
+        r.remote_addr, r.principal, CASE WHEN n.keeps THEN 'reconciling' ELSE 'reconcile' END
     FROM cur c JOIN new_lease n ON n.i = c.i JOIN req r ON r.i = c.i
     WHERE c.recovery_reason IS NOT NULL),
 -- The answers: the verdict, the new lease, and the row as it was found (for `held`, and for the
--- recovery record a grant replaced or a refusal names). A waiter's `held` that is not its last
--- try is not settled: it waits on (acquire_wait_in.sql). `clock` is the statement's now(), so
--- that a waiter sleeps until the holder's expires_at by the database clock.
+-- recovery record a grant replaced or kept (`keeps`), or a refusal names). A waiter's `held`
+-- that is not its last try is not settled: it waits on (acquire_wait_in.sql). `clock` is the
+-- statement's now(), so that a waiter sleeps until the holder's expires_at by the database clock.
 result AS (
     SELECT d.i, d.verdict, to_json(n) AS granted, to_json(c) AS current,
+        coalesce(n.keeps, false) AS keeps,
         (d.verdict <> 'insert' OR n.key IS NOT NULL) AND (r.last_try OR d.verdict <> 'held')
             AS settled,
         now() AS clock

@@ -5,11 +5,13 @@
 -- $4 state or NULL, $5 page size + 1.
 SELECT l.key, l.token, l.owner, l.ttl_ms, l.metadata, l.crash_recovery, l.recovery_required,
     l.acquired_at, l.expires_at, l.ended_at,
-    lease_recovery_reason(l.end_reason, l.expires_at, l.crash_recovery, l.recovery_required, now())
-        AS recovery_reason,
-    lease_state(l.end_reason, l.expires_at, l.crash_recovery, l.recovery_required, now()) AS state
+    l.kept_owner, l.kept_token, l.kept_acquired_at, l.kept_ended_at, l.kept_metadata,
+    key_recovery_reason(l.kept_reason, l.end_reason, l.expires_at, l.crash_recovery,
+        l.recovery_required, now()) AS recovery_reason,
+    key_state(l.kept_reason, l.end_reason, l.expires_at, l.crash_recovery, l.recovery_required,
+        now()) AS state
 FROM leases l
 WHERE l.key >= $1 AND l.key < $2 AND l.key > $3
-  AND ($4::text IS NULL OR lease_state(l.end_reason, l.expires_at, l.crash_recovery,
-                                       l.recovery_required, now()) = $4)
+  AND ($4::text IS NULL OR key_state(l.kept_reason, l.end_reason, l.expires_at,
+                                     l.crash_recovery, l.recovery_required, now()) = $4)
 ORDER BY l.key LIMIT $5
