@@ -10,9 +10,9 @@ import threading
 from typing import Dict, Iterator, Tuple
 
 import pytest
+from conftest import Server, create_key, new_temp_dir, start_server
 
 import snapfence
-from conftest import Server, create_key, new_temp_dir, start_server
 
 
 def make_ca(d: str) -> Tuple[str, str, str]:

@@ -30,7 +30,7 @@ def test_three_contenders_lead_one_at_a_time(url: str, key) -> None:
     observer = threading.Thread(target=observe, daemon=True)
     observer.start()
     assert observing.wait(60)
-    elected: "queue.Queue[tuple[str, int]]" = queue.Queue()
+    elected: queue.Queue[tuple[str, int]] = queue.Queue()
     resign = {name_: threading.Event() for name_ in ("a", "b", "c")}
     errors: List[BaseException] = []
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 import re
 
 import pytest
+from conftest import ROOT
 
 import snapfence
 from snapfence import _core
-
-from conftest import ROOT
 
 ERROR_RS = ROOT / "crates" / "snapfence-types" / "src" / "error.rs"
 OPENAPI = ROOT / "openapi.yaml"

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from conftest import Proxy
 
 import snapfence
-from conftest import Proxy
 
 FAST = snapfence.RetryPolicy(max_attempts=4, initial_backoff=0.05, max_backoff=0.2)
 

@@ -13,9 +13,9 @@ import textwrap
 import time
 
 import pytest
+from conftest import Server
 
 import snapfence
-from conftest import Server
 
 
 def wait_until(what: str, cond, timeout: float = 60.0) -> None:

@@ -9,9 +9,9 @@ import time
 from typing import List
 
 import pytest
+from conftest import Proxy
 
 import snapfence
-from conftest import Proxy
 
 
 def take(watch, n: int) -> List[snapfence.ChangeEvent]:

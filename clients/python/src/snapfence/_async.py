@@ -502,7 +502,8 @@ class AsyncLeaseKeeper:
         return self
 
     async def __aenter__(self) -> AsyncLeaseKeeper:
-        return await self.start()
+        # A keeper started already (e.g. by AsyncElection.campaign) is entered as it is.
+        return self if self._state is not None else await self.start()
 
     async def __aexit__(
         self,

@@ -526,7 +526,8 @@ class LeaseKeeper:
         return self
 
     def __enter__(self) -> LeaseKeeper:
-        return self.start()
+        # A keeper started already (e.g. by Election.campaign) is entered as it is.
+        return self if self._state is not None else self.start()
 
     def __exit__(
         self,
