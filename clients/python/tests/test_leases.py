@@ -143,3 +143,18 @@ def test_list_leases_pages_and_iterates(client: snapfence.Client, key) -> None:
     assert [s.key for s in client.iter_leases(prefix=prefix, page_size=1)] == sorted(tokens)
     held = [s.key for s in client.iter_leases(prefix=prefix, state="held")]
     assert held == [prefix + "a", prefix + "c"]
+
+
+def test_keys_are_sent_as_one_percent_encoded_segment(client: snapfence.Client, key) -> None:
+    for name in ("a b%é?#&", "v1.2~x_y-z", "...", "slash/inside/key", "ü" * 200):
+        k = key() + "/" + name
+        g = client.acquire(k, "w", 30)
+        assert g.lease.key == k
+        client.put_snapshot(k, g.token, name)
+        assert client.get_snapshot(k).text == name
+        assert client.get_lease(k).key == k
+        client.release(k, g.token)
+    with pytest.raises(snapfence.InvalidRequest):
+        client.acquire("x" * 513, "w", 30)
+    with pytest.raises(snapfence.InvalidRequest):
+        client.acquire("bad\nkey", "w", 30)
