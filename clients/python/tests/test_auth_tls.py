@@ -151,3 +151,23 @@ def test_too_many_requests_is_retried_after_retry_after(tls_server, key) -> None
     assert status.lease.owner == "ops" and waited
     assert retries and all(isinstance(e, snapfence.TooManyRequests) for e in retries)
     ops.release(k, held.token)
+
+
+def test_from_env_reads_the_url_the_api_key_and_the_ca(tls_server, key, monkeypatch) -> None:
+    s, ca, tokens = tls_server
+    monkeypatch.setenv("SNAPFENCE_URL", s.url)
+    monkeypatch.setenv("SNAPFENCE_API_KEY", tokens["ops"])
+    monkeypatch.setenv("SNAPFENCE_CA_CERT", ca)
+    k = key()
+    c = snapfence.Client.from_env()
+    g = c.acquire(k, "w", 30)
+    assert c.base_url == s.url and c.get_lease(k).newest_token == g.token
+    with pytest.raises(snapfence.Unauthorized):
+        snapfence.Client.from_env(api_key="sf_nope_nope").get_lease(k)
+
+    async def main() -> None:
+        async with snapfence.AsyncClient.from_env() as ac:
+            await ac.release(k, g.token)
+
+    asyncio.run(main())
+    assert c.get_lease(k).state == "released"
