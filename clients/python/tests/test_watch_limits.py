@@ -55,9 +55,10 @@ def test_a_watch_from_a_change_no_longer_retained_ends_with_compacted(short: Ser
     c = snapfence.Client(short.url)
     k = key()
     g = c.acquire(k, "w", 60)
-    c.put_snapshot(k, g.token, b"first")
-    with c.watch(prefix=k, since=0) as w:
-        first = next(w)
+    with c.watch(prefix=k).open() as w:
+        c.put_snapshot(k, g.token, b"first")
+        # (the grant before it may come first: see test_a_watch_starts_after_what_committed_before_it)
+        first = next(ev for ev in w if ev.kind == "snapshot.written")
     deadline = time.monotonic() + 60
     while True:
         c.put_snapshot(k, g.token, b"more")  # history keeps moving on
@@ -77,4 +78,22 @@ def test_a_watch_from_a_change_no_longer_retained_ends_with_compacted(short: Ser
                     pass
 
     asyncio.run(main())
+    c.release(k, g.token)
+
+
+@pytest.mark.xfail(
+    reason="server: since=0 (openapi: 'the oldest retained') is answered 410 compacted once history was pruned; "
+    "reported to the lead",
+    strict=False,
+    raises=snapfence.Compacted,
+)
+def test_since_zero_is_the_oldest_retained_change_even_after_pruning(short: Server, key) -> None:
+    c = snapfence.Client(short.url)
+    k = key()
+    g = c.acquire(k, "w", 60)
+    time.sleep(3)  # not an assertion: lets the two seconds of retention prune the grant
+    c.put_snapshot(k, g.token, b"retained")
+    with c.watch(prefix=k, since=0) as w:
+        ev = next(w)
+    assert ev.kind == "snapshot.written" and ev.key == k
     c.release(k, g.token)

@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional, T
 import httpx
 
 from . import _core
-from ._config import OnRetry, make_config
+from ._config import OnRetry, from_env, make_config
 from ._core import Answer, Attempts, Call, RetryPolicy, Seconds, WatchState, jittered, transport_error
 from ._errors import LeaseLost, LostLease, SnapfenceError
 from ._keeper import KeeperState
@@ -71,6 +71,14 @@ class AsyncClient:
         self._http = httpx.AsyncClient(
             headers=self._cfg.headers, verify=self._cfg.verify, limits=self._cfg.limits
         )
+
+    @classmethod
+    def from_env(cls, **options: Any) -> AsyncClient:
+        """A client of ``$SNAPFENCE_URL`` (default ``http://127.0.0.1:7878``) with the API key of
+        ``$SNAPFENCE_API_KEY`` and the CA roots of ``$SNAPFENCE_CA_CERT``, when set; ``options``
+        are the constructor's and win over the environment."""
+        url, opts = from_env(options)
+        return cls(url, **opts)  # type: ignore[arg-type]
 
     @property
     def base_url(self) -> str:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import ssl
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Union
+from typing import Callable, Dict, Optional, Tuple, Union
 from urllib.parse import urlsplit
 
 import httpx
@@ -40,6 +41,20 @@ class Config:
         return httpx.Timeout(
             self.timeout, connect=self.connect_timeout, read=self.watch_idle_timeout, pool=self.timeout
         )
+
+
+def from_env(overrides: Dict[str, object]) -> Tuple[str, Dict[str, object]]:
+    """The base URL and options the environment names, as the Go and Rust clients read it:
+    ``SNAPFENCE_URL`` (default ``http://127.0.0.1:7878``), ``SNAPFENCE_API_KEY``,
+    ``SNAPFENCE_CA_CERT`` (a PEM file of private CA roots). Explicit options win."""
+    url = os.environ.get("SNAPFENCE_URL") or "http://127.0.0.1:7878"
+    opts: Dict[str, object] = {}
+    if os.environ.get("SNAPFENCE_API_KEY"):
+        opts["api_key"] = os.environ["SNAPFENCE_API_KEY"]
+    if os.environ.get("SNAPFENCE_CA_CERT"):
+        opts["ca_file"] = os.environ["SNAPFENCE_CA_CERT"]
+    opts.update(overrides)
+    return url, opts
 
 
 def make_config(

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Type, TypeVar, Un
 import httpx
 
 from . import _core
-from ._config import OnRetry, make_config
+from ._config import OnRetry, from_env, make_config
 from ._core import Answer, Attempts, Call, RetryPolicy, Seconds, WatchState, jittered, transport_error
 from ._errors import LeaseLost, LostLease, SnapfenceError
 from ._keeper import KeeperState
@@ -68,6 +68,14 @@ class Client:
             max_connections=max_connections,
         )
         self._http = httpx.Client(headers=self._cfg.headers, verify=self._cfg.verify, limits=self._cfg.limits)
+
+    @classmethod
+    def from_env(cls, **options: Any) -> Client:
+        """A client of ``$SNAPFENCE_URL`` (default ``http://127.0.0.1:7878``) with the API key of
+        ``$SNAPFENCE_API_KEY`` and the CA roots of ``$SNAPFENCE_CA_CERT``, when set; ``options``
+        are the constructor's and win over the environment."""
+        url, opts = from_env(options)
+        return cls(url, **opts)  # type: ignore[arg-type]
 
     @property
     def base_url(self) -> str:
