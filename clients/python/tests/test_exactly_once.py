@@ -83,3 +83,53 @@ def test_a_read_that_cannot_connect_is_not_indeterminate(key) -> None:
     with pytest.raises(snapfence.TransportError) as e:
         c.get_lease(key())
     assert not e.value.may_have_reached and not e.value.is_indeterminate
+
+
+def test_a_waiting_acquire_cut_while_it_waits_is_granted_once(proxy: Proxy, url: str, key) -> None:
+    import threading
+    import time
+
+    direct = snapfence.Client(url)
+    retries: list[snapfence.SnapfenceError] = []
+    c = snapfence.Client(
+        proxy.url,
+        retry=snapfence.RetryPolicy(max_attempts=20, initial_backoff=0.05, max_backoff=0.5),
+        on_retry=lambda e, p: retries.append(e),
+    )
+    k = key()
+    watch = direct.watch(prefix=k).open()
+    holder = direct.acquire(k, "holder", 60)
+    got: list[object] = []
+    t = threading.Thread(target=lambda: got.append(c.acquire(k, "waiter", 60, wait=30)))
+    t.start()
+    deadline = time.monotonic() + 30
+    while not proxy.idempotency_keys():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    time.sleep(0.3)  # setup, not an assertion: lets the waiter reach the key's queue
+    assert proxy.cut_connections() == 1
+    deadline = time.monotonic() + 30
+    while len(proxy.idempotency_keys()) < 2:  # the retry is sent, with the same key
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    direct.release(k, holder.token)
+    t.join(60)
+    assert got and isinstance(got[0], snapfence.Grant), (got, retries)
+    grant = got[0]
+    keys = proxy.idempotency_keys()
+    assert len(set(keys)) == 1 and len(keys) >= 2
+    assert isinstance(retries[0], snapfence.TransportError) and retries[0].may_have_reached
+    status = direct.get_lease(k)
+    assert status.lease.owner == "waiter" and status.newest_token == grant.token
+    direct.release(k, grant.token)
+    # Exactly two grants of the key, the holder's and the waiter's: none was made and lost.
+    granted = []
+    with watch:
+        for ev in watch:
+            if ev.key != k:
+                continue
+            if ev.kind == "lease.granted":
+                granted.append((ev.owner, ev.token))
+            if ev.kind == "lease.released" and ev.token == grant.token:
+                break
+    assert granted == [("holder", holder.token), ("waiter", grant.token)]
