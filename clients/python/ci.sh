@@ -48,6 +48,8 @@ rm -rf "$venv"
 "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
 "$venv/bin/python" -m pip wheel -q --no-deps -w "$venv/wheels" ./clients/python
+# setuptools builds in the source tree: leave it as it was.
+rm -rf clients/python/build clients/python/src/snapfence.egg-info
 "$venv/bin/python" -m pip install -q "$venv"/wheels/snapfence-*.whl \
   pytest==9.2.0 pytest-timeout==2.4.0 mypy==2.4.1 ruff==0.17.6
 "$venv/bin/python" -m pip list --format=freeze | grep -iE '^(snapfence|httpx)=='
