@@ -55,6 +55,8 @@ rm -rf clients/python/build clients/python/src/snapfence.egg-info
 "$venv/bin/python" -m pip list --format=freeze | grep -iE '^(snapfence|httpx)=='
 
 cd "$root/clients/python"
+# The tools' caches go with the venv, not into the source tree.
+export MYPY_CACHE_DIR=$venv/mypy-cache RUFF_CACHE_DIR=$venv/ruff-cache
 
 step "mypy --strict (the package)"
 "$venv/bin/mypy" --strict src/snapfence
