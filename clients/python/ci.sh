@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# CI of the Python client (clients/python), run from the repository root (by .ci/run, or by hand):
+# a fresh virtual environment under target/, the package built as a wheel and installed in it
+# with the dev tools (pytest, mypy, ruff: in the venv only), then `mypy --strict` and
+# `ruff check` on the package and pytest. The tests start `snapfence serve` themselves, from
+# target/debug/snapfence (built here when missing) with an embedded PostgreSQL, so the
+# PostgreSQL server binaries must be there too; the TLS test makes its CA with openssl.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+
+step() { printf '\n==> %s\n' "$*"; }
+
+python=${PYTHON:-python3}
+step "Python ($python)"
+"$python" -c 'import sys; assert sys.version_info >= (3, 9), sys.version; print(sys.version)'
+if ! "$python" -c 'import venv, ensurepip' >/dev/null 2>&1; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+fi
+
+step "PostgreSQL server binaries (for the embedded cluster of snapfence serve), openssl"
+if command -v initdb >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
+  echo "found"
+else
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+fi
+if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
+  useradd --system --no-create-home --shell /usr/sbin/nologin postgres
+fi
+if ! command -v openssl >/dev/null 2>&1; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null
+fi
+
+export SNAPFENCE_BIN="${SNAPFENCE_BIN:-$root/target/debug/snapfence}"
+step "snapfence binary ($SNAPFENCE_BIN)"
+if [ ! -x "$SNAPFENCE_BIN" ]; then
+  cargo build --locked --bin snapfence
+fi
+ls -l "$SNAPFENCE_BIN"
+
+target=${CARGO_TARGET_DIR:-$root/target}
+venv=$target/python-venv
+step "virtual environment ($venv), the package as a wheel, the dev tools"
+rm -rf "$venv"
+"$python" -m venv "$venv"
+"$venv/bin/python" -m pip install -q --upgrade pip
+"$venv/bin/python" -m pip wheel -q --no-deps -w "$venv/wheels" ./clients/python
+# setuptools builds in the source tree: leave it as it was.
+rm -rf clients/python/build clients/python/src/snapfence.egg-info
+"$venv/bin/python" -m pip install -q "$venv"/wheels/snapfence-*.whl \
+  pytest==9.2.0 pytest-timeout==2.4.0 mypy==2.4.1 ruff==0.17.6
+"$venv/bin/python" -m pip list --format=freeze | grep -iE '^(snapfence|httpx)=='
+
+cd "$root/clients/python"
+# The tools' caches go with the venv, not into the source tree.
+export MYPY_CACHE_DIR=$venv/mypy-cache RUFF_CACHE_DIR=$venv/ruff-cache
+
+step "mypy --strict (the package)"
+"$venv/bin/mypy" --strict src/snapfence
+
+step "ruff check, ruff format --check"
+"$venv/bin/ruff" check src tests
+"$venv/bin/ruff" format --check src
+
+step "pytest (against snapfence serve)"
+log=$venv/pytest.log
+set +e
+# The installed wheel is what is tested (not src/): -p no:cacheprovider keeps the tree clean.
+"$venv/bin/python" -m pytest -p no:cacheprovider -rs --timeout 600 tests 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+set -e
+printf '\npython client: %s\n' "$(grep -E '^=+ .*(passed|failed|error).* =+$' "$log" | tail -n 1 | sed -E 's/^=+ //; s/ =+$//')"
+exit "$rc"

@@ -1,0 +1,199 @@
+"""The keeper: renews in the background and signals loss before the deadline, when the service
+stops answering (SIGSTOP of the serve process), when the lease is taken over, and when the
+holder's own process is paused past its lease."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from conftest import Server
+
+import snapfence
+
+
+def wait_until(what: str, cond, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout} s")
+        time.sleep(0.05)
+
+
+def test_the_keeper_renews(url: str, key) -> None:
+    c = snapfence.Client(url)
+    with c.hold(key(), owner="w", ttl=1.5, renew_every=0.2) as lease:
+        first = lease.lease
+        wait_until("a renewal", lambda: lease.lease.expires_at > first.expires_at)
+        # Well past the TTL, the lease is still held, by the same token.
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            assert not lease.lost
+            time.sleep(0.1)
+        status = c.get_lease(lease.key)
+        assert status.state == "held" and status.lease.token == first.token
+        k = lease.key
+    assert c.get_lease(k).state == "released"
+
+
+def test_the_keeper_declares_loss_before_the_deadline_when_the_service_is_frozen(server: Server, key) -> None:
+    c = snapfence.Client(server.url, timeout=30)
+    k = key()
+    with pytest.raises(snapfence.LostLease) as exc:
+        with c.hold(k, owner="w", ttl=6, margin=3, renew_every=0.5) as lease:
+            granted = lease.lease
+            wait_until("a renewal", lambda: lease.lease.expires_at > granted.expires_at)
+            server.freeze()
+            try:
+                assert lease.wait_lost(60), "the keeper did not fire within a minute of the freeze"
+                lost_wall, lost_mono = time.time(), time.monotonic()
+                # The server's expiry as of the newest renewal the keeper saw answered: a renewal
+                # the frozen server applies later can only move it on.
+                server_expiry = lease.lease.expires_at.timestamp()
+                deadline = lease.deadline
+            finally:
+                server.thaw()
+            assert lease.lost_reason == "lapsing"
+            assert lost_wall < server_expiry, (lost_wall, server_expiry)
+            assert lost_mono < deadline
+            with pytest.raises(snapfence.LostLease):
+                lease.raise_if_lost()
+    assert exc.value.reason == "lapsing"
+
+
+def test_the_keeper_declares_loss_when_the_lease_is_taken_over(url: str, key) -> None:
+    c = snapfence.Client(url)
+    k = key()
+    losses: list[snapfence.LostLease] = []
+    with pytest.raises(snapfence.LostLease):
+        with c.hold(k, owner="w", ttl=3, renew_every=0.3, on_lost=losses.append) as lease:
+            held = lease.lease
+            # An operator ends the lease with its token, and another worker takes the key.
+            c.release(k, held.token)
+            usurper = c.acquire(k, "usurper", 60)
+            assert lease.wait_lost(60)
+            assert lease.lost_reason == "lease_lost" and losses and losses[0].reason == "lease_lost"
+            with pytest.raises(snapfence.StaleToken):
+                c.put_snapshot(k, lease.token, b"late")
+    status = c.get_lease(k)
+    assert status.state == "held" and status.lease.token == usurper.token
+
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys
+    import snapfence
+
+    url, key = sys.argv[1], sys.argv[2]
+    c = snapfence.Client(url)
+    lease = c.hold(key, owner="paused", ttl=1.5, margin=0.5, renew_every=0.2).start()
+    print(json.dumps({"token": lease.token}), flush=True)
+    sys.stdin.readline()  # meanwhile the parent stops this process, takes the key, resumes it
+    try:
+        c.put_snapshot(key, lease.token, b"written after the pause")
+        write = "written"
+    except snapfence.StaleToken as e:
+        write = "stale_token"
+    lost = lease.wait_lost(10)
+    try:
+        lease.release()
+    except snapfence.LeaseLost:
+        pass
+    print(json.dumps({"write": write, "lost": lost, "reason": lease.lost_reason}), flush=True)
+    """
+)
+
+
+def test_a_paused_holder_loses_its_lease_and_its_late_write_is_refused(url: str, key) -> None:
+    c = snapfence.Client(url)
+    k = key()
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, url, k], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        token = json.loads(child.stdout.readline())["token"]
+        child.send_signal(signal.SIGSTOP)
+        try:
+            # The holder is paused (a GC pause, a swapped-out VM): its lease expires, and a
+            # waiting acquire takes the key over.
+            usurper = c.acquire(k, "usurper", 60, wait=30)
+            assert usurper.token > token
+            c.put_snapshot(k, usurper.token, b"the usurper's")
+        finally:
+            child.send_signal(signal.SIGCONT)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        result = json.loads(child.stdout.readline())
+        assert child.wait(30) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert result["write"] == "stale_token"
+    assert result["lost"] and result["reason"] in ("lapsing", "lease_lost")
+    assert c.get_snapshot(k).body == b"the usurper's"
+    status = c.get_lease(k)
+    assert status.lease.token == usurper.token and status.state == "held"
+
+
+def test_async_keeper_cancels_the_work_when_the_lease_is_lost(url: str, key) -> None:
+    async def main() -> None:
+        async with snapfence.AsyncClient(url) as c:
+            k = key()
+            cancelled = asyncio.Event()
+
+            async def work() -> None:
+                try:
+                    await asyncio.sleep(3600)
+                finally:
+                    cancelled.set()
+
+            with pytest.raises(snapfence.LostLease):
+                async with c.hold(k, owner="w", ttl=3, renew_every=0.2) as lease:
+                    first = lease.lease
+                    while lease.lease.expires_at <= first.expires_at:
+                        await asyncio.sleep(0.05)
+                    await c.release(k, lease.token)
+                    usurper = await c.acquire(k, "usurper", 60)
+                    with pytest.raises(snapfence.LostLease) as e:
+                        await asyncio.wait_for(lease.run(work()), 60)
+                    assert e.value.reason == "lease_lost" and lease.lost_event.is_set()
+                    assert cancelled.is_set()
+            assert (await c.get_lease(k)).lease.token == usurper.token
+
+    asyncio.run(main())
+
+
+def test_async_keeper_declares_loss_before_the_deadline_when_the_service_is_frozen(server: Server, key) -> None:
+    async def main() -> None:
+        async with snapfence.AsyncClient(server.url, timeout=30) as c:
+            with pytest.raises(snapfence.LostLease):
+                async with c.hold(key(), owner="w", ttl=6, margin=3, renew_every=0.5) as lease:
+                    first = lease.lease
+                    while lease.lease.expires_at <= first.expires_at:
+                        await asyncio.sleep(0.05)
+                    server.freeze()
+                    try:
+                        await asyncio.wait_for(lease.lost_event.wait(), 60)
+                        lost_wall = time.time()
+                        expiry = lease.lease.expires_at.timestamp()
+                    finally:
+                        server.thaw()
+                    assert lease.lost_reason == "lapsing" and lost_wall < expiry
+
+    asyncio.run(main())
+
+
+def test_a_margin_that_leaves_no_time_to_renew_is_refused(url: str, key) -> None:
+    c = snapfence.Client(url)
+    with pytest.raises(snapfence.InvalidRequest):
+        c.hold(key(), owner="w", ttl=10, margin=10)
+    with pytest.raises(snapfence.InvalidRequest):
+        c.hold(key(), owner="w", ttl=10, margin=5, renew_every=5)
