@@ -75,6 +75,9 @@ type Grant struct {
 	Lease
 	// Recovered is the recovery record this grant replaced, or nil.
 	Recovered *RecoveryRecord `json:"recovered,omitempty"`
+	// Recovery (contract v1.2) is the recovery record a Reconciling grant holds the key with:
+	// retained until Reconciled confirms it; nil when the key had none.
+	Recovery *RecoveryRecord `json:"recovery,omitempty"`
 	// Replayed is true when the service answered with the stored answer of an earlier attempt
 	// with the same Idempotency-Key (Idempotent-Replayed: true) rather than granting again.
 	Replayed bool `json:"-"`
