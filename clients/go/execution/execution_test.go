@@ -472,3 +472,189 @@ func TestAcquireRefusesBadOptionsBeforeSendingAnything(t *testing.T) {
 		t.Fatalf("the key of a long path: %q", k)
 	}
 }
+
+// Every method of a nil *Lease is safe: it holds nothing.
+func TestANilLeaseHoldsNothing(t *testing.T) {
+	var l *execution.Lease
+	if l.Owner() != (execution.Owner{}) || l.ValidFor(t.TempDir()) || l.Key() != "" || l.Token() != 0 || l.Recovered() != nil || l.Err() != nil {
+		t.Fatal("a nil lease holds something")
+	}
+	l.RequireRecovery()
+	if err := l.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Abandon(); err != nil {
+		t.Fatal(err)
+	}
+	if l.Context().Err() == nil {
+		t.Fatal("a nil lease's context is not done")
+	}
+	if execution.FromContext(execution.ContextWithLease(context.Background(), l)) != nil {
+		t.Fatal("FromContext made up a lease")
+	}
+}
+
+func TestAbandonAfterReleaseAndASecondAbandonAreNil(t *testing.T) {
+	c := newClient(t)
+	ctx := testenv.Context(t)
+	dir, key := worktree(t)
+	l, err := execution.Acquire(dir, execution.Owner{}, on(c, ctx, key)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Abandon(); err != nil {
+		t.Fatalf("Abandon after Release: %v", err)
+	}
+	status, err := c.GetLease(ctx, key)
+	if err != nil || status.State != snapfence.StateReleased || status.Recovery != nil {
+		t.Fatalf("Abandon after Release left a record: %+v %v", status, err)
+	}
+	other, err := execution.Acquire(dir, execution.Owner{}, on(c, ctx, key)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if other.ValidFor(filepath.Dir(dir)) || !other.ValidFor(dir) {
+		t.Fatal("ValidFor does not compare the worktree")
+	}
+	for i := 0; i < 2; i++ {
+		if err := other.Abandon(); err != nil {
+			t.Fatalf("Abandon %d: %v", i+1, err)
+		}
+	}
+	if other.ValidFor(dir) {
+		t.Fatal("an abandoned lease is valid")
+	}
+}
+
+// foreignRecord makes key keep a recovery record whose metadata is no execution Owner, as a
+// lease taken by another client leaves.
+func foreignRecord(t *testing.T, c *snapfence.Client, ctx context.Context, key string, metadata any) {
+	t.Helper()
+	g, err := c.Acquire(ctx, key, snapfence.AcquireRequest{Owner: "someone-else", TTL: 30 * time.Second, CrashRecovery: true, Metadata: metadata})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Abandon(ctx, key, g.Token); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A record that cannot be read as an Owner (none, another shape, or incomplete) is refused: it
+// is never handed to reconcile as a zero Owner, and it stays as it was.
+func TestAnUnreadableRecordIsRefusedNotReconciled(t *testing.T) {
+	c := newClient(t)
+	ctx := testenv.Context(t)
+	v12 := hasReconciledRoute(t)
+	for name, metadata := range map[string]any{
+		"no metadata":  nil,
+		"another kind": map[string]any{"job": 7},
+		"incomplete":   map[string]any{"token": "abc", "pid": 0, "worktree": "/x", "acquiredAt": time.Now()},
+	} {
+		t.Run(strings.ReplaceAll(name, " ", "-"), func(t *testing.T) {
+			dir, key := worktree(t)
+			foreignRecord(t, c, ctx, key, metadata)
+			before, err := c.GetLease(ctx, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = execution.Acquire(dir, execution.Owner{}, on(c, ctx, key)...)
+			conflict := wantConflict(t, err, snapfence.CodeRecoveryRequired)
+			if conflict.Owner != nil || conflict.Cause == nil || !errors.Is(err, snapfence.ErrRecoveryRequired) ||
+				!strings.Contains(err.Error(), "owner record") {
+				t.Fatalf("conflict %+v: %v", conflict, err)
+			}
+			if owner, err := execution.ReadOwnerWith(dir, on(c, ctx, key)...); err == nil || owner != nil {
+				t.Fatalf("ReadOwner of an unreadable record: %+v %v", owner, err)
+			}
+			if !v12 {
+				t.Skip("the service answers 404 for POST /v1/leases/{key}/reconciled: it has no contract v1.2, which WithRecovery needs")
+			}
+			called := false
+			_, err = execution.Acquire(dir, execution.Owner{}, on(c, ctx, key, execution.WithRecovery(func(execution.Owner) error {
+				called = true
+				return nil
+			}))...)
+			conflict = wantConflict(t, err, snapfence.CodeRecoveryRequired)
+			if called || conflict.Owner != nil || conflict.Cause == nil {
+				t.Fatalf("reconcile called: %v; conflict %+v", called, conflict)
+			}
+			after, err := c.GetLease(ctx, key)
+			if err != nil || after.State != snapfence.StateRecoveryPending || after.Recovery == nil ||
+				after.Recovery.Token != before.Recovery.Token || string(after.Recovery.Metadata) != string(before.Recovery.Metadata) {
+				t.Fatalf("the record after the refusal: %+v %v (before %+v)", after, err, before)
+			}
+		})
+	}
+}
+
+// The reconcile runs while the worktree is held by a lease of its own, with that lease's
+// Context; a reconcile that panics gives the worktree up and leaves the record.
+func TestTheReconcileRunsHoldingTheWorktree(t *testing.T) {
+	requireV12(t)
+	c := newClient(t)
+	ctx := testenv.Context(t)
+	dir, key := worktree(t)
+	left, err := execution.Acquire(dir, execution.Owner{Kind: "first"}, on(c, ctx, key)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := left.Abandon(); err != nil {
+		t.Fatal(err)
+	}
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the reconcile's panic was swallowed")
+			}
+		}()
+		_, _ = execution.Acquire(dir, execution.Owner{}, on(c, ctx, key, execution.WithRecovery(func(execution.Owner) error { panic("reconcile") }))...)
+	}()
+	status, err := c.GetLease(ctx, key)
+	if err != nil || status.State != snapfence.StateRecoveryPending || status.Recovery.Token != left.Token() {
+		t.Fatalf("after a panicking reconcile: %+v %v", status, err)
+	}
+
+	var during *snapfence.KeyStatus
+	var reconcileCtx context.Context
+	l, err := execution.Acquire(dir, execution.Owner{Kind: "second"}, on(c, ctx, key, execution.WithOwnerName("reconciler"),
+		execution.WithRecoveryContext(func(rctx context.Context, previous execution.Owner) error {
+			reconcileCtx = rctx
+			if rctx.Err() != nil {
+				return rctx.Err()
+			}
+			var err error
+			during, err = c.GetLease(rctx, key)
+			return err
+		}))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	if during == nil || during.State != snapfence.StateHeld || during.Lease.Owner != "reconciler" || during.Lease.Token != l.Token() ||
+		during.Recovery == nil || during.Recovery.Token != left.Token() {
+		t.Fatalf("during the reconcile: %+v", during)
+	}
+	if reconcileCtx != l.Context() {
+		t.Fatal("the reconcile did not get the lease's context")
+	}
+	if r := l.Recovered(); r == nil || r.Token != left.Token() || r.Reason != snapfence.ReasonAbandoned {
+		t.Fatalf("recovered %+v", r)
+	}
+	status, err = c.GetLease(ctx, key)
+	if err != nil || status.State != snapfence.StateHeld || status.Recovery != nil || status.Lease.Token != l.Token() {
+		t.Fatalf("after the reconcile: %+v %v", status, err)
+	}
+	// On a key with no record, WithRecovery is a plain acquire that calls no reconcile.
+	plainDir, plainKey := worktree(t)
+	plain, err := execution.Acquire(plainDir, execution.Owner{}, on(c, ctx, plainKey, execution.WithRecovery(func(execution.Owner) error {
+		t.Error("reconcile called without a record")
+		return nil
+	}))...)
+	if err != nil || plain.Recovered() != nil {
+		t.Fatalf("%v %v", plain, err)
+	}
+	_ = plain.Release()
+}
