@@ -169,10 +169,10 @@ func (c *Client) RequireRecovery(ctx context.Context, key string, token uint64) 
 
 // Reconciled (contract v1.2) confirms, as the live lease of token on key granted with
 // Reconciling, that what the recovery record's holder left no longer conflicts: the record moves
-// to the audit log (ListRecoveries) and the lease goes on (200 with it). A token that is not the
-// key's live lease is refused with lease_lost, and the record stays. A server before v1.2 answers
-// 404.
-func (c *Client) Reconciled(ctx context.Context, key string, token uint64) (*Grant, error) {
+// to the audit log (ListRecoveries, operation "reconciled") and the lease goes on (200 with it).
+// A token that is not the key's live lease is refused with lease_lost, and the record stays. A
+// server before v1.2 answers 404.
+func (c *Client) Reconciled(ctx context.Context, key string, token uint64) (*Lease, error) {
 	path, err := keyPath("/v1/leases/", key, "/reconciled")
 	if err != nil {
 		return nil, err
@@ -185,12 +185,11 @@ func (c *Client) Reconciled(ctx context.Context, key string, token uint64) (*Gra
 	if err != nil {
 		return nil, err
 	}
-	var g Grant
-	if err := decode(a, &g); err != nil {
+	var l Lease
+	if err := decode(a, &l); err != nil {
 		return nil, err
 	}
-	g.Replayed = replayed(a)
-	return &g, nil
+	return &l, nil
 }
 
 // GetLease returns key's state, newest lease, retained recovery record and newest token. A key
