@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -349,7 +350,8 @@ func Acquire(worktree string, owner Owner, opts ...Option) (*Lease, error) {
 	sent := time.Now()
 	g, err := o.client.Acquire(o.ctx, key, req)
 	if err != nil {
-		if req.Reconciling && snapfence.CodeOf(err) == snapfence.CodeInvalidRequest {
+		var apiErr *snapfence.Error
+		if req.Reconciling && errors.As(err, &apiErr) && apiErr.Code() == snapfence.CodeInvalidRequest && strings.Contains(apiErr.Detail, "reconciling") {
 			return nil, fmt.Errorf("execution: WithRecovery needs a service that takes reconciling acquires (contract v1.2): %w", err)
 		}
 		return nil, conflict(real, err)

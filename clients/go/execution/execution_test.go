@@ -649,14 +649,28 @@ func TestTheReconcileRunsHoldingTheWorktree(t *testing.T) {
 	if err != nil || status.State != snapfence.StateHeld || status.Recovery != nil || status.Lease.Token != l.Token() {
 		t.Fatalf("after the reconcile: %+v %v", status, err)
 	}
-	// On a key with no record, WithRecovery is a plain acquire that calls no reconcile.
-	plainDir, plainKey := worktree(t)
-	plain, err := execution.Acquire(plainDir, execution.Owner{}, on(c, ctx, plainKey, execution.WithRecovery(func(execution.Owner) error {
+}
+
+// WithRecovery needs contract v1.2: on a key with no record it is a plain grant; a server without
+// v1.2 refuses the reconciling acquire, and the error says what is missing.
+func TestWithRecoveryOnAKeyWithNoRecord(t *testing.T) {
+	c := newClient(t)
+	ctx := testenv.Context(t)
+	dir, key := worktree(t)
+	l, err := execution.Acquire(dir, execution.Owner{}, on(c, ctx, key, execution.WithRecovery(func(execution.Owner) error {
 		t.Error("reconcile called without a record")
 		return nil
 	}))...)
-	if err != nil || plain.Recovered() != nil {
-		t.Fatalf("%v %v", plain, err)
+	if !hasReconciledRoute(t) {
+		if err == nil || snapfence.CodeOf(err) != snapfence.CodeInvalidRequest || !strings.Contains(err.Error(), "contract v1.2") {
+			t.Fatalf("WithRecovery on a server without v1.2: %v", err)
+		}
+		return
 	}
-	_ = plain.Release()
+	if err != nil || l.Recovered() != nil || !l.ValidFor(dir) {
+		t.Fatalf("%+v %v", l, err)
+	}
+	if err := l.Release(); err != nil {
+		t.Fatal(err)
+	}
 }
