@@ -14,7 +14,10 @@ import (
 	"github.com/snapfence/snapfence/clients/go/snapfence"
 )
 
-const thisPackage = "github.com/snapfence/snapfence/clients/go/execution"
+// The seed packages this module stands in for, by their import paths here.
+var seedPackages = []string{"execution", "coordination"}
+
+const modulePath = "github.com/snapfence/snapfence/clients/go"
 
 // goTool is the go command that builds the test's programs.
 func goTool(t *testing.T) string {
@@ -60,34 +63,40 @@ func writeFiles(t *testing.T, root string, files map[string]string) {
 
 // buildSeedProgram compiles testdata/seedprogram twice: against the seed's declarations
 // (testdata/seedapi, in a module of its own, with nothing changed in the program but its import
-// path), which shows that it uses the seed's API alone, and against this package, to be run.
+// paths), which shows that it uses the seed's API alone, and against this module, to be run.
 func buildSeedProgram(t *testing.T) string {
 	t.Helper()
-	source, err := os.ReadFile(filepath.Join("testdata", "seedprogram", "main.go"))
+	data, err := os.ReadFile(filepath.Join("testdata", "seedprogram", "main.go"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Count(string(source), `"`+thisPackage+`"`) != 1 || strings.Contains(string(source), "snapfence/clients/go/snapfence") ||
-		strings.Contains(string(source), "snapfence/clients/go/coordination") {
-		t.Fatalf("testdata/seedprogram must import %s once and no other package of this module", thisPackage)
-	}
-	stub, err := os.ReadFile(filepath.Join("testdata", "seedapi", "execution", "execution.go"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	source := string(data)
 	dir := t.TempDir()
 	seed := filepath.Join(dir, "seed")
-	writeFiles(t, seed, map[string]string{
-		"go.mod":                 "module seedcheck\n\ngo 1.19\n",
-		"execution/execution.go": string(stub),
-		"seedprogram/main.go":    strings.Replace(string(source), `"`+thisPackage+`"`, `"seedcheck/execution"`, 1),
-	})
+	files := map[string]string{"go.mod": "module seedcheck\n\ngo 1.19\n"}
+	for _, pkg := range seedPackages {
+		ours := `"` + modulePath + "/" + pkg + `"`
+		if strings.Count(source, ours) != 1 {
+			t.Fatalf("testdata/seedprogram must import %s once", ours)
+		}
+		source = strings.Replace(source, ours, `"seedcheck/`+pkg+`"`, 1)
+		stub, err := os.ReadFile(filepath.Join("testdata", "seedapi", pkg, pkg+".go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[pkg+"/"+pkg+".go"] = string(stub)
+	}
+	if strings.Contains(source, modulePath) {
+		t.Fatalf("testdata/seedprogram imports a package of %s that the seed does not have", modulePath)
+	}
+	files["seedprogram/main.go"] = source
+	writeFiles(t, seed, files)
 	goBuild(t, seed, filepath.Join(dir, "against-the-seed"), "./seedprogram", "against the seed's declarations")
 	program := filepath.Join(dir, "seedprogram")
 	if runtime.GOOS == "windows" {
 		program += ".exe"
 	}
-	goBuild(t, ".", program, "./testdata/seedprogram", "against this package")
+	goBuild(t, ".", program, "./testdata/seedprogram", "against this module")
 	return program
 }
 
@@ -128,6 +137,7 @@ func TestASeedProgramRunsUnchanged(t *testing.T) {
 		{name: "failing-reconcile", v12: true},
 		{name: "refused-during-reconcile", v12: true},
 		{name: "reconcile-replaces-a-record", v12: true},
+		{name: "coordination-lease"},
 	} {
 		scenario := scenario
 		t.Run(scenario.name, func(t *testing.T) {

@@ -1,5 +1,5 @@
-// Command seedprogram is a program written against the seed execution package's API alone: no
-// snapfence name appears below but the import path. TestASeedProgramRunsUnchanged compiles it
+// Command seedprogram is a program written against the seed packages' API alone (execution, and
+// coordination's): no snapfence name appears below but the import paths. TestASeedProgramRunsUnchanged compiles it
 // against the seed's declarations (testdata/seedapi) and against this module, and runs it
 // against a real service (found, as Acquire finds it, in SNAPFENCE_URL).
 //
@@ -13,7 +13,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
+	"github.com/snapfence/snapfence/clients/go/coordination"
 	"github.com/snapfence/snapfence/clients/go/execution"
 )
 
@@ -25,6 +27,7 @@ var scenarios = map[string]func(base string) error{
 	"failing-reconcile":           failingReconcileLeavesTheRecord,
 	"refused-during-reconcile":    refusedDuringReconcile,
 	"reconcile-replaces-a-record": reconcileReplacesARecord,
+	"coordination-lease":          coordinationLease,
 }
 
 func main() {
@@ -350,4 +353,39 @@ func reconcileReplacesARecord(base string) error {
 		return fmt.Errorf("the second reconcile saw %+v, want %+v", seen, marked)
 	}
 	return again.Release()
+}
+
+// A hand-built coordination lease is refused with ErrInvalidLease itself, which the seed's
+// callers compare with ==; a Locker is used through the seed's interface.
+func coordinationLease(base string) error {
+	for _, lease := range []coordination.Lease{{}, {Key: "k", Owner: "o"}, {Owner: "o", Token: 1}, {Key: "k", Token: 1}} {
+		if err := lease.Validate(); err != coordination.ErrInvalidLease {
+			return fmt.Errorf("Validate of %+v = %v, want ErrInvalidLease itself", lease, err)
+		}
+	}
+	minted := coordination.Lease{Key: "k", Owner: "o", Token: 7, ExpiresAt: time.Now()}
+	if err := minted.Validate(); err != nil {
+		return fmt.Errorf("Validate of %+v = %v", minted, err)
+	}
+	if errors.Is(coordination.ErrInvalidLease, coordination.ErrRunLeaseLost) {
+		return errors.New("ErrInvalidLease is ErrRunLeaseLost")
+	}
+	var locker coordination.Locker
+	_ = holdWith(locker)
+	return nil
+}
+
+// holdWith is how a seed program takes a run lease through a Locker (compiled, not run: the seed
+// names no Locker to make).
+func holdWith(locker coordination.Locker) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		lease, ok, err := locker.Acquire(ctx, "runs/42", "worker-7", 30*time.Second)
+		if err != nil || !ok {
+			return err
+		}
+		if _, ok, err := locker.Renew(ctx, lease, 30*time.Second); err != nil || !ok {
+			return coordination.ErrRunLeaseLost
+		}
+		return locker.Release(ctx, lease)
+	}
 }
