@@ -9,7 +9,7 @@ import (
 	"github.com/snapfence/snapfence/clients/go/execution"
 )
 
-// The seed execution package's exported API (../../../shared/seeds/004_*.txt and its published
+// The seed execution package's exported API (its documentation and published
 // source), declaration by declaration; the declarations below fail to compile if this package
 // drifts from it. TestTheExportedAPIIsTheSeedsAndMore checks the names.
 

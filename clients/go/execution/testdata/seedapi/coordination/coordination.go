@@ -1,5 +1,5 @@
 // Package coordination declares the exported API of the seed coordination package
-// (../../../../../../shared/seeds/000_*.txt) and nothing else, without behaviour; see
+// (its documentation, as issues 16 and 32 quote it) and nothing else, without behaviour; see
 // ../execution.
 package coordination
 

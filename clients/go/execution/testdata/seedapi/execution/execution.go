@@ -1,7 +1,7 @@
 // Package execution declares the exported API of the seed execution package
-// (../../../../../../shared/seeds/004_*.txt and the seed's published source) and nothing else,
+// (its documentation and published source, as issue 32 quotes them) and nothing else,
 // without behaviour. TestASeedProgramRunsUnchanged compiles testdata/seedprogram against it,
-// with only its import path changed, to show that the program uses the seed's API alone.
+// with only its import paths changed, to show that the program uses the seed's API alone.
 package execution
 
 import (
