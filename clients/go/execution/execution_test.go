@@ -674,3 +674,34 @@ func TestWithRecoveryOnAKeyWithNoRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A reconcile whose lease ends before the confirmation (here someone releases it meanwhile)
+// replaces nothing: Acquire reports the record as still awaiting reconciliation.
+func TestAReconcileThatOutlivesItsLeaseLeavesTheRecord(t *testing.T) {
+	requireV12(t)
+	c := newClient(t)
+	ctx := testenv.Context(t)
+	dir, key := worktree(t)
+	left, err := execution.Acquire(dir, execution.Owner{Kind: "first"}, on(c, ctx, key)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := left.Abandon(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = execution.Acquire(dir, execution.Owner{}, on(c, ctx, key, execution.WithRecoveryContext(func(rctx context.Context, previous execution.Owner) error {
+		status, err := c.GetLease(ctx, key)
+		if err != nil {
+			return err
+		}
+		return c.Release(ctx, key, status.Lease.Token)
+	}))...)
+	conflict := wantConflict(t, err, snapfence.CodeRecoveryRequired)
+	if !errors.Is(err, coordination.ErrRunLeaseLost) || !errors.Is(err, snapfence.ErrLeaseLost) || conflict.Owner == nil || *conflict.Owner != left.Owner() {
+		t.Fatalf("conflict %+v: %v", conflict, err)
+	}
+	status, err := c.GetLease(ctx, key)
+	if err != nil || status.State != snapfence.StateRecoveryPending || status.Recovery == nil || status.Recovery.Token != left.Token() {
+		t.Fatalf("the record after a reconcile that outlived its lease: %+v %v", status, err)
+	}
+}
