@@ -97,14 +97,31 @@ func (e *ConflictError) ServiceCode() string {
 	return snapfence.CodeLeaseHeld
 }
 
-// refusal is the service's refusal behind e with the given code, or nil.
+// refusal is the service's refusal that Cause is (not one a reconcile's error may wrap) with the
+// given code, or nil.
 func (e *ConflictError) refusal(code string) *snapfence.Error {
 	var apiErr *snapfence.Error
-	if errors.As(e.Cause, &apiErr) && apiErr.Code() == code {
+	switch cause := e.Cause.(type) {
+	case *snapfence.Error:
+		apiErr = cause
+	case *unreadableRecord:
+		apiErr = cause.refusal
+	}
+	if apiErr != nil && apiErr.Code() == code {
 		return apiErr
 	}
 	return nil
 }
+
+// unreadableRecord is the Cause of a recovery_required refusal whose record is no Owner.
+type unreadableRecord struct {
+	reason  error
+	refusal *snapfence.Error
+}
+
+func (u *unreadableRecord) Error() string { return u.reason.Error() + " (" + u.refusal.Error() + ")" }
+
+func (u *unreadableRecord) Unwrap() error { return u.refusal }
 
 // Holder is the service's view of the active owner's lease, when the service refused with
 // lease_held; nil otherwise.
@@ -410,14 +427,14 @@ func conflict(worktree string, err error) error {
 		if apiErr.Holder != nil {
 			holder, _ = ownerOf(apiErr.Holder.Metadata)
 		}
-		return &ConflictError{Worktree: worktree, Owner: holder, Cause: err}
+		return &ConflictError{Worktree: worktree, Owner: holder, Cause: apiErr}
 	case snapfence.CodeRecoveryRequired:
 		previous, readErr := recordOwner(apiErr.Recovery)
 		if readErr != nil {
 			// Say why the record cannot be reconciled through this package.
-			return &ConflictError{Worktree: worktree, RecoveryRequired: true, Cause: fmt.Errorf("%v (%w)", readErr, err)}
+			return &ConflictError{Worktree: worktree, RecoveryRequired: true, Cause: &unreadableRecord{reason: readErr, refusal: apiErr}}
 		}
-		return &ConflictError{Worktree: worktree, Owner: previous, RecoveryRequired: true, Cause: err}
+		return &ConflictError{Worktree: worktree, Owner: previous, RecoveryRequired: true, Cause: apiErr}
 	}
 	return err
 }

@@ -360,7 +360,7 @@ func TestACrashLeavesARecordThatWithRecoveryReplacesOnlyAfterReconcileSucceeds(t
 		}))...)
 	conflict = wantConflict(t, err, snapfence.CodeRecoveryRequired)
 	if !errors.Is(err, errLeftovers) || conflict.Cause != errLeftovers || !strings.Contains(err.Error(), errLeftovers.Error()) ||
-		seen.PID != childPID || seen.Token != ownerToken || *conflict.Owner != seen {
+		seen.PID != childPID || seen.Token != ownerToken || *conflict.Owner != seen || conflict.Recovery() != nil || conflict.Holder() != nil {
 		t.Fatalf("failed reconcile: %v; reconcile saw %+v", err, seen)
 	}
 	status, err := c.GetLease(ctx, key)
@@ -565,7 +565,7 @@ func TestAnUnreadableRecordIsRefusedNotReconciled(t *testing.T) {
 			_, err = execution.Acquire(dir, execution.Owner{}, on(c, ctx, key)...)
 			conflict := wantConflict(t, err, snapfence.CodeRecoveryRequired)
 			if conflict.Owner != nil || conflict.Cause == nil || !errors.Is(err, snapfence.ErrRecoveryRequired) ||
-				!strings.Contains(err.Error(), "owner record") {
+				!strings.Contains(err.Error(), "owner record") || conflict.Recovery() == nil || conflict.Recovery().Token != before.Recovery.Token {
 				t.Fatalf("conflict %+v: %v", conflict, err)
 			}
 			if owner, err := execution.ReadOwnerWith(dir, on(c, ctx, key)...); err == nil || owner != nil {
