@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CI of the Go client (clients/go), run from the repository root (by .ci/run, or by hand):
-# Debian's golang-go when `go` is missing, then gofmt (must list nothing), go vet and go test.
+# Debian's golang-go when `go` is missing, then gofmt (must list nothing), go vet (also for macOS
+# and Windows) and go test.
 # The tests start `snapfence serve` themselves, from target/debug/snapfence (built here when
 # missing) with an embedded PostgreSQL, so the PostgreSQL server binaries must be there too.
 set -euo pipefail
@@ -46,6 +47,10 @@ fi
 
 step "go vet ./..."
 go vet ./...
+
+step "go vet ./... for macOS and Windows (the packages and test helpers build off Linux: Linux- and unix-only calls are behind build tags)"
+GOOS=darwin go vet ./...
+GOOS=windows go vet ./...
 
 step "go test ./... (against snapfence serve; -count=1: the server binary is not in Go's test cache key)"
 go test -count=1 ./...

@@ -7,8 +7,9 @@ import (
 	"github.com/snapfence/snapfence/clients/go/coordination"
 )
 
-// The coordination package's contract, declared exactly as its users know it (issue 16); the
-// declarations below fail to compile if this package drifts from it.
+// The seed coordination package's exported API, declared exactly as its users know it (its
+// documentation, as issues 16 and 32 quote it); the declarations below fail to compile if this
+// package drifts from it. Validate's error is ErrInvalidLease itself (TestValidateRefuses...).
 
 type issueLease struct {
 	Key       string

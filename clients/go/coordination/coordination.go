@@ -42,17 +42,11 @@ type Lease struct {
 
 // Validate reports whether the lease is well-formed. A zero Token means the lease was
 // hand-built or predates fencing and is rejected: only Locker implementations mint valid
-// leases. The error matches ErrInvalidLease.
+// leases. A token above 2^63-1 (which no service mints), an empty Key or an empty Owner is
+// rejected too. The error is ErrInvalidLease itself, so callers may compare with ==.
 func (lease Lease) Validate() error {
-	switch {
-	case lease.Token == 0:
-		return fmt.Errorf("%w: zero fencing token (only a Locker mints leases)", ErrInvalidLease)
-	case lease.Token > 1<<63-1:
-		return fmt.Errorf("%w: fencing token %d is out of range", ErrInvalidLease, lease.Token)
-	case lease.Key == "":
-		return fmt.Errorf("%w: empty key", ErrInvalidLease)
-	case lease.Owner == "":
-		return fmt.Errorf("%w: empty owner", ErrInvalidLease)
+	if lease.Token == 0 || lease.Token > 1<<63-1 || lease.Key == "" || lease.Owner == "" {
+		return ErrInvalidLease
 	}
 	return nil
 }

@@ -1,78 +1,60 @@
 package execution_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log"
 	"os"
-	"path/filepath"
 
 	"github.com/snapfence/snapfence/clients/go/execution"
-	"github.com/snapfence/snapfence/clients/go/snapfence"
 )
 
-// Reserve a worktree for one execution, and give it back once its resources are cleaned up.
+// Reserve a worktree for one execution, and give it back once its resources are cleaned up. The
+// service is the one SNAPFENCE_URL (and SNAPFENCE_API_KEY) name, as for the snapfence CLI.
 func ExampleAcquire() {
-	client, err := snapfence.NewFromEnv()
+	dir, err := os.MkdirTemp("", "worktree-")
 	if err != nil {
 		log.Fatal(err)
 	}
-	dir := filepath.Join(os.TempDir(), "examples", "worktree-a")
-	lease, err := execution.Acquire(context.Background(), client, dir, execution.Owner{Target: "staging", Kind: "deploy"})
+	defer os.RemoveAll(dir)
+	lease, err := execution.Acquire(dir, execution.Owner{Target: "staging", Kind: "deploy"})
 	var conflict *execution.ConflictError
 	if errors.As(err, &conflict) {
-		fmt.Println("worktree busy:", conflict.Code())
+		fmt.Println("worktree busy, recovery required:", conflict.RecoveryRequired)
 		return
 	} else if err != nil {
 		log.Fatal(err)
 	}
 	// A second execution is rejected at once, and names the owner.
-	_, err = execution.Acquire(context.Background(), client, dir, execution.Owner{})
+	_, err = execution.Acquire(dir, execution.Owner{})
 	if errors.As(err, &conflict) {
 		fmt.Println(conflict.Code(), "by the same process:", conflict.Owner.PID == os.Getpid())
 	}
-	work := lease.Context() // cancelled if the lease is lost
-	_ = work
-	// ... mutate the worktree, fenced writes with lease.Token() ...
+	// ... mutate the worktree; lease.Context() is cancelled if the lease is lost ...
 	if err := lease.Release(); err != nil { // cleanup confirmed: the record is cleared
 		log.Fatal(err)
 	}
 	// Output:
-	// lease_held by the same process: true
+	// resource_conflict by the same process: true
 }
 
 // After an execution crashed or abandoned the worktree, the next one reconciles what it left
-// before taking over.
+// while holding the worktree, before taking over. (It needs a service with contract v1.2.)
 func ExampleWithRecovery() {
-	client, err := snapfence.NewFromEnv()
-	if err != nil {
-		log.Fatal(err)
-	}
-	ctx := context.Background()
-	dir := filepath.Join(os.TempDir(), "examples", "worktree-b")
-	first, err := execution.Acquire(ctx, client, dir, execution.Owner{Kind: "migration"})
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := first.Abandon(); err != nil { // half done: keep the record
-		log.Fatal(err)
-	}
-
-	reconcile := func(ctx context.Context, previous execution.Owner) error {
-		// Establish that what previous (its PID, Target, Kind...) left no longer conflicts.
-		fmt.Println("reconciling the", previous.Kind, "of the same process:", previous.PID == os.Getpid())
+	dir := "/srv/worktrees/db"
+	reconcile := func(previous execution.Owner) error {
+		// Establish that what previous (its PID, Target, Kind...) left no longer conflicts;
+		// every other Acquire of dir is refused meanwhile.
+		fmt.Println("reconciling the", previous.Kind, "of pid", previous.PID)
 		return nil
 	}
-	next, err := execution.Acquire(ctx, client, dir, execution.Owner{Kind: "migration"}, execution.WithRecovery(reconcile))
-	if err != nil {
+	lease, err := execution.Acquire(dir, execution.Owner{Kind: "migration"}, execution.WithRecovery(reconcile))
+	var conflict *execution.ConflictError
+	if errors.As(err, &conflict) && conflict.RecoveryRequired {
+		log.Fatalf("the record stays: %v", conflict.Cause) // reconcile's error, for one
+	} else if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("replaced a record left", next.Recovered().Reason)
-	if err := next.Release(); err != nil {
-		log.Fatal(err)
-	}
-	// Output:
-	// reconciling the migration of the same process: true
-	// replaced a record left abandoned
+	defer lease.Release()
+	// ... run the migration ...
 }

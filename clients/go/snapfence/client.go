@@ -30,7 +30,7 @@ const DefaultTimeout = 10 * time.Second
 
 // Client talks to one snapfence service. It is safe for concurrent use; make one and share it.
 //
-// Every call that changes something (Acquire, Renew, Release, Abandon, RequireRecovery,
+// Every call that changes something (Acquire, Renew, Release, Abandon, RequireRecovery, Reconciled,
 // PutSnapshot, DeleteSnapshot) carries an Idempotency-Key, the same on each of its attempts, and
 // is retried by the client's RetryPolicy after an answer that the contract says may be retried.
 // The key lets a service that implements Idempotency-Key apply the change exactly once.

@@ -26,6 +26,12 @@ type AcquireRequest struct {
 	// then is a retained recovery record replaced (Grant.Recovered) instead of refused with
 	// recovery_required. Set it only after checking.
 	Reconciled bool
+	// Reconciling (contract v1.2; exclusive with Reconciled) asks for the key while a recovery
+	// record is retained, to examine the leftovers while holding it: the grant keeps the record
+	// (Grant.Recovery) and everyone else is refused lease_held until the holder calls Reconciled
+	// (the record goes to the audit log) or its lease ends (the record stays as it was). On a key
+	// with no record it is a plain grant. A server before v1.2 refuses it with invalid_request.
+	Reconciling bool
 	// Wait (contract v1.1) asks the server to wait up to this long for a held key instead of
 	// answering lease_held at once. Sent only when positive: a server without waiting
 	// acquires refuses it with invalid_request.
@@ -38,6 +44,7 @@ type acquireBody struct {
 	Metadata      json.RawMessage `json:"metadata,omitempty"`
 	CrashRecovery bool            `json:"crash_recovery,omitempty"`
 	Reconciled    bool            `json:"reconciled,omitempty"`
+	Reconciling   bool            `json:"reconciling,omitempty"`
 	WaitMillis    int64           `json:"wait_ms,omitempty"`
 }
 
@@ -58,11 +65,15 @@ func (c *Client) Acquire(ctx context.Context, key string, req AcquireRequest) (*
 	if millis(req.TTL) <= 0 {
 		return nil, invalid("the TTL %v is not a positive number of milliseconds", req.TTL)
 	}
+	if req.Reconciled && req.Reconciling {
+		return nil, invalid("reconciled and reconciling exclude each other")
+	}
 	body := acquireBody{
 		Owner:         req.Owner,
 		TTLMillis:     millis(req.TTL),
 		CrashRecovery: req.CrashRecovery,
 		Reconciled:    req.Reconciled,
+		Reconciling:   req.Reconciling,
 		WaitMillis:    millis(req.Wait),
 	}
 	if req.Metadata != nil {
@@ -154,6 +165,31 @@ func (c *Client) Abandon(ctx context.Context, key string, token uint64) error {
 // recovery_required). Refused with lease_lost like Release.
 func (c *Client) RequireRecovery(ctx context.Context, key string, token uint64) error {
 	return c.fenced(ctx, http.MethodPost, key, "/require-recovery", token)
+}
+
+// Reconciled (contract v1.2) confirms, as the live lease of token on key granted with
+// Reconciling, that what the recovery record's holder left no longer conflicts: the record moves
+// to the audit log (ListRecoveries, operation "reconciled") and the lease goes on (200 with it).
+// A token that is not the key's live lease is refused with lease_lost, and the record stays. A
+// server before v1.2 answers 404.
+func (c *Client) Reconciled(ctx context.Context, key string, token uint64) (*Lease, error) {
+	path, err := keyPath("/v1/leases/", key, "/reconciled")
+	if err != nil {
+		return nil, err
+	}
+	h, err := tokenHeader(token)
+	if err != nil {
+		return nil, err
+	}
+	a, err := c.send(ctx, request{method: http.MethodPost, path: path, header: h, changing: true}, http.StatusOK)
+	if err != nil {
+		return nil, err
+	}
+	var l Lease
+	if err := decode(a, &l); err != nil {
+		return nil, err
+	}
+	return &l, nil
 }
 
 // GetLease returns key's state, newest lease, retained recovery record and newest token. A key

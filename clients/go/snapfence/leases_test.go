@@ -415,3 +415,60 @@ func TestHealthAndReadiness(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Contract v1.2: a reconciling acquire holds the key and keeps the record until Reconciled.
+func TestAReconcilingAcquireHoldsTheKeyAndKeepsTheRecordUntilReconciled(t *testing.T) {
+	c := newClient(t)
+	ctx := testenv.Context(t)
+	if _, err := c.Acquire(ctx, "k", snapfence.AcquireRequest{Owner: "o", TTL: time.Second, Reconciled: true, Reconciling: true}); snapfence.CodeOf(err) != snapfence.CodeInvalidRequest {
+		t.Fatalf("reconciled with reconciling: %v", err)
+	}
+	key := testenv.UniqueKey(t, "k")
+	left, err := c.Acquire(ctx, key, snapfence.AcquireRequest{Owner: "crashed", TTL: 30 * time.Second, CrashRecovery: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Reconciled(ctx, key, left.Token); err != nil {
+		var apiErr *snapfence.Error
+		if errors.As(err, &apiErr) && apiErr.Status == 404 {
+			t.Skip("the service answers 404 for POST /v1/leases/{key}/reconciled: it has no contract v1.2")
+		}
+		// A lease with no record to confirm: whatever the service says, it is not 404.
+	}
+	if err := c.Abandon(ctx, key, left.Token); err != nil {
+		t.Fatal(err)
+	}
+	g, err := c.Acquire(ctx, key, snapfence.AcquireRequest{Owner: "reconciler", TTL: 30 * time.Second, CrashRecovery: true, Reconciling: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.Recovery == nil || g.Recovery.Token != left.Token || g.Recovery.Reason != snapfence.ReasonAbandoned || g.Recovered != nil || g.Token <= left.Token {
+		t.Fatalf("reconciling grant %+v (recovery %+v)", g, g.Recovery)
+	}
+	_, err = c.Acquire(ctx, key, snapfence.AcquireRequest{Owner: "other", TTL: time.Second, Reconciled: true})
+	var held *snapfence.Error
+	if !errors.As(err, &held) || held.Code() != snapfence.CodeLeaseHeld || held.Holder == nil || held.Holder.Owner != "reconciler" {
+		t.Fatalf("another acquire during the reconcile: %v", err)
+	}
+	status, err := c.GetLease(ctx, key)
+	if err != nil || status.State != snapfence.StateHeld || status.Recovery == nil || status.Recovery.Token != left.Token {
+		t.Fatalf("during the reconcile: %+v %v", status, err)
+	}
+	if _, err := c.Reconciled(ctx, key, left.Token); !errors.Is(err, snapfence.ErrLeaseLost) {
+		t.Fatalf("Reconciled with a token that is not live: %v", err)
+	}
+	l, err := c.Reconciled(ctx, key, g.Token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Token != g.Token || l.Owner != "reconciler" {
+		t.Fatalf("reconciled lease %+v", l)
+	}
+	status, err = c.GetLease(ctx, key)
+	if err != nil || status.State != snapfence.StateHeld || status.Recovery != nil {
+		t.Fatalf("after Reconciled: %+v %v", status, err)
+	}
+	if err := c.Release(ctx, key, g.Token); err != nil {
+		t.Fatal(err)
+	}
+}

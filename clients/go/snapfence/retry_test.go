@@ -178,7 +178,7 @@ func TestEveryChangingCallCarriesItsOwnIdempotencyKeyAndReadsNone(t *testing.T) 
 	}
 	lease := `{"key":"k","owner":"w","token":7,"acquired_at":"2026-12-02T13:05:00.123Z","expires_at":"2026-12-02T13:05:30.123Z","ttl_ms":30000,"metadata":null,"crash_recovery":false,"recovery_required":false}`
 	s := &scripted{answers: []func(http.ResponseWriter){
-		ok(201, lease), ok(200, lease), ok(204, ""), ok(204, ""), ok(204, ""), written, ok(204, ""),
+		ok(201, lease), ok(200, lease), ok(204, ""), ok(204, ""), ok(204, ""), written, ok(204, ""), ok(200, lease),
 		ok(200, `{"key":"k","state":"held","lease":`+lease+`,"recovery":null,"newest_token":7}`),
 		ok(204, ""),
 	}}
@@ -195,6 +195,7 @@ func TestEveryChangingCallCarriesItsOwnIdempotencyKeyAndReadsNone(t *testing.T) 
 		func() error { return c.RequireRecovery(ctx, "k", 7) },
 		func() error { _, err := c.PutSnapshot(ctx, "k", 7, []byte("x"), snapfence.PutOptions{}); return err },
 		func() error { return c.DeleteSnapshot(ctx, "k", 7, snapfence.DeleteOptions{}) },
+		func() error { _, err := c.Reconciled(ctx, "k", 7); return err },
 		func() error { _, err := c.GetLease(ctx, "k"); return err },
 	}
 	for i, call := range calls {
@@ -203,21 +204,21 @@ func TestEveryChangingCallCarriesItsOwnIdempotencyKeyAndReadsNone(t *testing.T) 
 		}
 	}
 	seen := map[string]bool{}
-	for i, r := range s.requests[:7] {
+	for i, r := range s.requests[:8] {
 		k := r.Header.Get("Idempotency-Key")
 		if k == "" || seen[k] {
 			t.Fatalf("request %d (%s %s) has Idempotency-Key %q", i, r.Method, r.URL.Path, k)
 		}
 		seen[k] = true
 	}
-	if k := s.requests[7].Header.Get("Idempotency-Key"); k != "" {
+	if k := s.requests[8].Header.Get("Idempotency-Key"); k != "" {
 		t.Fatalf("a read carries Idempotency-Key %q", k)
 	}
 	fixed := snapfence.WithIdempotencyKey(ctx, "my-key-1")
 	if err := c.Release(fixed, "k", 7); err != nil {
 		t.Fatal(err)
 	}
-	if k := s.requests[8].Header.Get("Idempotency-Key"); k != "my-key-1" {
+	if k := s.requests[9].Header.Get("Idempotency-Key"); k != "my-key-1" {
 		t.Fatalf("WithIdempotencyKey sent %q", k)
 	}
 	wantCode(t, c.Release(snapfence.WithIdempotencyKey(ctx, "has space"), "k", 7), snapfence.CodeInvalidRequest)

@@ -75,6 +75,9 @@ type Grant struct {
 	Lease
 	// Recovered is the recovery record this grant replaced, or nil.
 	Recovered *RecoveryRecord `json:"recovered,omitempty"`
+	// Recovery (contract v1.2) is the recovery record a Reconciling grant holds the key with:
+	// retained until Reconciled confirms it; nil when the key had none.
+	Recovery *RecoveryRecord `json:"recovery,omitempty"`
 	// Replayed is true when the service answered with the stored answer of an earlier attempt
 	// with the same Idempotency-Key (Idempotent-Replayed: true) rather than granting again.
 	Replayed bool `json:"-"`
@@ -247,8 +250,9 @@ type RejectionPage struct {
 	NextCursor string `json:"next_cursor"`
 }
 
-// RecoveryEntry is one recovery record replaced by a reconciling acquire, as the audit log
-// shows it.
+// RecoveryEntry is one recovery record replaced by a reconciled acquire (operation
+// "reconcile"), or, with contract v1.2, kept by a reconciling grant ("reconciling") or moved to
+// the log by that holder's confirmation ("reconciled"), as the audit log shows it.
 type RecoveryEntry struct {
 	// ID is the audit row's id; pages are ordered by it, newest first.
 	ID int64 `json:"id"`
@@ -258,11 +262,14 @@ type RecoveryEntry struct {
 	Key string `json:"key"`
 	// Reason is the replaced record's reason.
 	Reason string `json:"reason"`
+	// PresentedToken is the confirming holder's token for "reconciled" (v1.2); 0 for the
+	// grants, which present none.
+	PresentedToken uint64 `json:"presented_token"`
 	// HighestToken is the reconciling grant's token.
 	HighestToken uint64 `json:"highest_token"`
 	// Holder is the reconciling grant's owner.
 	Holder string `json:"holder"`
-	// Operation is always "reconcile".
+	// Operation is "reconcile", or (v1.2) "reconciling" or "reconciled".
 	Operation string `json:"operation"`
 	// RequestID is the reconciling request's x-request-id, or "".
 	RequestID string `json:"request_id"`

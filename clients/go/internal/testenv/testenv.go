@@ -18,7 +18,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -53,11 +52,12 @@ func (s *Server) PID() int {
 	return s.cmd.Process.Pid
 }
 
-// Freeze stops the serve process with SIGSTOP; Thaw resumes it.
-func (s *Server) Freeze() error { return s.cmd.Process.Signal(syscall.SIGSTOP) }
+// Freeze stops the serve process (SIGSTOP; an error where there are no such signals); Thaw
+// resumes it.
+func (s *Server) Freeze() error { return freeze(s.cmd.Process) }
 
-// Thaw resumes a frozen serve process with SIGCONT.
-func (s *Server) Thaw() error { return s.cmd.Process.Signal(syscall.SIGCONT) }
+// Thaw resumes a frozen serve process (SIGCONT).
+func (s *Server) Thaw() error { return thaw(s.cmd.Process) }
 
 // Log is the tail of the server's log.
 func (s *Server) Log() string {
@@ -76,8 +76,8 @@ func (s *Server) Log() string {
 func (s *Server) Stop() {
 	s.stopped.Do(func() {
 		if s.cmd != nil {
-			_ = s.cmd.Process.Signal(syscall.SIGCONT)
-			_ = s.cmd.Process.Signal(syscall.SIGTERM)
+			_ = thaw(s.cmd.Process)
+			_ = terminate(s.cmd.Process)
 			select {
 			case <-s.exited:
 			case <-time.After(30 * time.Second):
@@ -202,8 +202,9 @@ func startOn(bin, dir, dataDir, addr, scheme string, args []string) (*Server, er
 	cmd := exec.Command(bin, append([]string{"serve", "--data-dir", dataDir, "--listen", addr}, args...)...)
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
-	// If the test binary dies (a panic skips TestMain's cleanup), the server is told to stop.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	// On Linux, if the test binary dies (a panic skips TestMain's cleanup), the server is told
+	// to stop.
+	stopWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -219,7 +220,7 @@ func startOn(bin, dir, dataDir, addr, scheme string, args []string) (*Server, er
 
 // stopKeepDir stops the process but keeps the directory (for another try).
 func (s *Server) stopKeepDir() {
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	_ = terminate(s.cmd.Process)
 	select {
 	case <-s.exited:
 	case <-time.After(30 * time.Second):
