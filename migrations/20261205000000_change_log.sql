@@ -69,7 +69,8 @@ FROM change_horizon;
 
 -- The changes of one epoch, unordered. "Not visible in after_snap" is "started after it, or
 -- running when it was taken", so the reads are a range and a few points of the xid index,
--- however long some transaction stays open.
+-- however long some transaction stays open. (The points as `= ANY (ARRAY(...))`: written as
+-- `IN (SELECT ...)` they were planned as a hash join over the whole table.)
 CREATE FUNCTION epoch_changes(after_snap pg_snapshot, snap pg_snapshot)
 RETURNS SETOF change_log LANGUAGE sql STABLE AS $$
     SELECT c.* FROM change_log c
@@ -77,7 +78,8 @@ RETURNS SETOF change_log LANGUAGE sql STABLE AS $$
         AND pg_visible_in_snapshot(c.xid, snap)
     UNION ALL
     SELECT c.* FROM change_log c
-    WHERE c.xid IN (SELECT pg_snapshot_xip(after_snap)) AND pg_visible_in_snapshot(c.xid, snap)
+    WHERE c.xid = ANY (ARRAY(SELECT pg_snapshot_xip(after_snap)))
+        AND pg_visible_in_snapshot(c.xid, snap)
 $$;
 
 -- The numbered history, for people and tests; the service reads it an epoch at a time
