@@ -1,9 +1,9 @@
 //! The relay: one instance on the database gives the committed changes their ids, an epoch at a
-//! time (`sql/epoch.sql`), reports expiries (`sql/expire.sql`) and drops old history
-//! (`sql/prune.sql`). The role is a lease by the database clock in `change_relay`, kept by every
-//! relay transaction (`sql/claim.sql`), so an instance that was paused and lost it numbers
-//! nothing; and two relays could not number the same changes anyway, since their epochs would
-//! start at the same id.
+//! time, reports expiries (`sql/expire.sql`) and drops old history (`sql/prune.sql`). The role
+//! is a lease by the database clock in `change_relay`, kept by the same statement that records
+//! an epoch (`sql/turn.sql`), so an instance that was paused and lost it numbers nothing; and
+//! two relays could not number the same changes anyway, since their epochs would start at the
+//! same id.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{FromRow, PgPool};
 use tokio::time::Instant;
 
-use super::{CHANNEL, Inner};
+use super::Inner;
 use crate::store::{Bounded, Result};
 
 /// How often the relay looks for new changes and due expiries while there were none at its
@@ -91,16 +91,18 @@ struct PendingExpiry {
     expires_at: DateTime<Utc>,
 }
 
-/// An epoch the relay recorded (`sql/epoch.sql`): its last id, and its grants.
+/// A turn the relay took with the role (`sql/turn.sql`): the database clock, and the epoch it
+/// recorded, if any (its last id, and its grants).
 #[derive(FromRow)]
-struct Epoch {
-    last_id: i64,
+struct Turn {
+    clock: DateTime<Utc>,
+    last_id: Option<i64>,
     keys: Option<Vec<String>>,
     tokens: Option<Vec<i64>>,
     expiries: Option<Vec<DateTime<Utc>>>,
 }
 
-impl Epoch {
+impl Turn {
     fn grants(self) -> impl Iterator<Item = PendingExpiry> {
         let keys = self.keys.unwrap_or_default();
         let tokens = self.tokens.unwrap_or_default();
@@ -152,9 +154,9 @@ pub(super) async fn relay(inner: Weak<Inner>) {
     }
 }
 
-/// One turn of the relay: keeps (or takes) the role, records an epoch of the changes committed
-/// since the last, and now and then prunes, in one transaction; then reports the due expiries.
-/// How long to pause before the next turn.
+/// One turn of the relay: keeps (or takes) the role and records an epoch of the changes
+/// committed since the last, in one statement; then now and then prunes, and reports the due
+/// expiries. How long to pause before the next turn.
 async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<Duration> {
     if let Some(r) = role.as_ref() {
         let idle = !r.stale
@@ -165,27 +167,37 @@ async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<Duration> {
             return Ok(RELAY_TICK);
         }
     }
-    let mut tx = i.pool.begin().await?;
-    let clock: Option<DateTime<Utc>> = sqlx::query_scalar(include_str!("sql/claim.sql"))
+    // Until the turn's outcome is known, which grants' expiries to expect is not known either.
+    let whole = role.as_ref().is_some_and(|r| !r.stale);
+    if let Some(r) = role.as_mut() {
+        r.stale = true;
+    }
+    let turn: Option<Turn> = sqlx::query_as(include_str!("sql/turn.sql"))
         .bind(&i.name)
         .bind(role.is_some())
         .bind(ROLE_MS)
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&i.pool)
+        .bounded(&i.pool)
         .await?;
-    let Some(clock) = clock else {
+    let Some(turn) = turn else {
         if role.take().is_some() {
             tracing::info!("this instance no longer relays changes");
         }
         return Ok(RELAY_TICK);
     };
     let relay = match role {
-        Some(r) if !r.stale => r,
+        // Kept, and nothing missed before: whole once this turn's grants are added.
+        Some(r) if whole => r,
         _ => {
             if role.is_none() {
                 tracing::info!("this instance relays changes");
             }
+            // Read after the turn: every unreported lease granted before this read is in it,
+            // and every later grant comes in a later epoch (one read and an epoch may both
+            // bring a lease; expire.sql reports it once).
             let live: Vec<PendingExpiry> = sqlx::query_as(include_str!("sql/live.sql"))
-                .fetch_all(&mut *tx)
+                .fetch_all(&i.pool)
+                .bounded(&i.pool)
                 .await?;
             let mut fresh = Relay {
                 expiries: BinaryHeap::new(),
@@ -198,37 +210,21 @@ async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<Duration> {
             role.insert(fresh)
         }
     };
-    relay.offset = clock - Utc::now();
+    relay.stale = false;
+    relay.offset = turn.clock - Utc::now();
     relay.kept = Instant::now();
-    let epoch: Option<Epoch> = sqlx::query_as(include_str!("sql/epoch.sql"))
-        .fetch_optional(&mut *tx)
-        .await?;
-    if let Some(epoch) = &epoch {
-        sqlx::query("SELECT pg_notify($1, $2)")
-            .bind(CHANNEL)
-            .bind(epoch.last_id.to_string())
-            .execute(&mut *tx)
-            .await?;
-    }
-    let prune = relay.pruned.elapsed() >= PRUNE_EVERY.min(i.retention);
-    if prune {
+    let clock = turn.clock;
+    let numbered = turn.last_id.is_some();
+    relay.expect(turn.grants());
+    if relay.pruned.elapsed() >= PRUNE_EVERY.min(i.retention) {
         let retention = i64::try_from(i.retention.as_millis()).unwrap_or(i64::MAX);
         sqlx::query(include_str!("sql/prune.sql"))
             .bind(retention)
             .bind(PRUNE_EPOCHS)
-            .execute(&mut *tx)
+            .execute(&i.pool)
+            .bounded(&i.pool)
             .await?;
-    }
-    // Until the commit is known, which grants' expiries to expect is not known either.
-    relay.stale = true;
-    tx.commit().await?;
-    relay.stale = false;
-    if prune {
         relay.pruned = Instant::now();
-    }
-    let numbered = epoch.is_some();
-    if let Some(epoch) = epoch {
-        relay.expect(epoch.grants());
     }
     relay.stale = true;
     let reported = report_expiries(&i.pool, relay, clock).await?;
