@@ -5,7 +5,7 @@
 # throwaway PostgreSQL this script starts itself. Prints one table; see bench/README.md.
 #
 #   bench/compare.sh [--duration 10s] [--clients "1 8 32"] [--keys 10000] [--ops "acquire renew put get"]
-#                    [--baseline REV] [--with-etcd] [--install] [--memory] [--growth] [--profile]
+#                    [--baseline REV] [--with-etcd] [--with-watcher] [--install] [--memory] [--growth] [--profile]
 #                    [--dev] [--clean] [--rounds 200] [--expiry-rounds 40] [--rates "200 2000"]
 #
 #   Lists (--clients, --ops, --rates) are separated by spaces or commas.
@@ -24,6 +24,9 @@
 #                 when they are missing
 #   --with-etcd   also load etcd (lease grant; fenced txn; range read), over its native gRPC API
 #                 and its JSON gateway, for the peer columns
+#   --with-watcher  also run each service cell again with one watcher of every change open
+#                 (`GET /v1/watch`, read to the end by curl): the watched/s column, and x-watch
+#                 (watched / unwatched), the watch's cost as its users pay it
 #   --memory      peak server RSS through the 1 KiB put runs, then with 32 concurrent 8 MiB puts
 #   --growth      the 32-client acquire and put again with 1,000,000 keys and 10,000,000 audit rows
 #   --profile     perf record the server through a 32-client put run; summary in the work dir
@@ -38,7 +41,7 @@ set -euo pipefail
 
 duration=10s clients="1 8 32" keys=10000 ops="acquire renew put get"
 rounds=200 expiry_rounds=40 rates="200 2000"
-with_etcd=0 install=0 memory=0 growth=0 profile=0 baseline= profile_dir=release clean=0
+with_etcd=0 with_watcher=0 install=0 memory=0 growth=0 profile=0 baseline= profile_dir=release clean=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --duration) duration=$2; shift ;;
@@ -50,6 +53,7 @@ while [ $# -gt 0 ]; do
     --rates) rates=$2; shift ;;
     --baseline) baseline=$2; shift ;;
     --with-etcd) with_etcd=1 ;;
+    --with-watcher) with_watcher=1 ;;
     --install) install=1 ;;
     --memory) memory=1 ;;
     --growth) growth=1 ;;
@@ -308,7 +312,7 @@ fi
 
 rss_peak() { awk '/VmHWM/ {printf "%.1f", $2 / 1024}' "/proc/$sf_pid/status"; }
 rows=() failed=0
-row_format='%-8s %7s %9s %7s %7s %9s %6s %8s %6s %8s %6s %7s %8s %6s %8s %6s %8s  %s'
+row_format='%-8s %7s %9s %7s %7s %9s %6s %8s %6s %8s %6s %7s %9s %7s %8s %6s %8s %6s %8s  %s'
 declare -A at32
 for op in $load_ops; do
     say "$op: pgbench (the service's statement) at $clients clients"
@@ -332,6 +336,23 @@ for op in $load_ops; do
             base_errs=$(errors <<<"$base_report")
             [ "$base_errs" = - ] || errs="$errs baseline:$base_errs"
         fi
+        watched_s=- vs_watched=-
+        if [ "$with_watcher" = 1 ]; then
+            say "$op x$c: snapfence bench with a watcher open"
+            curl -sN -H "Authorization: Bearer $api_key" "$url/v1/watch" >"$work/watcher.out" 2>&1 &
+            watcher=$!
+            watched_report=$(bench "$op" "$c")
+            kill "$watcher" 2>/dev/null || true
+            wait "$watcher" 2>/dev/null || true
+            watched_s=$(field ops_per_sec <<<"$watched_report")
+            vs_watched=$(ratio "$watched_s" "$ops_s")
+            watched_errs=$(errors <<<"$watched_report")
+            [ "$watched_errs" = - ] || errs="$errs watched:$watched_errs"
+            # A changing cell must have been seen by the watcher (a read sees nothing).
+            if [ "$op" != get ] && [ "$op" != renew ] && ! grep -q '^event:' "$work/watcher.out"; then
+                errs="$errs watcher-saw-nothing"
+            fi
+        fi
         wrk_s=-
         if [ "$op" = get ] && command -v wrk >/dev/null; then
             wrk_s=$(wrk_get "$c" "$(field prefix <<<"$report" | sed 's#/#%2F#g')" "$(field keys <<<"$report")")
@@ -347,7 +368,8 @@ for op in $load_ops; do
         fi
         if [ "$c" = 32 ]; then at32[$op]=$ops_s; fi
         rows+=("$(printf "$row_format" "$op" "$c" "$ops_s" "$p50" "$p99" "$pg" "$(ratio "$ops_s" "$pg")" \
-            "$floor" "$(ratio "$ops_s" "$floor")" "$base_s" "$vs_base" "$base_p50" "$grpc_s" "$vs_grpc" "$etcd_s" "$vs_etcd" "$wrk_s" "$errs")")
+            "$floor" "$(ratio "$ops_s" "$floor")" "$base_s" "$vs_base" "$base_p50" "$watched_s" "$vs_watched" \
+            "$grpc_s" "$vs_grpc" "$etcd_s" "$vs_etcd" "$wrk_s" "$errs")")
         say "row: ${rows[-1]}"
         [ "$errs" = - ] || failed=1
     done
@@ -446,7 +468,7 @@ fi
 echo
 if [ ${#rows[@]} -gt 0 ]; then
     echo "snapfence $("$sf" --version | cut -d' ' -f2) vs pgbench (PostgreSQL $("${as_pg[@]}" "$pgbin/postgres" --version | awk '{print $3}')) on $(nproc) cores, loopback, $duration per cell, $keys keys, 1 KiB bodies"
-    printf "$row_format\n" op clients service/s p50ms p99ms pgbench/s x-pg floor/s x-floor base/s x-base b-p50ms grpc/s x-grpc json/s x-json wrk/s errors
+    printf "$row_format\n" op clients service/s p50ms p99ms pgbench/s x-pg floor/s x-floor base/s x-base b-p50ms watched/s x-watch grpc/s x-grpc json/s x-json wrk/s errors
     for r in "${rows[@]}"; do echo "$r"; done
 fi
 if [ ${#timing_rows[@]} -gt 0 ]; then
