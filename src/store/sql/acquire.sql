@@ -108,6 +108,30 @@ reconciled AS (
         r.remote_addr, r.principal, CASE WHEN n.keeps THEN 'reconciling' ELSE 'reconcile' END
     FROM cur c JOIN new_lease n ON n.i = c.i JOIN req r ON r.i = c.i
     WHERE c.recovery_reason IS NOT NULL),
+-- The watch's changes of the grants (migrations/20261205000000_change_log.sql), each drawing its
+-- seq after the row lock: the expiry of an unended lease a grant replaced, unless the relay
+-- reported it (`expired`: the upsert waits for the relay's, then changes and returns nothing);
+-- the reconciliation of a record a grant replaced (not of one a reconciling grant keeps: that
+-- comes at its confirmation, reconciled.sql); the grant.
+expired AS (
+    INSERT INTO expiry_reports AS x (key, token)
+    SELECT c.key, c.token FROM cur c JOIN granted g ON g.i = c.i WHERE c.ended_at IS NULL
+    ORDER BY c.key
+    ON CONFLICT (key) DO UPDATE SET token = excluded.token WHERE x.token < excluded.token
+    RETURNING x.key),
+granted_noted AS (
+    INSERT INTO change_log (kind, key, token, at, owner, expires_at, reason, record_token)
+    SELECT e.kind, n.key, e.token, e.at, e.owner, e.expires_at, e.reason, e.record_token
+    FROM new_lease n LEFT JOIN cur c ON c.i = n.i LEFT JOIN expired x ON x.key = n.key
+    CROSS JOIN LATERAL (VALUES
+        (1, CASE WHEN x.key IS NOT NULL THEN 'lease.expired' END, c.token, c.expires_at,
+            c.owner, NULL::timestamptz, NULL::text, NULL::bigint),
+        (2, CASE WHEN NOT n.keeps AND c.recovery_reason IS NOT NULL THEN 'lease.reconciled' END,
+            n.token, n.acquired_at, n.owner, NULL, c.recovery_reason, c.rec_token),
+        (3, 'lease.granted', n.token, n.acquired_at, n.owner, n.expires_at, NULL, NULL)
+    ) AS e (rank, kind, token, at, owner, expires_at, reason, record_token)
+    WHERE e.kind IS NOT NULL
+    ORDER BY n.key, e.rank),
 -- The answers: the verdict, the new lease, and the row as it was found (for `held`, and for the
 -- recovery record a grant replaced or kept (`keeps`), or a refusal names). A waiter's `held`
 -- that is not its last try is not settled: it waits on (acquire_wait_in.sql). `clock` is the

@@ -35,4 +35,11 @@ refused AS (
     SELECT r.key, v.outcome, r.token, v.highest_token, v.holder, r.operation, r.request_id,
         r.remote_addr, r.principal
     FROM verdict v JOIN req r ON r.i = v.i WHERE v.outcome IN ('stale_token', 'unknown_token')
-    RETURNING id, key),
+    RETURNING id, key, at, reason, presented_token, highest_token, holder, operation),
+-- The watch's change of each refusal (`write.refused`, migrations/20261205000000_change_log.sql).
+refusals_noted AS (
+    INSERT INTO change_log (kind, key, token, at, owner, reason, audit_id, operation,
+        highest_token)
+    SELECT 'write.refused', f.key, f.presented_token, f.at, f.holder, f.reason, f.id,
+        f.operation, f.highest_token
+    FROM refused f ORDER BY f.id),

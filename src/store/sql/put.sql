@@ -18,6 +18,11 @@ stored AS (
     SELECT r.key, h.version, r.token, r.etag, r.size, r.content_type, now(), r.body
     FROM head h JOIN req r ON r.i = h.i
     RETURNING key, version, updated_at),
+-- The watch's change of each write, drawn after the row lock (migrations/20261205000000_change_log.sql).
+written_noted AS (
+    INSERT INTO change_log (kind, key, token, at, version, etag)
+    SELECT 'snapshot.written', h.key, r.token, now(), h.version, r.etag
+    FROM head h JOIN req r ON r.i = h.i ORDER BY h.key),
 pruned AS (
     DELETE FROM snapshot_versions sv
     USING head h JOIN unnest($16::bigint[]) WITH ORDINALITY AS k(keep, i) ON k.i = h.i

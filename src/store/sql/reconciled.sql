@@ -33,6 +33,12 @@ confirmed AS (
         r.principal, 'reconciled', r.token
     FROM changed c JOIN locked k ON k.i = c.i JOIN req r ON r.i = c.i
     WHERE k.kept_token IS NOT NULL),
+-- The watch's change of a confirmation that dropped a kept record
+-- (migrations/20261205000000_change_log.sql).
+reconciled_noted AS (
+    INSERT INTO change_log (kind, key, token, at, owner, reason, record_token)
+    SELECT 'lease.reconciled', c.key, c.token, now(), c.owner, k.kept_reason, k.kept_token
+    FROM changed c JOIN locked k ON k.i = c.i WHERE k.kept_token IS NOT NULL ORDER BY c.key),
 -- The answers: the lease, or null (lease_lost).
 result AS (
     SELECT r.i, (SELECT to_json(c) FROM changed c WHERE c.i = r.i) AS lease, true AS settled
