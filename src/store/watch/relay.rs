@@ -35,6 +35,10 @@ const CLAIM_EVERY: Duration = Duration::from_secs(1);
 /// itself, when that is shorter), and how many epochs at a time.
 const PRUNE_EVERY: Duration = Duration::from_secs(10);
 const PRUNE_EPOCHS: i64 = 1000;
+/// The most expiries one report takes on (its share locks make acquires of those keys wait until
+/// it commits): more are left for the next turn, 10 ms later, so that a burst of expiries never
+/// makes one long statement, nor a turn long enough to lose the role.
+const EXPIRE_BATCH: usize = 500;
 /// How long a relay transaction may take before the relay gives it up (and rereads the
 /// leases' expiry times, since it cannot tell what it committed).
 const RELAY_BOUND: Duration = Duration::from_secs(5);
@@ -60,11 +64,11 @@ impl Relay {
             .is_some_and(|Reverse((at, _, _))| *at <= Utc::now() + self.offset)
     }
 
-    /// Takes out the leases whose expiry has passed at `clock`.
+    /// Takes out the leases whose expiry has passed at `clock`, [`EXPIRE_BATCH`] at most.
     fn take_due(&mut self, clock: DateTime<Utc>) -> (Vec<String>, Vec<i64>) {
         let (mut keys, mut tokens) = (Vec::new(), Vec::new());
         while let Some(Reverse((at, _, _))) = self.expiries.peek() {
-            if *at > clock {
+            if *at > clock || keys.len() == EXPIRE_BATCH {
                 break;
             }
             let Reverse((_, key, token)) = self.expiries.pop().expect("peeked");
@@ -181,7 +185,9 @@ async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<Duration> {
         .await?;
     let Some(turn) = turn else {
         if role.take().is_some() {
-            tracing::info!("this instance no longer relays changes");
+            tracing::warn!(
+                "this instance no longer relays changes: its role lapsed (more than {ROLE_MS} ms between its turns); another instance, or this one, takes it over"
+            );
         }
         return Ok(RELAY_TICK);
     };
