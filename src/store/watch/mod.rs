@@ -5,7 +5,7 @@
 //! - The changing statements write what they did into `change_log`, from triggers, in their
 //!   own transaction, once (`migrations/20261205000000_change_log.sql`): nothing is moved or
 //!   renumbered afterwards, and a renewal writes nothing.
-//! - One instance on the database is the relay ([`relay`]): it gives the committed changes
+//! - One instance on the database is the relay (`relay.rs`): it gives the committed changes
 //!   their ids by recording an epoch, a snapshot, every few milliseconds while changes come;
 //!   it reports expiries; it drops the history older than the retention; and it notifies
 //!   `snapfence_changes` at each epoch.
