@@ -61,7 +61,7 @@ fn programs() -> Option<(PathBuf, PathBuf)> {
             }
             panic!(
                 "the operator page's browser tests need Chromium and chromedriver, and {} {} \
-                 not on PATH: run `bash .ci/ui-browser` (which `.ci/run` calls), or \
+                 not on PATH: run the tests with `scripts/test`, which installs them as root, or \
                  `apt-get install -y chromium chromium-driver`; set SNAPFENCE_UI_BROWSER=skip \
                  to skip these tests",
                 missing.join(" and "),
