@@ -72,6 +72,13 @@ pub struct Global {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the HTTP service (with an embedded PostgreSQL unless DATABASE_URL is set).
+    ///
+    /// Besides the API under /v1, it serves the operator page at /ui
+    /// (http://127.0.0.1:7878/ui with the default --listen; the log prints its URL at start): who
+    /// holds which key and until when, refused writes over time and the audit log, the recovery
+    /// records waiting for a reconciliation, and a key's snapshot versions. Without API keys on
+    /// loopback it needs none; otherwise paste a key (`snapfence keys create`) into its key box:
+    /// it shows what that key may read, and abandoning a lease takes an admin key.
     // Boxed: the service's configuration is many times the size of every other command's.
     Serve(Box<ServeConfig>),
     /// Manage API keys in the service's database.

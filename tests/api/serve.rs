@@ -184,6 +184,7 @@ async fn serve_keeps_its_embedded_data_across_restarts_and_shuts_down_gracefully
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let first_base = first.base.clone();
     first.terminate();
     let _ = terminated.send(true);
     let r = upload_task.await.unwrap().unwrap();
@@ -197,6 +198,12 @@ async fn serve_keeps_its_embedded_data_across_restarts_and_shuts_down_gracefully
     assert!(
         logged.contains(data.to_str().unwrap()),
         "the log says where the data lives"
+    );
+    assert!(
+        logged.contains(&format!(
+            "the operator page (leases, refused writes, recovery records, snapshots) is at {first_base}/ui"
+        )),
+        "the log says where the operator page is: {logged}"
     );
     let pid_file = data.join("pg").join("postmaster.pid");
     assert!(!pid_file.exists(), "the embedded PostgreSQL was stopped");
