@@ -9,7 +9,7 @@ use sqlx::postgres::PgConnectOptions;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::config::ServeConfig;
+use crate::config::{LogFormat, ServeConfig};
 use crate::embedded::{EmbeddedPostgres, Settings};
 use crate::state::AppState;
 use crate::{store, telemetry};
@@ -27,11 +27,15 @@ pub fn main(config: ServeConfig) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let log_format = config.log_format;
     match runtime.block_on(serve(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
-            tracing::error!("{message}");
-            eprintln!("snapfence: {message}");
+            // Once: the log and this message both go to stderr. A JSON log keeps it a JSON line.
+            match log_format {
+                LogFormat::Plain => eprintln!("snapfence: {message}"),
+                LogFormat::Json => tracing::error!("{message}"),
+            }
             ExitCode::FAILURE
         }
     }
