@@ -239,10 +239,28 @@
 
   // ---- Views --------------------------------------------------------------------------------
 
+  // Every read of the open view ends here: the footer then says when what is on screen was read,
+  // or that the last read failed and since when the screen is that old. A 404 is an answer.
   function setError(box, error) {
+    footer(error && error.status !== 404 ? error : null);
     if (!error) { box.hidden = true; return; }
     box.textContent = error.status === 401 ? `This server needs an API key: enter one above. (${error.message})` : error.message;
     box.hidden = false;
+  }
+
+  function footer(error) {
+    const el = $('#updated');
+    const at = new Date(now()).toISOString().slice(11, 19);
+    if (!error) {
+      state.readAt = at;
+      el.textContent = `updated ${at} UTC`;
+      el.dataset.state = 'updated';
+    } else {
+      el.textContent = state.readAt
+        ? `could not refresh at ${at} UTC (${error.message}); showing what was read at ${state.readAt} UTC`
+        : `could not load at ${at} UTC: ${error.message}`;
+      el.dataset.state = 'failed';
+    }
   }
 
   function pager(name, s) {
@@ -570,6 +588,7 @@
     if (!s.key) {
       body.replaceChildren();
       $('#view-snapshots .empty').hidden = false;
+      footer(null);
       return;
     }
     const current = ticket('versions');
@@ -657,7 +676,6 @@
         await loaders[state.view]();
         await loadRecoveryCount();
       } while (state.again);
-      $('#updated').textContent = `updated ${new Date(now()).toISOString().slice(11, 19)} UTC`;
     } finally {
       state.busy = false;
     }

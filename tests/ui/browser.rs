@@ -700,3 +700,101 @@ async fn a_keys_snapshot_versions_are_listed_and_each_downloads_as_stored() {
     browser.close().await;
     app.stop().await;
 }
+
+/// Whether every column of the visible `table` (`arguments[0]`) fits its card, so that none is
+/// cut off or needs a sideways scroll: the overflow in pixels, 0 when it fits.
+const OVERFLOW: &str = "
+    const table = document.querySelector(arguments[0]);
+    const scroll = table.closest('.scroll');
+    const last = table.querySelector('thead th:last-child').getBoundingClientRect();
+    const box = scroll.getBoundingClientRect();
+    return Math.max(0, scroll.scrollWidth - scroll.clientWidth, Math.ceil(last.right - box.right));";
+
+/// The footer's state and text once it says the view was read.
+const FOOTER_UPDATED: &str = "
+    const el = document.querySelector('#updated');
+    return el.dataset.state === 'updated' ? el.textContent : null;";
+
+#[tokio::test]
+async fn at_800_px_every_lease_column_fits_and_the_footer_says_when_the_data_was_read() {
+    let _turn = ONE_BROWSER.lock().await;
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let app = TestApp::spawn().await;
+    app.acquire_with(
+        "jobs/long-running-nightly-build-of-the-main-branch",
+        json!({"owner": "worker-7@build-host-3.example", "ttl_ms": 600_000,
+               "metadata": {"pid": 4242, "host": "build-3", "target": "nightly",
+                            "command": "make release ARCH=x86_64 PROFILE=lto"}}),
+    )
+    .await;
+    app.acquire_with(
+        "jobs/8",
+        json!({"owner": "worker-8", "ttl_ms": 90_000, "metadata": {"pid": 17}}),
+    )
+    .await;
+
+    browser.resize(800, 860).await;
+    browser.goto(&ui(&app, "leases")).await;
+    assert_eq!(
+        browser
+            .wait_for("both keys listed", LEASE_KEYS, json!([]))
+            .await,
+        "jobs/8 jobs/long-running-nightly-build-of-the-main-branch"
+    );
+    let footer = browser
+        .wait_for("the footer says when", FOOTER_UPDATED, json!([]))
+        .await;
+    assert!(
+        footer.as_str().unwrap().starts_with("updated ")
+            && footer.as_str().unwrap().ends_with(" UTC"),
+        "{footer}"
+    );
+    assert_eq!(
+        browser
+            .eval("return window.innerWidth <= 800;", json!([]))
+            .await,
+        true,
+        "the window is 800 px wide"
+    );
+    let overflow = browser.eval(OVERFLOW, json!(["#lease-table"])).await;
+    assert_eq!(
+        overflow, 0,
+        "Metadata and Actions fit at 800 px ({overflow} px over)"
+    );
+    let actions = browser
+        .eval(
+            "const b = document.querySelector('#lease-table tbody tr [data-action]');
+             if (!b) return null;
+             const r = b.getBoundingClientRect();
+             return r.right <= window.innerWidth && r.width > 0;",
+            json!([]),
+        )
+        .await;
+    assert_eq!(actions, true, "an action button is on screen");
+    browser.screenshot("leases-800px").await;
+
+    // The server goes away: the footer says the data on screen is from the last good read.
+    let read = footer
+        .as_str()
+        .unwrap()
+        .trim_start_matches("updated ")
+        .to_owned();
+    app.stop().await;
+    let failed = browser
+        .wait_for(
+            "the footer says the refresh failed",
+            "const el = document.querySelector('#updated');
+             return el.dataset.state === 'failed' ? el.textContent : null;",
+            json!([]),
+        )
+        .await;
+    let failed = failed.as_str().unwrap();
+    assert!(failed.starts_with("could not refresh at "), "{failed}");
+    assert!(
+        failed.contains("showing what was read at "),
+        "{failed} (first read {read})"
+    );
+    browser.close().await;
+}
