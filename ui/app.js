@@ -4,12 +4,17 @@
 // kept in sessionStorage (gone when the tab closes), never put in a URL, and sent as
 // `Authorization: Bearer`. The API decides what the key may see; the page only hides what the key
 // could not do. Everything is drawn with textContent and DOM calls, never from markup, so nothing
-// the API returns is ever read as HTML. There is no watch endpoint yet: the open view is read
-// again every few seconds.
+// the API returns is ever read as HTML. The open view is read again whenever GET /v1/watch says
+// something changed; only while that stream fails is it read every few seconds instead.
 'use strict';
 
 (() => {
   const REFRESH_MS = 5000;
+  // After the change stream fails: polling, and a new try at the stream this much later (doubling
+  // up to a minute while it keeps failing).
+  const WATCH_RETRY_MS = 15e3;
+  // Changes that come together are drawn with one read of the view.
+  const WATCH_BATCH_MS = 250;
   const KEY_STORAGE = 'snapfence.apiKey';
   const SVG_NS = 'http://www.w3.org/2000/svg';
   const REASONS = ['stale_token', 'unknown_token'];
@@ -39,6 +44,8 @@
     audit: { filters: {}, limit: 50, cursors: [null], page: 0, next: null },
     chart: { window: '1h', prefix: '', principal: '*', principals: new Set(), items: [], truncated: false },
     snapshots: { key: '' },
+    // The change stream: `live` while GET /v1/watch streams, `polling` while it fails.
+    watch: { mode: 'connecting', lastId: null, abort: null, retryMs: WATCH_RETRY_MS, batch: null, events: 0, polls: 0 },
   };
 
   // ---- Building the DOM -------------------------------------------------------------------
@@ -95,13 +102,13 @@
   }
 
   /** Calls the API (a path relative to the page, `v1/…`); returns the parsed JSON or the response. */
-  async function api(path, { method = 'GET', headers = {}, raw = false } = {}) {
+  async function api(path, { method = 'GET', headers = {}, raw = false, signal = undefined } = {}) {
     const sent = new Headers(headers);
     const key = apiKey();
     if (key) sent.set('Authorization', `Bearer ${key}`);
     let response;
     try {
-      response = await fetch(path, { method, headers: sent, cache: 'no-store', credentials: 'omit' });
+      response = await fetch(path, { method, headers: sent, cache: 'no-store', credentials: 'omit', signal });
     } catch (e) {
       throw new ApiFailure(0, { detail: `the server could not be reached (${e.message})` });
     }
@@ -681,6 +688,92 @@
     }
   }
 
+  // ---- The change stream --------------------------------------------------------------------
+
+  // Follows GET /v1/watch for the whole service: each change (a grant, a release, an expiry, a
+  // write, a refusal…) reads the open view again. The stream is read with the same fetch as every
+  // call, so it carries the key in its header (an EventSource could not). It resumes after the
+  // last change seen when the server ends it; while it fails (no server, a key that may not
+  // watch every key), the page polls every 5 s and tries the stream again later.
+  async function watch() {
+    for (;;) {
+      const abort = new AbortController();
+      state.watch.abort = abort;
+      try {
+        const headers = { Accept: 'text/event-stream' };
+        if (state.watch.lastId) headers['Last-Event-ID'] = state.watch.lastId;
+        const response = await api('v1/watch', { raw: true, headers, signal: abort.signal });
+        setWatchMode('live');
+        state.watch.retryMs = WATCH_RETRY_MS;
+        // What changed while there was no stream.
+        refresh();
+        const started = Date.now();
+        await readStream(response.body.getReader());
+        // The server ended the stream (its --max-watch, or a restart): resume at once, unless
+        // it keeps ending them as soon as they start.
+        if (Date.now() - started < 1000) throw new Error('the server ended the stream at once');
+        continue;
+      } catch (e) {
+        if (abort.signal.aborted) continue; // a new key: start again with it
+        setWatchMode('polling', e);
+        await new Promise((resolve) => {
+          state.watch.wake = resolve;
+          setTimeout(resolve, state.watch.retryMs);
+        });
+        state.watch.retryMs = Math.min(state.watch.retryMs * 2, 60e3);
+      }
+    }
+  }
+
+  async function readStream(reader) {
+    const decoder = new TextDecoder();
+    let buffer = '';
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buffer += decoder.decode(value, { stream: true }).replace(/\r\n?/g, '\n');
+      let end;
+      while ((end = buffer.indexOf('\n\n')) >= 0) {
+        const block = buffer.slice(0, end);
+        buffer = buffer.slice(end + 2);
+        let id = null;
+        let event = null;
+        for (const line of block.split('\n')) {
+          if (line.startsWith('id:')) id = line.slice(3).trim();
+          else if (line.startsWith('event:')) event = line.slice(6).trim();
+        }
+        if (id) state.watch.lastId = id;
+        if (event) changed();
+      }
+    }
+  }
+
+  // A change: read the open view again, once for the changes that come together.
+  function changed() {
+    state.watch.events += 1;
+    document.body.dataset.watchEvents = String(state.watch.events);
+    if (state.watch.batch) return;
+    state.watch.batch = setTimeout(() => {
+      state.watch.batch = null;
+      refresh();
+    }, WATCH_BATCH_MS);
+  }
+
+  function setWatchMode(mode, error) {
+    state.watch.mode = mode;
+    const el = $('#mode');
+    el.dataset.mode = mode;
+    el.textContent = mode === 'live'
+      ? 'live: follows the server\'s changes'
+      : `refreshes every 5 s (the change stream failed: ${error ? error.message : 'no answer'})`;
+  }
+
+  // A new key: the stream starts again with it, at once.
+  function restartWatch() {
+    if (state.watch.abort) state.watch.abort.abort();
+    if (state.watch.wake) state.watch.wake();
+  }
+
   // ---- Navigation ---------------------------------------------------------------------------
 
   function route() {
@@ -705,10 +798,12 @@
       input.value = '';
       if (key) sessionStorage.setItem(KEY_STORAGE, key);
       refresh();
+      restartWatch();
     });
     $('#forget-key').addEventListener('click', () => {
       sessionStorage.removeItem(KEY_STORAGE);
       refresh();
+      restartWatch();
     });
 
     $('#lease-filter').addEventListener('submit', (ev) => {
@@ -764,10 +859,17 @@
       resizing = setTimeout(() => { if (state.chart.since) drawChart(); }, 150);
     });
     document.addEventListener('visibilitychange', () => { if (!document.hidden) refresh(); });
-    setInterval(() => { if (!document.hidden) refresh(); }, REFRESH_MS);
+    // Polling only while the change stream fails.
+    setInterval(() => {
+      if (document.hidden || state.watch.mode === 'live') return;
+      state.watch.polls += 1;
+      document.body.dataset.polls = String(state.watch.polls);
+      refresh();
+    }, REFRESH_MS);
     setInterval(tick, 1000);
   }
 
   wire();
   route();
+  watch();
 })();

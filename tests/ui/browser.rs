@@ -798,3 +798,134 @@ async fn at_800_px_every_lease_column_fits_and_the_footer_says_when_the_data_was
     );
     browser.close().await;
 }
+
+/// The change stream's mode in the footer (`live`, `polling`), once it is `arguments[0]`.
+const WATCH_MODE: &str = "
+    const el = document.querySelector('#mode');
+    return el.dataset.mode === arguments[0] ? el.textContent : null;";
+
+#[tokio::test]
+async fn changes_reach_the_page_from_the_watch_stream_without_polling() {
+    let _turn = ONE_BROWSER.lock().await;
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let app = TestApp::spawn().await;
+    browser.goto(&ui(&app, "leases")).await;
+    browser
+        .wait_for(
+            "the page follows the change stream",
+            WATCH_MODE,
+            json!(["live"]),
+        )
+        .await;
+    assert_eq!(
+        browser
+            .wait_for("the empty table", LEASE_KEYS, json!([]))
+            .await,
+        ""
+    );
+
+    let grant = app
+        .acquire_with(
+            "jobs/7",
+            json!({"owner": "worker-7", "ttl_ms": 600_000, "metadata": {"pid": 4242}}),
+        )
+        .await
+        .json::<Value>()
+        .await
+        .unwrap();
+    browser
+        .wait_for(
+            "the grant appears",
+            LEASE_ROW,
+            json!(["jobs/7", "worker-7"]),
+        )
+        .await;
+    app.release("jobs/7", token(&grant)).await;
+    browser
+        .wait_for(
+            "the release appears",
+            "const row = document.querySelector('#lease-table tr[data-key=\"jobs/7\"]');
+             return row && row.dataset.state === 'released' ? true : null;",
+            json!([]),
+        )
+        .await;
+    let (events, polls) = (
+        browser
+            .eval(
+                "return document.body.dataset.watchEvents || '0';",
+                json!([]),
+            )
+            .await,
+        browser
+            .eval("return document.body.dataset.polls || '0';", json!([]))
+            .await,
+    );
+    assert!(
+        events.as_str().unwrap().parse::<u32>().unwrap() >= 2,
+        "the grant and the release came as changes: {events}"
+    );
+    assert_eq!(polls, "0", "no polling while the stream is live");
+    browser.screenshot("leases-live").await;
+    browser.assert_no_console_errors().await;
+    browser.close().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_key_that_may_not_watch_everything_falls_back_to_polling() {
+    let _turn = ONE_BROWSER.lock().await;
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let app = TestApp::spawn().await;
+    // Confined to jobs/: the stream of the whole service is refused (403), the lease list under
+    // jobs/ is not.
+    let reader = app.make_key("viewer", Scope::Read, "jobs/").await;
+    let writer = app.make_key("worker", Scope::Write, "jobs/").await;
+
+    browser.goto(&ui(&app, "leases")).await;
+    browser.type_into("#api-key", &reader).await;
+    browser.click("#key-form button[type=\"submit\"]").await;
+    browser
+        .type_into("#lease-filter input[name=\"prefix\"]", "jobs/")
+        .await;
+    browser.click("#lease-filter button[type=\"submit\"]").await;
+    let mode = browser
+        .wait_for(
+            "the page falls back to polling",
+            WATCH_MODE,
+            json!(["polling"]),
+        )
+        .await;
+    assert!(
+        mode.as_str().unwrap().contains("refreshes every 5 s"),
+        "{mode}"
+    );
+
+    acquire_as(
+        &app,
+        &writer,
+        "jobs/8",
+        json!({"owner": "worker-8", "ttl_ms": 600_000}),
+    )
+    .await;
+    browser
+        .wait_for(
+            "the grant appears by polling",
+            LEASE_ROW,
+            json!(["jobs/8", "worker-8"]),
+        )
+        .await;
+    let polls = browser
+        .eval(
+            "return Number(document.body.dataset.polls || '0');",
+            json!([]),
+        )
+        .await;
+    assert!(polls.as_i64().unwrap() >= 1, "it polled: {polls}");
+    browser.screenshot("leases-polling").await;
+    browser.close().await;
+    app.stop().await;
+}
