@@ -40,7 +40,7 @@
     probedFor: null, // the key the access was learned for, and when
     probedAt: 0,
     leases: { prefix: '', state: '', cursors: [null], page: 0, next: null, confirm: null },
-    recovery: { cursors: [null], page: 0, next: null },
+    recovery: { cursors: [null], page: 0, next: null, confirm: null },
     audit: { filters: {}, limit: 50, cursors: [null], page: 0, next: null },
     chart: { window: '1h', prefix: '', principal: '*', principals: new Set(), items: [], truncated: false },
     snapshots: { key: '' },
@@ -102,13 +102,13 @@
   }
 
   /** Calls the API (a path relative to the page, `v1/…`); returns the parsed JSON or the response. */
-  async function api(path, { method = 'GET', headers = {}, raw = false, signal = undefined } = {}) {
+  async function api(path, { method = 'GET', headers = {}, body: payload = undefined, raw = false, signal = undefined } = {}) {
     const sent = new Headers(headers);
     const key = apiKey();
     if (key) sent.set('Authorization', `Bearer ${key}`);
     let response;
     try {
-      response = await fetch(path, { method, headers: sent, cache: 'no-store', credentials: 'omit', signal });
+      response = await fetch(path, { method, headers: sent, body: payload, cache: 'no-store', credentials: 'omit', signal });
     } catch (e) {
       throw new ApiFailure(0, { detail: `the server could not be reached (${e.message})` });
     }
@@ -329,7 +329,7 @@
       `${verb} `, h('span', { class: 'since', 'data-since': ended }));
   }
 
-  // The only change the page makes: an admin may abandon a held lease (with its own token, as
+  // One of the two changes the page makes (the other: reconciling, below): an admin may abandon a held lease (with its own token, as
   // the holder would), which frees the key and keeps a recovery record, so whoever takes the key
   // next must reconcile first. The holder's later writes are refused as stale.
   function actions(item) {
@@ -371,16 +371,18 @@
       const page = await api(`v1/leases${query({ state: 'recovery_pending', limit: 100, cursor: s.cursors[s.page] })}`);
       if (!current()) return;
       s.next = page.next_cursor;
+      const admin = state.access === 'admin';
       const rows = page.items.map((item) => {
         const r = item.recovery || {};
-        return h('tr', { 'data-key': item.key },
+        return h('tr', { 'data-key': item.key, 'data-state': item.state },
           h('td', { class: 'key' }, h('a', { href: `#snapshots/${seg(item.key)}` }, item.key)),
           h('td', {}, h('span', { class: 'badge reason' }, r.reason || '?')),
           h('td', { class: 'holder' }, r.owner || ''),
           h('td', { class: 'num mono' }, String(r.token || '')),
           h('td', { class: 'nowrap' }, utc(r.acquired_at)),
           h('td', { class: 'nowrap' }, utc(r.ended_at)),
-          metadataCell(r.metadata, true));
+          metadataCell(r.metadata, true),
+          admin ? h('td', { class: 'admin-only actions' }, reconcileAction(item)) : null);
       });
       $('#recovery-table tbody').replaceChildren(...rows);
       $('#view-recovery .empty').hidden = rows.length > 0;
@@ -390,6 +392,46 @@
       if (current()) setError($('.error', card), e);
     }
     pager('recovery', s);
+  }
+
+  // An admin may reconcile a key from here, saying that what its previous holder left behind has
+  // been dealt with: the page acquires the key with "reconciled": true (which moves the record to
+  // the audit log, under the name "operator page") and releases it at once, so the key is free.
+  // The same confirmation as an abandon comes first.
+  function reconcileAction(item) {
+    const s = state.recovery;
+    const r = item.recovery || {};
+    if (item.state !== 'recovery_pending') return h('span', { class: 'muted' }, '');
+    if (s.confirm === item.key) {
+      return h('div', { class: 'confirm' },
+        h('span', {}, `Has what ${r.owner || 'the previous holder'} left been dealt with?`),
+        h('button', { type: 'button', class: 'danger small', 'data-action': 'confirm-reconcile', onclick: () => reconcile(item) }, 'Reconcile'),
+        h('button', { type: 'button', class: 'quiet small', onclick: () => { s.confirm = null; loadRecovery(); } }, 'Cancel'));
+    }
+    return h('button', {
+      type: 'button',
+      class: 'quiet small',
+      'data-action': 'reconcile',
+      title: 'Say that the previous holder\'s leftovers are dealt with: the record goes to the audit log and the key is free',
+      onclick: () => { s.confirm = item.key; loadRecovery(); },
+    }, 'Reconcile…');
+  }
+
+  async function reconcile(item) {
+    state.recovery.confirm = null;
+    const r = item.recovery || {};
+    try {
+      const grant = await api(`v1/leases/${seg(item.key)}`, {
+        method: 'POST',
+        headers: { 'Content-Type': 'application/json' },
+        body: JSON.stringify({ owner: 'operator page', ttl_ms: 10000, reconciled: true }),
+      });
+      await api(`v1/leases/${seg(item.key)}`, { method: 'DELETE', headers: { 'Fencing-Token': String(grant.token) } });
+      banner(`Reconciled ${item.key}: the recovery record left by ${r.owner || 'its previous holder'} (token ${r.token}) is in the audit log, and the key is free.`);
+    } catch (e) {
+      banner(`Could not reconcile ${item.key}: ${e.message}`, true);
+    }
+    refresh();
   }
 
   // The tab's badge: how many keys wait for a reconciliation (first page).

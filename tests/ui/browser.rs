@@ -353,6 +353,14 @@ async fn the_audit_table_pages_by_next_cursor_and_the_chart_selects_a_principal(
     browser.goto(&ui(&app, "refused")).await;
     browser.type_into("#api-key", &admin).await;
     browser.click("#key-form button[type=\"submit\"]").await;
+    // The audit's filters show once the page knows the key is an admin's.
+    browser
+        .wait_for(
+            "the admin's page",
+            "return document.body.dataset.access === 'admin' && !document.querySelector('#audit-filter').closest('[hidden]') ? true : null;",
+            json!([]),
+        )
+        .await;
     browser
         .select("#audit-filter select[name=\"limit\"]", "25")
         .await;
@@ -926,6 +934,126 @@ async fn a_key_that_may_not_watch_everything_falls_back_to_polling() {
         .await;
     assert!(polls.as_i64().unwrap() >= 1, "it polled: {polls}");
     browser.screenshot("leases-polling").await;
+    browser.close().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_admin_reconciles_a_recovery_record_after_a_confirmation_and_a_reader_cannot() {
+    let _turn = ONE_BROWSER.lock().await;
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let app = TestApp::spawn().await;
+    let admin = app.make_key("ops", Scope::Admin, "").await;
+    let reader = app.make_key("viewer", Scope::Read, "").await;
+    let writer = app.make_key("worker", Scope::Write, "").await;
+    let held = acquire_as(
+        &app,
+        &writer,
+        "deploy/web",
+        json!({"owner": "deployer", "ttl_ms": 60_000, "metadata": {"release": "v2.4.1"}}),
+    )
+    .await;
+    let r = app
+        .request(Method::POST, "/v1/leases/deploy%2Fweb/abandon")
+        .bearer_auth(&writer)
+        .header("Fencing-Token", token(&held).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    api_state_is(&app, Some(&admin), "deploy/web", "recovery_pending").await;
+    let listed = "
+        const row = document.querySelector('#recovery-table tr[data-key=\"deploy/web\"]');
+        return row ? row.innerText : null;";
+
+    // A reader sees the record, and no way to reconcile it.
+    browser.goto(&ui(&app, "recovery")).await;
+    browser.type_into("#api-key", &reader).await;
+    browser.click("#key-form button[type=\"submit\"]").await;
+    browser
+        .wait_for(
+            "the reader's page",
+            "return document.body.dataset.access === 'reader' ? true : null;",
+            json!([]),
+        )
+        .await;
+    browser
+        .wait_for("the record is listed", listed, json!([]))
+        .await;
+    assert_eq!(
+        browser
+            .eval(
+                "return document.querySelectorAll('#recovery-table [data-action]').length;",
+                json!([]),
+            )
+            .await,
+        0
+    );
+
+    // An admin asks, is asked to confirm, may cancel, then confirms.
+    browser.type_into("#api-key", &admin).await;
+    browser.click("#key-form button[type=\"submit\"]").await;
+    browser
+        .click("#recovery-table tr[data-key=\"deploy/web\"] [data-action=\"reconcile\"]")
+        .await;
+    let question = browser
+        .wait_for(
+            "a confirmation",
+            "const c = document.querySelector('#recovery-table .confirm');
+             return c ? c.innerText : null;",
+            json!([]),
+        )
+        .await;
+    assert!(
+        question
+            .as_str()
+            .unwrap()
+            .contains("Has what deployer left been dealt with?"),
+        "{question}"
+    );
+    api_state_is(&app, Some(&admin), "deploy/web", "recovery_pending").await;
+    browser.screenshot("recovery-reconcile-confirm").await;
+    browser
+        .click("#recovery-table tr[data-key=\"deploy/web\"] [data-action=\"confirm-reconcile\"]")
+        .await;
+    browser
+        .wait_for(
+            "the record leaves the list",
+            "return document.querySelector('#recovery-table tr[data-key=\"deploy/web\"]') ? null : true;",
+            json!([]),
+        )
+        .await;
+    let banner = browser
+        .eval(
+            "return document.querySelector('#banner').textContent;",
+            json!([]),
+        )
+        .await;
+    assert!(
+        banner
+            .as_str()
+            .unwrap()
+            .starts_with("Reconciled deploy/web"),
+        "{banner}"
+    );
+    api_state_is(&app, Some(&admin), "deploy/web", "released").await;
+    // The record went to the audit log, reconciled by the page.
+    let audit: Value = app
+        .request(Method::GET, "/v1/audit/recoveries?key=deploy%2Fweb")
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let entry = &audit["items"][0];
+    assert_eq!(entry["recovery"]["owner"], "deployer", "{audit}");
+    assert_eq!(entry["principal"], "ops", "the admin's key: {audit}");
+    assert_eq!(entry["reconciled_by"], "operator page", "{audit}");
+    browser.assert_no_console_errors().await;
     browser.close().await;
     app.stop().await;
 }
