@@ -43,7 +43,7 @@
     recovery: { cursors: [null], page: 0, next: null, confirm: null },
     audit: { filters: {}, limit: 50, cursors: [null], page: 0, next: null },
     chart: { window: '1h', prefix: '', principal: '*', principals: new Set(), items: [], truncated: false },
-    snapshots: { key: '' },
+    snapshots: { key: '', prefix: null, more: false },
     // The change stream: `live` while GET /v1/watch streams, `polling` while it fails.
     watch: { mode: 'connecting', lastId: null, abort: null, retryMs: WATCH_RETRY_MS, batch: null, events: 0, polls: 0 },
   };
@@ -628,15 +628,74 @@
     await loadAudit();
   }
 
+  // The keys under a prefix that hold a snapshot. No call lists snapshots, but every snapshot was
+  // written under a lease of its key, so the keys come from the lease list (its first page of 100)
+  // and a HEAD of each says whether it holds a snapshot, and which.
+  const HEADS_AT_ONCE = 6;
+
+  async function loadSnapshotKeys() {
+    const s = state.snapshots;
+    const card = $('#snapshot-keys-card');
+    const body = $('#snapshot-keys-table tbody');
+    if (s.prefix === null) {
+      $('.empty', card).hidden = true;
+      return;
+    }
+    const current = ticket('snapshot-keys');
+    try {
+      const page = await api(`v1/leases${query({ prefix: s.prefix, limit: 100 })}`);
+      const keys = page.items.map((item) => item.key);
+      const found = [];
+      for (let i = 0; i < keys.length; i += HEADS_AT_ONCE) {
+        const heads = await Promise.all(keys.slice(i, i + HEADS_AT_ONCE).map(headSnapshot));
+        found.push(...heads.filter(Boolean));
+      }
+      if (!current()) return;
+      const rows = found.map((f) => h('tr', { 'data-key': f.key },
+        h('td', { class: 'key' }, h('a', { href: `#snapshots/${seg(f.key)}`, title: 'Show its versions' }, f.key)),
+        h('td', { class: 'num mono' }, f.version),
+        h('td', { class: 'num', title: `${f.size} bytes` }, bytes(Number(f.size))),
+        h('td', { class: 'num mono' }, f.token),
+        h('td', { class: 'mono' }, f.type),
+        h('td', { class: 'nowrap' }, utc(f.modified))));
+      body.replaceChildren(...rows);
+      $('.empty', card).hidden = rows.length > 0;
+      $('.more', card).hidden = !page.next_cursor;
+      setError($('.error', card), null);
+      card.dataset.loaded = String(Date.now());
+    } catch (e) {
+      if (current()) setError($('.error', card), e);
+    }
+  }
+
+  // The current snapshot of `key`, from its headers; null when it holds none.
+  async function headSnapshot(key) {
+    try {
+      const response = await api(`v1/snapshots/${seg(key)}`, { method: 'HEAD', raw: true });
+      const header = (name) => response.headers.get(name) || '';
+      return {
+        key,
+        version: header('Snapshot-Version'),
+        size: header('Content-Length'),
+        token: header('Fencing-Token'),
+        type: header('Content-Type'),
+        modified: header('Last-Modified'),
+      };
+    } catch (e) {
+      if (e.status === 404) return null;
+      throw e;
+    }
+  }
+
   // Snapshot versions, each downloadable: fetched with the key, handed over as a blob URL.
 
   async function loadVersions() {
     const s = state.snapshots;
-    const card = $('#view-snapshots .card');
+    const card = $('#versions-card');
     const body = $('#version-table tbody');
     if (!s.key) {
       body.replaceChildren();
-      $('#view-snapshots .empty').hidden = false;
+      $('#versions-card .empty').hidden = false;
       footer(null);
       return;
     }
@@ -654,12 +713,12 @@
         h('td', {}, h('button', { type: 'button', class: 'quiet small', 'data-action': 'download', onclick: () => download(s.key, v) }, 'Download'))));
       for (const [i, row] of rows.entries()) row.cells[3].title = page.items[i].etag;
       body.replaceChildren(...rows);
-      $('#view-snapshots .empty').hidden = rows.length > 0;
+      $('#versions-card .empty').hidden = rows.length > 0;
       setError($('.error', card), null);
     } catch (e) {
       if (!current()) return;
       body.replaceChildren();
-      $('#view-snapshots .empty').hidden = true;
+      $('#versions-card .empty').hidden = true;
       setError($('.error', card), e.status === 404 ? new ApiFailure(404, { detail: `No snapshot of ${s.key} is stored (never written, or deleted).` }) : e);
     }
     $('#view-snapshots').dataset.loaded = String(Date.now());
@@ -709,7 +768,12 @@
     banner.timer = setTimeout(() => { el.hidden = true; }, 12e3);
   }
 
-  const loaders = { leases: loadLeases, refused: loadRefused, recovery: loadRecovery, snapshots: loadVersions };
+  const loaders = {
+    leases: loadLeases,
+    refused: loadRefused,
+    recovery: loadRecovery,
+    snapshots: async () => { await loadSnapshotKeys(); await loadVersions(); },
+  };
 
   // One refresh at a time; one asked for meanwhile (a new key, another view) runs right after.
   async function refresh() {
@@ -875,6 +939,12 @@
       applyAuditFilters();
     });
     $('#audit-filter').addEventListener('reset', () => setTimeout(applyAuditFilters, 0));
+
+    $('#snapshot-keys-form').addEventListener('submit', (ev) => {
+      ev.preventDefault();
+      state.snapshots.prefix = ev.target.elements.prefix.value;
+      loadSnapshotKeys();
+    });
 
     $('#snapshot-form').addEventListener('submit', (ev) => {
       ev.preventDefault();

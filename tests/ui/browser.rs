@@ -1057,3 +1057,61 @@ async fn an_admin_reconciles_a_recovery_record_after_a_confirmation_and_a_reader
     browser.close().await;
     app.stop().await;
 }
+
+#[tokio::test]
+async fn the_keys_under_a_prefix_that_hold_a_snapshot_are_listed_and_lead_to_their_versions() {
+    let _turn = ONE_BROWSER.lock().await;
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let app = TestApp::spawn().await;
+    for (key, bodies) in [
+        ("jobs/1", &["one"][..]),
+        ("jobs/2", &["two", "two, again"][..]),
+        ("jobs/3", &[][..]), // a lease, never a snapshot
+        ("reports/daily", &["report"][..]),
+    ] {
+        let grant = app.acquire(key, "writer", 60_000).await;
+        for body in bodies {
+            let r = app.put(key, token(&grant), body.to_string()).await;
+            assert!(r.status().is_success(), "put {key}");
+        }
+    }
+
+    browser.goto(&ui(&app, "snapshots")).await;
+    browser
+        .type_into("#snapshot-keys-form input[name=\"prefix\"]", "jobs/")
+        .await;
+    browser
+        .click("#snapshot-keys-form button[type=\"submit\"]")
+        .await;
+    let rows = browser
+        .wait_for(
+            "the keys under jobs/ with a snapshot",
+            "if (!document.querySelector('#snapshot-keys-card').dataset.loaded) return null;
+             return [...document.querySelectorAll('#snapshot-keys-table tbody tr')]
+                 .map((r) => [...r.cells].map((c) => c.innerText));",
+            json!([]),
+        )
+        .await;
+    let rows: Vec<Vec<String>> = serde_json::from_value(rows).unwrap();
+    let keys: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
+    assert_eq!(keys, ["jobs/1", "jobs/2"], "{rows:?}");
+    assert_eq!(rows[1][1], "2", "jobs/2's current version: {rows:?}");
+    assert_eq!(rows[1][2], "10 B", "its size: {rows:?}");
+    browser.screenshot("snapshot-keys").await;
+
+    browser
+        .click("#snapshot-keys-table tr[data-key=\"jobs/2\"] a")
+        .await;
+    browser
+        .wait_for(
+            "jobs/2's versions",
+            "return document.querySelectorAll('#version-table tbody tr').length === 2 ? true : null;",
+            json!([]),
+        )
+        .await;
+    browser.assert_no_console_errors().await;
+    browser.close().await;
+    app.stop().await;
+}
