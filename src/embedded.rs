@@ -9,7 +9,7 @@
 //! `PATH` or under `/usr/lib/postgresql/*/bin`.
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -49,6 +49,26 @@ pub enum EmbeddedError {
          create one (`useradd postgres`) or run snapfence as an unprivileged user"
     )]
     NoUser,
+    /// Running as root, a directory above the data directory is closed to the user PostgreSQL
+    /// runs as, who could then not reach its own data.
+    #[error(
+        "PostgreSQL refuses to run as root, so snapfence runs it as the `{user}` user, who cannot \
+         enter {dir} (mode {mode:o}, owned by {owner}), above --data-dir {data_dir}. Let it \
+         search that directory (`chmod o+x {dir}`), or choose a --data-dir that it can reach \
+         (as root, the default is /var/lib/snapfence)"
+    )]
+    Unsearchable {
+        /// The first directory on the way that the user cannot search.
+        dir: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+        /// Its owner's name (or uid).
+        owner: String,
+        /// The user PostgreSQL runs as.
+        user: String,
+        /// The data directory asked for.
+        data_dir: PathBuf,
+    },
     /// The data directory's path is too long for a Unix socket.
     #[error(
         "the data directory {0} is too long for a Unix socket path ({MAX_SOCKET_DIR} bytes at most); \
@@ -192,12 +212,15 @@ impl EmbeddedPostgres {
     /// The cluster in `dir`, not yet started: binaries found, directory made and owned.
     fn at(dir: &Path, settings: &Settings) -> Result<Self> {
         let bin = find_binaries()?;
+        let run_as = unprivileged_user()?;
+        if let Some((uid, gid)) = run_as {
+            check_reachable(dir, uid, gid)?;
+        }
         fs::create_dir_all(dir).map_err(io_err("creating", dir))?;
         let dir = fs::canonicalize(dir).map_err(io_err("resolving", dir))?;
         if dir.as_os_str().len() > MAX_SOCKET_DIR {
             return Err(EmbeddedError::PathTooLong(dir));
         }
-        let run_as = unprivileged_user()?;
         let this = Self {
             dir,
             bin,
@@ -469,6 +492,56 @@ fn unprivileged_user() -> Result<Option<(Uid, Gid)>> {
         .ok_or(EmbeddedError::NoUser)
 }
 
+/// Checks that the user `uid` (of group `gid`) can search every directory above `data_dir` that
+/// exists already (those that `create_dir_all` makes are open to all); `data_dir` itself is
+/// given to that user. Fails naming the first one it cannot search.
+fn check_reachable(data_dir: &Path, uid: Uid, gid: Gid) -> Result<()> {
+    let absolute = std::path::absolute(data_dir).map_err(io_err("resolving", data_dir))?;
+    let Some(existing) = absolute.ancestors().skip(1).find(|a| a.is_dir()) else {
+        return Ok(());
+    };
+    let existing = fs::canonicalize(existing).map_err(io_err("resolving", existing))?;
+    let user = User::from_uid(uid).ok().flatten();
+    let mut groups = vec![gid];
+    if let Some(user) = &user {
+        if let Ok(name) = std::ffi::CString::new(user.name.clone()) {
+            groups.extend(nix::unistd::getgrouplist(&name, gid).unwrap_or_default());
+        }
+    }
+    let mut on_the_way: Vec<&Path> = existing.ancestors().collect();
+    on_the_way.reverse();
+    for dir in on_the_way {
+        let meta = fs::metadata(dir).map_err(io_err("reading", dir))?;
+        if !can_search(&meta, uid, &groups) {
+            let owner = User::from_uid(Uid::from_raw(meta.uid()))
+                .ok()
+                .flatten()
+                .map_or_else(|| meta.uid().to_string(), |u| u.name);
+            return Err(EmbeddedError::Unsearchable {
+                dir: dir.to_path_buf(),
+                mode: meta.mode() & 0o7777,
+                owner,
+                user: user.map_or_else(|| uid.to_string(), |u| u.name),
+                data_dir: absolute,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Whether a user of these groups may search (enter) a directory with this metadata: the
+/// owner's bit for its owner, else the group's for its group, else the others'.
+fn can_search(meta: &fs::Metadata, uid: Uid, groups: &[Gid]) -> bool {
+    let mode = meta.mode();
+    if meta.uid() == uid.as_raw() {
+        mode & 0o100 != 0
+    } else if groups.iter().any(|g| g.as_raw() == meta.gid()) {
+        mode & 0o010 != 0
+    } else {
+        mode & 0o001 != 0
+    }
+}
+
 /// Runs a PostgreSQL tool with its output appended to the cluster's log.
 trait PipeToLog {
     fn pipe_to_log(&mut self, pg: &EmbeddedPostgres) -> Result<()>;
@@ -509,5 +582,52 @@ impl PipeToLog for Command {
                 log: log_path,
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `nobody`, as PostgreSQL's user would be: not the owner of what the test makes.
+    const OTHER: (u32, u32) = (65534, 65534);
+
+    #[test]
+    fn a_data_dir_under_a_directory_postgres_cannot_search_is_refused_naming_it() {
+        let top = tempfile::Builder::new()
+            .prefix("sf-tmp-reach-")
+            .tempdir()
+            .unwrap();
+        let closed = top.path().join("closed");
+        fs::create_dir_all(closed.join("open")).unwrap();
+        fs::set_permissions(top.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        fs::set_permissions(&closed, fs::Permissions::from_mode(0o700)).unwrap();
+        let data = closed.join("open/not-yet/data");
+        let (uid, gid) = (Uid::from_raw(OTHER.0), Gid::from_raw(OTHER.1));
+
+        let err = check_reachable(&data, uid, gid).unwrap_err();
+        let closed = fs::canonicalize(&closed).unwrap();
+        match &err {
+            EmbeddedError::Unsearchable { dir, mode, .. } => {
+                assert_eq!(dir, &closed, "the first directory it cannot enter");
+                assert_eq!(*mode, 0o700);
+            }
+            other => panic!("{other:?}"),
+        }
+        let message = err.to_string();
+        assert!(
+            message.contains(&format!("`chmod o+x {}`", closed.display())),
+            "{message}"
+        );
+        assert!(message.contains("--data-dir"), "{message}");
+
+        fs::set_permissions(&closed, fs::Permissions::from_mode(0o711)).unwrap();
+        check_reachable(&data, uid, gid).expect("searchable now");
+        // Its own group's bit counts for a member, the others' for everyone else.
+        fs::set_permissions(&closed, fs::Permissions::from_mode(0o710)).unwrap();
+        let meta = fs::metadata(&closed).unwrap();
+        assert!(can_search(&meta, uid, &[Gid::from_raw(meta.gid())]));
+        assert!(!can_search(&meta, uid, &[gid]));
+        assert!(can_search(&meta, Uid::from_raw(meta.uid()), &[]));
     }
 }

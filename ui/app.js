@@ -4,12 +4,17 @@
 // kept in sessionStorage (gone when the tab closes), never put in a URL, and sent as
 // `Authorization: Bearer`. The API decides what the key may see; the page only hides what the key
 // could not do. Everything is drawn with textContent and DOM calls, never from markup, so nothing
-// the API returns is ever read as HTML. There is no watch endpoint yet: the open view is read
-// again every few seconds.
+// the API returns is ever read as HTML. The open view is read again whenever GET /v1/watch says
+// something changed; only while that stream fails is it read every few seconds instead.
 'use strict';
 
 (() => {
   const REFRESH_MS = 5000;
+  // After the change stream fails: polling, and a new try at the stream this much later (doubling
+  // up to a minute while it keeps failing).
+  const WATCH_RETRY_MS = 15e3;
+  // Changes that come together are drawn with one read of the view.
+  const WATCH_BATCH_MS = 250;
   const KEY_STORAGE = 'snapfence.apiKey';
   const SVG_NS = 'http://www.w3.org/2000/svg';
   const REASONS = ['stale_token', 'unknown_token'];
@@ -35,10 +40,12 @@
     probedFor: null, // the key the access was learned for, and when
     probedAt: 0,
     leases: { prefix: '', state: '', cursors: [null], page: 0, next: null, confirm: null },
-    recovery: { cursors: [null], page: 0, next: null },
+    recovery: { cursors: [null], page: 0, next: null, confirm: null },
     audit: { filters: {}, limit: 50, cursors: [null], page: 0, next: null },
     chart: { window: '1h', prefix: '', principal: '*', principals: new Set(), items: [], truncated: false },
-    snapshots: { key: '' },
+    snapshots: { key: '', prefix: null, more: false },
+    // The change stream: `live` while GET /v1/watch streams, `polling` while it fails.
+    watch: { mode: 'connecting', lastId: null, abort: null, retryMs: WATCH_RETRY_MS, batch: null, events: 0, polls: 0 },
   };
 
   // ---- Building the DOM -------------------------------------------------------------------
@@ -95,13 +102,13 @@
   }
 
   /** Calls the API (a path relative to the page, `v1/…`); returns the parsed JSON or the response. */
-  async function api(path, { method = 'GET', headers = {}, raw = false } = {}) {
+  async function api(path, { method = 'GET', headers = {}, body: payload = undefined, raw = false, signal = undefined } = {}) {
     const sent = new Headers(headers);
     const key = apiKey();
     if (key) sent.set('Authorization', `Bearer ${key}`);
     let response;
     try {
-      response = await fetch(path, { method, headers: sent, cache: 'no-store', credentials: 'omit' });
+      response = await fetch(path, { method, headers: sent, body: payload, cache: 'no-store', credentials: 'omit', signal });
     } catch (e) {
       throw new ApiFailure(0, { detail: `the server could not be reached (${e.message})` });
     }
@@ -239,10 +246,28 @@
 
   // ---- Views --------------------------------------------------------------------------------
 
+  // Every read of the open view ends here: the footer then says when what is on screen was read,
+  // or that the last read failed and since when the screen is that old. A 404 is an answer.
   function setError(box, error) {
+    footer(error && error.status !== 404 ? error : null);
     if (!error) { box.hidden = true; return; }
     box.textContent = error.status === 401 ? `This server needs an API key: enter one above. (${error.message})` : error.message;
     box.hidden = false;
+  }
+
+  function footer(error) {
+    const el = $('#updated');
+    const at = new Date(now()).toISOString().slice(11, 19);
+    if (!error) {
+      state.readAt = at;
+      el.textContent = `updated ${at} UTC`;
+      el.dataset.state = 'updated';
+    } else {
+      el.textContent = state.readAt
+        ? `could not refresh at ${at} UTC (${error.message}); showing what was read at ${state.readAt} UTC`
+        : `could not load at ${at} UTC: ${error.message}`;
+      el.dataset.state = 'failed';
+    }
   }
 
   function pager(name, s) {
@@ -304,7 +329,7 @@
       `${verb} `, h('span', { class: 'since', 'data-since': ended }));
   }
 
-  // The only change the page makes: an admin may abandon a held lease (with its own token, as
+  // One of the two changes the page makes (the other: reconciling, below): an admin may abandon a held lease (with its own token, as
   // the holder would), which frees the key and keeps a recovery record, so whoever takes the key
   // next must reconcile first. The holder's later writes are refused as stale.
   function actions(item) {
@@ -346,16 +371,18 @@
       const page = await api(`v1/leases${query({ state: 'recovery_pending', limit: 100, cursor: s.cursors[s.page] })}`);
       if (!current()) return;
       s.next = page.next_cursor;
+      const admin = state.access === 'admin';
       const rows = page.items.map((item) => {
         const r = item.recovery || {};
-        return h('tr', { 'data-key': item.key },
+        return h('tr', { 'data-key': item.key, 'data-state': item.state },
           h('td', { class: 'key' }, h('a', { href: `#snapshots/${seg(item.key)}` }, item.key)),
           h('td', {}, h('span', { class: 'badge reason' }, r.reason || '?')),
           h('td', { class: 'holder' }, r.owner || ''),
           h('td', { class: 'num mono' }, String(r.token || '')),
           h('td', { class: 'nowrap' }, utc(r.acquired_at)),
           h('td', { class: 'nowrap' }, utc(r.ended_at)),
-          metadataCell(r.metadata, true));
+          metadataCell(r.metadata, true),
+          admin ? h('td', { class: 'admin-only actions' }, reconcileAction(item)) : null);
       });
       $('#recovery-table tbody').replaceChildren(...rows);
       $('#view-recovery .empty').hidden = rows.length > 0;
@@ -365,6 +392,46 @@
       if (current()) setError($('.error', card), e);
     }
     pager('recovery', s);
+  }
+
+  // An admin may reconcile a key from here, saying that what its previous holder left behind has
+  // been dealt with: the page acquires the key with "reconciled": true (which moves the record to
+  // the audit log, under the name "operator page") and releases it at once, so the key is free.
+  // The same confirmation as an abandon comes first.
+  function reconcileAction(item) {
+    const s = state.recovery;
+    const r = item.recovery || {};
+    if (item.state !== 'recovery_pending') return h('span', { class: 'muted' }, '');
+    if (s.confirm === item.key) {
+      return h('div', { class: 'confirm' },
+        h('span', {}, `Has what ${r.owner || 'the previous holder'} left been dealt with?`),
+        h('button', { type: 'button', class: 'danger small', 'data-action': 'confirm-reconcile', onclick: () => reconcile(item) }, 'Reconcile'),
+        h('button', { type: 'button', class: 'quiet small', onclick: () => { s.confirm = null; loadRecovery(); } }, 'Cancel'));
+    }
+    return h('button', {
+      type: 'button',
+      class: 'quiet small',
+      'data-action': 'reconcile',
+      title: 'Say that the previous holder\'s leftovers are dealt with: the record goes to the audit log and the key is free',
+      onclick: () => { s.confirm = item.key; loadRecovery(); },
+    }, 'Reconcile…');
+  }
+
+  async function reconcile(item) {
+    state.recovery.confirm = null;
+    const r = item.recovery || {};
+    try {
+      const grant = await api(`v1/leases/${seg(item.key)}`, {
+        method: 'POST',
+        headers: { 'Content-Type': 'application/json' },
+        body: JSON.stringify({ owner: 'operator page', ttl_ms: 10000, reconciled: true }),
+      });
+      await api(`v1/leases/${seg(item.key)}`, { method: 'DELETE', headers: { 'Fencing-Token': String(grant.token) } });
+      banner(`Reconciled ${item.key}: the recovery record left by ${r.owner || 'its previous holder'} (token ${r.token}) is in the audit log, and the key is free.`);
+    } catch (e) {
+      banner(`Could not reconcile ${item.key}: ${e.message}`, true);
+    }
+    refresh();
   }
 
   // The tab's badge: how many keys wait for a reconciliation (first page).
@@ -561,15 +628,75 @@
     await loadAudit();
   }
 
+  // The keys under a prefix that hold a snapshot. No call lists snapshots, but every snapshot was
+  // written under a lease of its key, so the keys come from the lease list (its first page of 100)
+  // and a HEAD of each says whether it holds a snapshot, and which.
+  const HEADS_AT_ONCE = 6;
+
+  async function loadSnapshotKeys() {
+    const s = state.snapshots;
+    const card = $('#snapshot-keys-card');
+    const body = $('#snapshot-keys-table tbody');
+    if (s.prefix === null) {
+      $('.empty', card).hidden = true;
+      return;
+    }
+    const current = ticket('snapshot-keys');
+    try {
+      const page = await api(`v1/leases${query({ prefix: s.prefix, limit: 100 })}`);
+      const keys = page.items.map((item) => item.key);
+      const found = [];
+      for (let i = 0; i < keys.length; i += HEADS_AT_ONCE) {
+        const heads = await Promise.all(keys.slice(i, i + HEADS_AT_ONCE).map(headSnapshot));
+        found.push(...heads.filter(Boolean));
+      }
+      if (!current()) return;
+      const rows = found.map((f) => h('tr', { 'data-key': f.key },
+        h('td', { class: 'key' }, h('a', { href: `#snapshots/${seg(f.key)}`, title: 'Show its versions' }, f.key)),
+        h('td', { class: 'num mono' }, f.version),
+        h('td', { class: 'num', title: `${f.size} bytes` }, bytes(Number(f.size))),
+        h('td', { class: 'num mono' }, f.token),
+        h('td', { class: 'mono' }, f.type),
+        h('td', { class: 'nowrap' }, utc(f.modified))));
+      body.replaceChildren(...rows);
+      $('.empty', card).hidden = rows.length > 0;
+      $('.more', card).hidden = !page.next_cursor;
+      setError($('.error', card), null);
+      card.dataset.loaded = String(Date.now());
+    } catch (e) {
+      if (current()) setError($('.error', card), e);
+    }
+  }
+
+  // The current snapshot of `key`, from its headers; null when it holds none.
+  async function headSnapshot(key) {
+    try {
+      const response = await api(`v1/snapshots/${seg(key)}`, { method: 'HEAD', raw: true });
+      const header = (name) => response.headers.get(name) || '';
+      return {
+        key,
+        version: header('Snapshot-Version'),
+        size: header('Content-Length'),
+        token: header('Fencing-Token'),
+        type: header('Content-Type'),
+        modified: header('Last-Modified'),
+      };
+    } catch (e) {
+      if (e.status === 404) return null;
+      throw e;
+    }
+  }
+
   // Snapshot versions, each downloadable: fetched with the key, handed over as a blob URL.
 
   async function loadVersions() {
     const s = state.snapshots;
-    const card = $('#view-snapshots .card');
+    const card = $('#versions-card');
     const body = $('#version-table tbody');
     if (!s.key) {
       body.replaceChildren();
-      $('#view-snapshots .empty').hidden = false;
+      $('#versions-card .empty').hidden = false;
+      footer(null);
       return;
     }
     const current = ticket('versions');
@@ -586,12 +713,12 @@
         h('td', {}, h('button', { type: 'button', class: 'quiet small', 'data-action': 'download', onclick: () => download(s.key, v) }, 'Download'))));
       for (const [i, row] of rows.entries()) row.cells[3].title = page.items[i].etag;
       body.replaceChildren(...rows);
-      $('#view-snapshots .empty').hidden = rows.length > 0;
+      $('#versions-card .empty').hidden = rows.length > 0;
       setError($('.error', card), null);
     } catch (e) {
       if (!current()) return;
       body.replaceChildren();
-      $('#view-snapshots .empty').hidden = true;
+      $('#versions-card .empty').hidden = true;
       setError($('.error', card), e.status === 404 ? new ApiFailure(404, { detail: `No snapshot of ${s.key} is stored (never written, or deleted).` }) : e);
     }
     $('#view-snapshots').dataset.loaded = String(Date.now());
@@ -641,7 +768,12 @@
     banner.timer = setTimeout(() => { el.hidden = true; }, 12e3);
   }
 
-  const loaders = { leases: loadLeases, refused: loadRefused, recovery: loadRecovery, snapshots: loadVersions };
+  const loaders = {
+    leases: loadLeases,
+    refused: loadRefused,
+    recovery: loadRecovery,
+    snapshots: async () => { await loadSnapshotKeys(); await loadVersions(); },
+  };
 
   // One refresh at a time; one asked for meanwhile (a new key, another view) runs right after.
   async function refresh() {
@@ -657,10 +789,95 @@
         await loaders[state.view]();
         await loadRecoveryCount();
       } while (state.again);
-      $('#updated').textContent = `updated ${new Date(now()).toISOString().slice(11, 19)} UTC`;
     } finally {
       state.busy = false;
     }
+  }
+
+  // ---- The change stream --------------------------------------------------------------------
+
+  // Follows GET /v1/watch for the whole service: each change (a grant, a release, an expiry, a
+  // write, a refusal…) reads the open view again. The stream is read with the same fetch as every
+  // call, so it carries the key in its header (an EventSource could not). It resumes after the
+  // last change seen when the server ends it; while it fails (no server, a key that may not
+  // watch every key), the page polls every 5 s and tries the stream again later.
+  async function watch() {
+    for (;;) {
+      const abort = new AbortController();
+      state.watch.abort = abort;
+      try {
+        const headers = { Accept: 'text/event-stream' };
+        if (state.watch.lastId) headers['Last-Event-ID'] = state.watch.lastId;
+        const response = await api('v1/watch', { raw: true, headers, signal: abort.signal });
+        setWatchMode('live');
+        state.watch.retryMs = WATCH_RETRY_MS;
+        // What changed while there was no stream.
+        refresh();
+        const started = Date.now();
+        await readStream(response.body.getReader());
+        // The server ended the stream (its --max-watch, or a restart): resume at once, unless
+        // it keeps ending them as soon as they start.
+        if (Date.now() - started < 1000) throw new Error('the server ended the stream at once');
+        continue;
+      } catch (e) {
+        if (abort.signal.aborted) continue; // a new key: start again with it
+        setWatchMode('polling', e);
+        await new Promise((resolve) => {
+          state.watch.wake = resolve;
+          setTimeout(resolve, state.watch.retryMs);
+        });
+        state.watch.retryMs = Math.min(state.watch.retryMs * 2, 60e3);
+      }
+    }
+  }
+
+  async function readStream(reader) {
+    const decoder = new TextDecoder();
+    let buffer = '';
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buffer += decoder.decode(value, { stream: true }).replace(/\r\n?/g, '\n');
+      let end;
+      while ((end = buffer.indexOf('\n\n')) >= 0) {
+        const block = buffer.slice(0, end);
+        buffer = buffer.slice(end + 2);
+        let id = null;
+        let event = null;
+        for (const line of block.split('\n')) {
+          if (line.startsWith('id:')) id = line.slice(3).trim();
+          else if (line.startsWith('event:')) event = line.slice(6).trim();
+        }
+        if (id) state.watch.lastId = id;
+        if (event) changed();
+      }
+    }
+  }
+
+  // A change: read the open view again, once for the changes that come together.
+  function changed() {
+    state.watch.events += 1;
+    document.body.dataset.watchEvents = String(state.watch.events);
+    if (state.watch.batch) return;
+    state.watch.batch = setTimeout(() => {
+      state.watch.batch = null;
+      refresh();
+    }, WATCH_BATCH_MS);
+  }
+
+  function setWatchMode(mode, error) {
+    state.watch.mode = mode;
+    const el = $('#mode');
+    el.dataset.mode = mode;
+    el.textContent = mode === 'live'
+      ? 'live: follows the server\'s changes'
+      : `refreshes every 5 s (the change stream failed: ${error ? error.message : 'no answer'})`;
+  }
+
+  // A new key: the stream starts again with it, at once.
+  function restartWatch() {
+    if (state.watch.abort) state.watch.abort.abort();
+    if (state.watch.wake) state.watch.wake();
   }
 
   // ---- Navigation ---------------------------------------------------------------------------
@@ -687,10 +904,12 @@
       input.value = '';
       if (key) sessionStorage.setItem(KEY_STORAGE, key);
       refresh();
+      restartWatch();
     });
     $('#forget-key').addEventListener('click', () => {
       sessionStorage.removeItem(KEY_STORAGE);
       refresh();
+      restartWatch();
     });
 
     $('#lease-filter').addEventListener('submit', (ev) => {
@@ -721,6 +940,12 @@
     });
     $('#audit-filter').addEventListener('reset', () => setTimeout(applyAuditFilters, 0));
 
+    $('#snapshot-keys-form').addEventListener('submit', (ev) => {
+      ev.preventDefault();
+      state.snapshots.prefix = ev.target.elements.prefix.value;
+      loadSnapshotKeys();
+    });
+
     $('#snapshot-form').addEventListener('submit', (ev) => {
       ev.preventDefault();
       const key = ev.target.elements.key.value;
@@ -746,10 +971,17 @@
       resizing = setTimeout(() => { if (state.chart.since) drawChart(); }, 150);
     });
     document.addEventListener('visibilitychange', () => { if (!document.hidden) refresh(); });
-    setInterval(() => { if (!document.hidden) refresh(); }, REFRESH_MS);
+    // Polling only while the change stream fails.
+    setInterval(() => {
+      if (document.hidden || state.watch.mode === 'live') return;
+      state.watch.polls += 1;
+      document.body.dataset.polls = String(state.watch.polls);
+      refresh();
+    }, REFRESH_MS);
     setInterval(tick, 1000);
   }
 
   wire();
   route();
+  watch();
 })();

@@ -24,7 +24,7 @@ pub enum LeaseCommand {
         #[arg(long)]
         owner: Option<Owner>,
         /// How long the lease lasts unless renewed.
-        #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+        #[arg(long, value_parser = parse::ttl, default_value = "30s")]
         ttl: Duration,
         /// A JSON object kept with the lease, e.g. '{"pid": 4242}'.
         #[arg(long, value_parser = parse::metadata)]
@@ -54,7 +54,7 @@ pub enum LeaseCommand {
         #[command(flatten)]
         fenced: Fenced,
         /// A new TTL [default: the lease's own].
-        #[arg(long, value_parser = humantime::parse_duration)]
+        #[arg(long, value_parser = parse::ttl)]
         ttl: Option<Duration>,
     },
     /// Release a lease; the key is free at once (unless it was marked by require-recovery).

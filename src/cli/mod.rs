@@ -57,7 +57,7 @@ pub struct Global {
     #[arg(long, global = true, value_enum, default_value = "table")]
     pub output: Output,
     /// How long one HTTP request may take.
-    #[arg(long, global = true, value_parser = humantime::parse_duration, default_value = "10s")]
+    #[arg(long, global = true, value_parser = parse::duration, default_value = "10s")]
     pub timeout: Duration,
     /// The API key (`sf_<id>_<secret>`), needed once the server has any.
     #[arg(long, global = true, env = "SNAPFENCE_API_KEY", hide_env_values = true)]
@@ -72,6 +72,13 @@ pub struct Global {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the HTTP service (with an embedded PostgreSQL unless DATABASE_URL is set).
+    ///
+    /// Besides the API under /v1, it serves the operator page at /ui
+    /// (http://127.0.0.1:7878/ui with the default --listen; the log prints its URL at start): who
+    /// holds which key and until when, refused writes over time and the audit log, the recovery
+    /// records waiting for a reconciliation, and a key's snapshot versions. Without API keys on
+    /// loopback it needs none; otherwise paste a key (`snapfence keys create`) into its key box:
+    /// it shows what that key may read, and abandoning a lease takes an admin key.
     // Boxed: the service's configuration is many times the size of every other command's.
     Serve(Box<ServeConfig>),
     /// Manage API keys in the service's database.
@@ -266,10 +273,32 @@ mod parse {
         EntityTagCondition::parse(raw)
     }
 
+    /// A duration as the command line writes them: a number and a unit, such as `30s`, `1m`,
+    /// `1h30m` or `500ms`.
+    pub fn duration(raw: &str) -> Result<std::time::Duration, InvalidInput> {
+        humantime::parse_duration(raw).map_err(|_| {
+            InvalidInput::new(
+                "not a duration: write a number and a unit, such as 30s, 1m, 1h30m or 500ms",
+            )
+        })
+    }
+
+    /// A lease's time to live: a [`duration`] of at least a millisecond. The server has its own
+    /// bounds (`serve --min-ttl`, `--max-ttl`: 100ms and 24h by default) and says them when a
+    /// TTL is outside.
+    pub fn ttl(raw: &str) -> Result<std::time::Duration, InvalidInput> {
+        let ttl = duration(raw)?;
+        if ttl < std::time::Duration::from_millis(1) {
+            return Err(InvalidInput::new(
+                "a lease needs a TTL above 0: write e.g. 30s or 1m (the server accepts 100ms to 24h by default)",
+            ));
+        }
+        Ok(ttl)
+    }
+
     /// A server-side wait: a duration of at most 5 minutes (the contract's `wait_ms` bound).
     pub fn wait(raw: &str) -> Result<std::time::Duration, InvalidInput> {
-        let wait = humantime::parse_duration(raw)
-            .map_err(|e| InvalidInput::new(format!("not a duration ({e}); write e.g. 30s")))?;
+        let wait = duration(raw)?;
         if wait > std::time::Duration::from_millis(crate::domain::MAX_WAIT_MS as u64) {
             return Err(InvalidInput::new(
                 "at most 5m, the longest the server waits (snapfence run --wait waits longer)",

@@ -3,6 +3,7 @@
 //! failed call's problem details on stdout as well, so that a script reads JSON either way.
 
 use std::fmt::Write as _;
+use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use clap::ValueEnum;
@@ -179,8 +180,9 @@ pub fn message(url: &str, e: &Error, check: Option<&str>) -> String {
                 }
                 _ => "",
             };
+            let text = in_cli_terms(coded).unwrap_or_else(|| coded.to_string());
             format!(
-                "{}: {coded}{cli_way}",
+                "{}: {text}{cli_way}",
                 coded.code().map_or("error", |c| c.as_str())
             )
         }
@@ -248,6 +250,56 @@ pub fn problem(url: &str, e: &Error, check: Option<&str>) -> Problem {
     problem
 }
 
+/// A server's detail that is written in the API's terms (its fields, headers and methods), said
+/// in the command line's: `--ttl 1ms` rather than `ttl_ms 1`, `snapshot put` rather than `PUT`.
+/// `None` keeps the server's words.
+fn in_cli_terms(e: &Error) -> Option<String> {
+    match e {
+        Error::InvalidRequest { detail } => {
+            // "ttl_ms N is out of bounds; this server accepts MIN..=MAX milliseconds"
+            let rest = detail.strip_prefix("ttl_ms ")?;
+            let (ttl, rest) = rest.split_once(" is out of bounds; this server accepts ")?;
+            let (min, max) = rest.strip_suffix(" milliseconds")?.split_once("..=")?;
+            let ms = |n: &str| {
+                n.parse::<u64>()
+                    .ok()
+                    .map(|n| short_duration(Duration::from_millis(n)))
+            };
+            Some(format!(
+                "--ttl {} is outside what this server accepts: from {} to {} (its --min-ttl and --max-ttl)",
+                ms(ttl)?,
+                ms(min)?,
+                ms(max)?
+            ))
+        }
+        Error::NotFound { detail } => {
+            let missing = detail.strip_suffix("; write one with PUT and a Fencing-Token")?;
+            Some(format!(
+                "{missing}; write one with `snapfence snapshot put KEY --token TOKEN` (TOKEN: from `snapfence lease acquire KEY`), or run the writer under `snapfence run KEY -- CMD`"
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// A duration as `--ttl` takes it, in whole hours, minutes, seconds and milliseconds: `24h`,
+/// `1m30s`, `100ms`.
+fn short_duration(d: Duration) -> String {
+    let mut left = d.as_millis();
+    let mut text = String::new();
+    for (unit, size) in [("h", 3_600_000), ("m", 60_000), ("s", 1_000), ("ms", 1)] {
+        if left >= size {
+            let _ = write!(text, "{}{unit}", left / size);
+            left %= size;
+        }
+    }
+    if text.is_empty() {
+        "0s".to_owned()
+    } else {
+        text
+    }
+}
+
 /// The chain of causes of a transport error, innermost last: reqwest's own message names only
 /// the URL, the cause ("Connection refused") is further down.
 fn causes(e: &dyn std::error::Error) -> String {
@@ -278,6 +330,16 @@ mod tests {
         );
         assert_eq!(t, "KEY     STATE\njobs/1  held\nk       released\n");
         assert_eq!(table(&["KEY"], vec![]), "(none)\n");
+    }
+
+    #[test]
+    fn durations_are_written_as_ttl_takes_them() {
+        let ms = |n| short_duration(Duration::from_millis(n));
+        assert_eq!(ms(86_400_000), "24h");
+        assert_eq!(ms(90_000), "1m30s");
+        assert_eq!(ms(100), "100ms");
+        assert_eq!(ms(3_600_001), "1h1ms");
+        assert_eq!(ms(0), "0s");
     }
 
     #[test]

@@ -60,11 +60,11 @@ pub struct RunArgs {
     pub owner: Option<Owner>,
     /// The lease's TTL. It must exceed --grace by 2s (1s to stop the command's processes, 1s to
     /// renew in), or by two fifths of itself when that is less.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "15s")]
+    #[arg(long, value_parser = super::parse::ttl, default_value = "15s")]
     pub ttl: Duration,
     /// While someone else holds the key, wait up to this long in its queue on the server (served
     /// in arrival order, woken when it frees) [default: fail at once].
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = super::parse::duration)]
     pub wait: Option<Duration>,
     /// If the command fails or is stopped, leave a recovery record; also if `run` dies and the
     /// lease expires.
@@ -75,7 +75,7 @@ pub struct RunArgs {
     pub reconciled: bool,
     /// How long the command's processes have between SIGTERM and SIGKILL [default: a third of
     /// --ttl, at most 5s].
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = super::parse::duration)]
     pub grace: Option<Duration>,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]

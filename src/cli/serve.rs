@@ -9,7 +9,7 @@ use sqlx::postgres::PgConnectOptions;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::config::ServeConfig;
+use crate::config::{LogFormat, ServeConfig};
 use crate::embedded::{EmbeddedPostgres, Settings};
 use crate::state::AppState;
 use crate::{store, telemetry};
@@ -27,11 +27,15 @@ pub fn main(config: ServeConfig) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let log_format = config.log_format;
     match runtime.block_on(serve(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
-            tracing::error!("{message}");
-            eprintln!("snapfence: {message}");
+            // Once: the log and this message both go to stderr. A JSON log keeps it a JSON line.
+            match log_format {
+                LogFormat::Plain => eprintln!("snapfence: {message}"),
+                LogFormat::Json => tracing::error!("{message}"),
+            }
             ExitCode::FAILURE
         }
     }
@@ -107,6 +111,10 @@ async fn serve_on(config: &ServeConfig, options: PgConnectOptions) -> Result<(),
         )
     })?;
     tracing::info!(address = %config.listen, tls = config.tls_cert.is_some(), "listening");
+    tracing::info!(
+        "the operator page (leases, refused writes, recovery records, snapshots) is at {}",
+        ui_url(config.listen, config.tls_cert.is_some())
+    );
     let tls = match (&config.tls_cert, &config.tls_key) {
         (Some(cert), Some(key)) => Some(crate::tls_config(cert, key).await.map_err(|e| {
             format!("cannot load --tls-cert {} / --tls-key {}: {e}; pass a PEM certificate chain and its PEM private key", cert.display(), key.display())
@@ -122,6 +130,19 @@ async fn serve_on(config: &ServeConfig, options: PgConnectOptions) -> Result<(),
     tracing::info!("shut down; requests in flight were finished");
     pool.close().await;
     Ok(())
+}
+
+/// Where a browser on this machine opens the operator page: the listen address, with loopback
+/// for an unspecified one (`0.0.0.0`, `[::]`), which no browser can open.
+fn ui_url(listen: std::net::SocketAddr, tls: bool) -> String {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+    let ip = match listen.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    let scheme = if tls { "https" } else { "http" };
+    format!("{scheme}://{}/ui", SocketAddr::new(ip, listen.port()))
 }
 
 /// Files an instance keeps open besides its connections and its database pools: the runtime's,
@@ -210,5 +231,14 @@ mod tests {
         assert_eq!(connections_allowed(1024, 161, 4096), 863);
         assert_eq!(connections_allowed(1 << 20, 161, 4096), 4096);
         assert_eq!(connections_allowed(100, 161, 4096), 1);
+    }
+
+    #[test]
+    fn the_operator_page_url_is_one_a_browser_here_can_open() {
+        let url = |listen: &str, tls| ui_url(listen.parse().unwrap(), tls);
+        assert_eq!(url("127.0.0.1:7878", false), "http://127.0.0.1:7878/ui");
+        assert_eq!(url("0.0.0.0:8443", true), "https://127.0.0.1:8443/ui");
+        assert_eq!(url("[::]:7878", false), "http://[::1]:7878/ui");
+        assert_eq!(url("10.1.2.3:80", false), "http://10.1.2.3:80/ui");
     }
 }

@@ -184,6 +184,7 @@ async fn serve_keeps_its_embedded_data_across_restarts_and_shuts_down_gracefully
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let first_base = first.base.clone();
     first.terminate();
     let _ = terminated.send(true);
     let r = upload_task.await.unwrap().unwrap();
@@ -197,6 +198,12 @@ async fn serve_keeps_its_embedded_data_across_restarts_and_shuts_down_gracefully
     assert!(
         logged.contains(data.to_str().unwrap()),
         "the log says where the data lives"
+    );
+    assert!(
+        logged.contains(&format!(
+            "the operator page (leases, refused writes, recovery records, snapshots) is at {first_base}/ui"
+        )),
+        "the log says where the operator page is: {logged}"
     );
     let pid_file = data.join("pg").join("postmaster.pid");
     assert!(!pid_file.exists(), "the embedded PostgreSQL was stopped");
@@ -325,4 +332,39 @@ async fn serve_refuses_a_public_address_while_no_api_key_exists() {
         "{stderr}"
     );
     assert!(stderr.contains("--insecure-no-auth"), "{stderr}");
+}
+
+/// As root, PostgreSQL runs as `postgres`, which must be able to enter every directory above
+/// the data directory: when it cannot, `serve` says which directory and the `chmod` that
+/// fixes it, once, before creating anything. (Only root runs PostgreSQL as another user: as
+/// anyone else there is nothing to check.)
+#[test]
+fn serve_as_root_names_the_directory_postgres_cannot_enter_and_the_fix_once() {
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("not root: serve runs PostgreSQL as this user, and no directory is out of reach");
+        return;
+    }
+    let dir = short_tempdir();
+    let closed = dir.path().join("closed");
+    std::fs::create_dir(&closed).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let data = closed.join("data");
+    let out = Command::new(env!("CARGO_BIN_EXE_snapfence"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data)
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let fix = format!("`chmod o+x {}`", closed.display());
+    assert_eq!(stderr.matches(&fix).count(), 1, "the fix, once: {stderr}");
+    assert!(
+        stderr.contains(&format!("cannot enter {} (mode 700", closed.display())),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("Permission denied"), "{stderr}");
+    assert!(!data.exists(), "nothing was created");
 }

@@ -404,6 +404,55 @@ async fn invalid_request_says_what_was_wrong() {
     app.stop().await;
 }
 
+/// Durations in the command line's own terms: `30s`, `1m`, never the API's `ttl_ms` or a
+/// parser's "expected number at 0".
+#[tokio::test]
+async fn a_ttl_that_is_not_a_duration_says_how_to_write_one() {
+    let app = TestApp::spawn().await;
+    let args = ["lease", "acquire", "k", "--owner", "w", "--ttl", "abc"];
+    error_golden(&app.instance.base, &args, 2, "usage_ttl_not_a_duration").await;
+    let ran = cli(
+        &app.instance.base,
+        &[
+            "lease",
+            "renew",
+            "k",
+            "--token",
+            "1",
+            "--ttl",
+            "5 minutes please",
+        ],
+    )
+    .await;
+    assert_eq!(ran.code, 2, "{}", ran.stderr);
+    assert!(ran.stderr.contains("such as 30s, 1m"), "{}", ran.stderr);
+    assert!(!ran.stderr.contains("expected number"), "{}", ran.stderr);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_zero_ttl_is_refused_before_anything_is_sent_in_the_clis_terms() {
+    let app = TestApp::spawn().await;
+    let args = ["lease", "acquire", "k", "--owner", "w", "--ttl", "0s"];
+    error_golden(&app.instance.base, &args, 2, "usage_ttl_zero").await;
+    for args in [
+        &["lease", "renew", "k", "--token", "1", "--ttl", "0"][..],
+        &["run", "k", "--ttl", "0ms", "--", "true"][..],
+    ] {
+        let ran = cli(&app.instance.base, args).await;
+        assert_eq!(ran.code, 2, "{args:?}: {}", ran.stderr);
+        assert!(
+            ran.stderr.contains("a TTL above 0: write e.g. 30s or 1m"),
+            "{}",
+            ran.stderr
+        );
+        assert!(!ran.stderr.contains("ttl_ms"), "{}", ran.stderr);
+    }
+    // Nothing was acquired: the key is free for another.
+    grant(&client(&app.instance.base), &key("k"), "other", TTL).await;
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn lease_held_says_who_holds_the_key_until_when() {
     let app = TestApp::spawn().await;

@@ -10,6 +10,7 @@ mod calls;
 mod cli;
 mod docs;
 mod errors;
+mod install;
 mod keeper;
 mod retries;
 mod run;

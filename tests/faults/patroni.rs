@@ -61,7 +61,7 @@ fn tool(name: &str, package: &str) -> PathBuf {
             panic!(
                 "{name} not found (on PATH or in /usr/sbin): the Patroni scenarios run Debian's \
                  patroni, etcd-server and haproxy. Install them (`apt-get install -y patroni \
-                 etcd-server haproxy`, which `bash .ci/run` does when they are missing), or set \
+                 etcd-server haproxy`, which `scripts/test` does as root when they are missing), or set \
                  SNAPFENCE_FAULTS_PATRONI=skip to skip these scenarios; {package} provides {name}"
             )
         })
@@ -85,7 +85,7 @@ fn run_as() -> Option<(Uid, Gid)> {
     }
     let user = User::from_name("postgres").ok().flatten().expect(
         "running as root, the Patroni scenarios run PostgreSQL as the `postgres` user, and there \
-         is none: `useradd --system postgres` (which `bash .ci/run` does)",
+         is none: `useradd --system postgres` (which `scripts/test` does)",
     );
     Some((user.uid, user.gid))
 }

@@ -353,6 +353,14 @@ async fn the_audit_table_pages_by_next_cursor_and_the_chart_selects_a_principal(
     browser.goto(&ui(&app, "refused")).await;
     browser.type_into("#api-key", &admin).await;
     browser.click("#key-form button[type=\"submit\"]").await;
+    // The audit's filters show once the page knows the key is an admin's.
+    browser
+        .wait_for(
+            "the admin's page",
+            "return document.body.dataset.access === 'admin' && !document.querySelector('#audit-filter').closest('[hidden]') ? true : null;",
+            json!([]),
+        )
+        .await;
     browser
         .select("#audit-filter select[name=\"limit\"]", "25")
         .await;
@@ -696,6 +704,413 @@ async fn a_keys_snapshot_versions_are_listed_and_each_downloads_as_stored() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "first body\n");
+    browser.assert_no_console_errors().await;
+    browser.close().await;
+    app.stop().await;
+}
+
+/// Whether every column of the visible `table` (`arguments[0]`) fits its card, so that none is
+/// cut off or needs a sideways scroll: the overflow in pixels, 0 when it fits.
+const OVERFLOW: &str = "
+    const table = document.querySelector(arguments[0]);
+    const scroll = table.closest('.scroll');
+    const last = table.querySelector('thead th:last-child').getBoundingClientRect();
+    const box = scroll.getBoundingClientRect();
+    return Math.max(0, scroll.scrollWidth - scroll.clientWidth, Math.ceil(last.right - box.right));";
+
+/// The footer's state and text once it says the view was read.
+const FOOTER_UPDATED: &str = "
+    const el = document.querySelector('#updated');
+    return el.dataset.state === 'updated' ? el.textContent : null;";
+
+#[tokio::test]
+async fn at_800_px_every_lease_column_fits_and_the_footer_says_when_the_data_was_read() {
+    let _turn = ONE_BROWSER.lock().await;
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let app = TestApp::spawn().await;
+    app.acquire_with(
+        "jobs/long-running-nightly-build-of-the-main-branch",
+        json!({"owner": "worker-7@build-host-3.example", "ttl_ms": 600_000,
+               "metadata": {"pid": 4242, "host": "build-3", "target": "nightly",
+                            "command": "make release ARCH=x86_64 PROFILE=lto"}}),
+    )
+    .await;
+    app.acquire_with(
+        "jobs/8",
+        json!({"owner": "worker-8", "ttl_ms": 90_000, "metadata": {"pid": 17}}),
+    )
+    .await;
+
+    browser.resize(800, 860).await;
+    browser.goto(&ui(&app, "leases")).await;
+    assert_eq!(
+        browser
+            .wait_for("both keys listed", LEASE_KEYS, json!([]))
+            .await,
+        "jobs/8 jobs/long-running-nightly-build-of-the-main-branch"
+    );
+    let footer = browser
+        .wait_for("the footer says when", FOOTER_UPDATED, json!([]))
+        .await;
+    assert!(
+        footer.as_str().unwrap().starts_with("updated ")
+            && footer.as_str().unwrap().ends_with(" UTC"),
+        "{footer}"
+    );
+    assert_eq!(
+        browser
+            .eval("return window.innerWidth <= 800;", json!([]))
+            .await,
+        true,
+        "the window is 800 px wide"
+    );
+    let overflow = browser.eval(OVERFLOW, json!(["#lease-table"])).await;
+    assert_eq!(
+        overflow, 0,
+        "Metadata and Actions fit at 800 px ({overflow} px over)"
+    );
+    let actions = browser
+        .eval(
+            "const b = document.querySelector('#lease-table tbody tr [data-action]');
+             if (!b) return null;
+             const r = b.getBoundingClientRect();
+             return r.right <= window.innerWidth && r.width > 0;",
+            json!([]),
+        )
+        .await;
+    assert_eq!(actions, true, "an action button is on screen");
+    browser.screenshot("leases-800px").await;
+
+    // The server goes away: the footer says the data on screen is from the last good read.
+    let read = footer
+        .as_str()
+        .unwrap()
+        .trim_start_matches("updated ")
+        .to_owned();
+    app.stop().await;
+    let failed = browser
+        .wait_for(
+            "the footer says the refresh failed",
+            "const el = document.querySelector('#updated');
+             return el.dataset.state === 'failed' ? el.textContent : null;",
+            json!([]),
+        )
+        .await;
+    let failed = failed.as_str().unwrap();
+    assert!(failed.starts_with("could not refresh at "), "{failed}");
+    assert!(
+        failed.contains("showing what was read at "),
+        "{failed} (first read {read})"
+    );
+    browser.close().await;
+}
+
+/// The change stream's mode in the footer (`live`, `polling`), once it is `arguments[0]`.
+const WATCH_MODE: &str = "
+    const el = document.querySelector('#mode');
+    return el.dataset.mode === arguments[0] ? el.textContent : null;";
+
+#[tokio::test]
+async fn changes_reach_the_page_from_the_watch_stream_without_polling() {
+    let _turn = ONE_BROWSER.lock().await;
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let app = TestApp::spawn().await;
+    browser.goto(&ui(&app, "leases")).await;
+    browser
+        .wait_for(
+            "the page follows the change stream",
+            WATCH_MODE,
+            json!(["live"]),
+        )
+        .await;
+    assert_eq!(
+        browser
+            .wait_for("the empty table", LEASE_KEYS, json!([]))
+            .await,
+        ""
+    );
+
+    let grant = app
+        .acquire_with(
+            "jobs/7",
+            json!({"owner": "worker-7", "ttl_ms": 600_000, "metadata": {"pid": 4242}}),
+        )
+        .await
+        .json::<Value>()
+        .await
+        .unwrap();
+    browser
+        .wait_for(
+            "the grant appears",
+            LEASE_ROW,
+            json!(["jobs/7", "worker-7"]),
+        )
+        .await;
+    app.release("jobs/7", token(&grant)).await;
+    browser
+        .wait_for(
+            "the release appears",
+            "const row = document.querySelector('#lease-table tr[data-key=\"jobs/7\"]');
+             return row && row.dataset.state === 'released' ? true : null;",
+            json!([]),
+        )
+        .await;
+    let (events, polls) = (
+        browser
+            .eval(
+                "return document.body.dataset.watchEvents || '0';",
+                json!([]),
+            )
+            .await,
+        browser
+            .eval("return document.body.dataset.polls || '0';", json!([]))
+            .await,
+    );
+    assert!(
+        events.as_str().unwrap().parse::<u32>().unwrap() >= 2,
+        "the grant and the release came as changes: {events}"
+    );
+    assert_eq!(polls, "0", "no polling while the stream is live");
+    browser.screenshot("leases-live").await;
+    browser.assert_no_console_errors().await;
+    browser.close().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_key_that_may_not_watch_everything_falls_back_to_polling() {
+    let _turn = ONE_BROWSER.lock().await;
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let app = TestApp::spawn().await;
+    // Confined to jobs/: the stream of the whole service is refused (403), the lease list under
+    // jobs/ is not.
+    let reader = app.make_key("viewer", Scope::Read, "jobs/").await;
+    let writer = app.make_key("worker", Scope::Write, "jobs/").await;
+
+    browser.goto(&ui(&app, "leases")).await;
+    browser.type_into("#api-key", &reader).await;
+    browser.click("#key-form button[type=\"submit\"]").await;
+    browser
+        .type_into("#lease-filter input[name=\"prefix\"]", "jobs/")
+        .await;
+    browser.click("#lease-filter button[type=\"submit\"]").await;
+    let mode = browser
+        .wait_for(
+            "the page falls back to polling",
+            WATCH_MODE,
+            json!(["polling"]),
+        )
+        .await;
+    assert!(
+        mode.as_str().unwrap().contains("refreshes every 5 s"),
+        "{mode}"
+    );
+
+    acquire_as(
+        &app,
+        &writer,
+        "jobs/8",
+        json!({"owner": "worker-8", "ttl_ms": 600_000}),
+    )
+    .await;
+    browser
+        .wait_for(
+            "the grant appears by polling",
+            LEASE_ROW,
+            json!(["jobs/8", "worker-8"]),
+        )
+        .await;
+    let polls = browser
+        .eval(
+            "return Number(document.body.dataset.polls || '0');",
+            json!([]),
+        )
+        .await;
+    assert!(polls.as_i64().unwrap() >= 1, "it polled: {polls}");
+    browser.screenshot("leases-polling").await;
+    browser.close().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_admin_reconciles_a_recovery_record_after_a_confirmation_and_a_reader_cannot() {
+    let _turn = ONE_BROWSER.lock().await;
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let app = TestApp::spawn().await;
+    let admin = app.make_key("ops", Scope::Admin, "").await;
+    let reader = app.make_key("viewer", Scope::Read, "").await;
+    let writer = app.make_key("worker", Scope::Write, "").await;
+    let held = acquire_as(
+        &app,
+        &writer,
+        "deploy/web",
+        json!({"owner": "deployer", "ttl_ms": 60_000, "metadata": {"release": "v2.4.1"}}),
+    )
+    .await;
+    let r = app
+        .request(Method::POST, "/v1/leases/deploy%2Fweb/abandon")
+        .bearer_auth(&writer)
+        .header("Fencing-Token", token(&held).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    api_state_is(&app, Some(&admin), "deploy/web", "recovery_pending").await;
+    let listed = "
+        const row = document.querySelector('#recovery-table tr[data-key=\"deploy/web\"]');
+        return row ? row.innerText : null;";
+
+    // A reader sees the record, and no way to reconcile it.
+    browser.goto(&ui(&app, "recovery")).await;
+    browser.type_into("#api-key", &reader).await;
+    browser.click("#key-form button[type=\"submit\"]").await;
+    browser
+        .wait_for(
+            "the reader's page",
+            "return document.body.dataset.access === 'reader' ? true : null;",
+            json!([]),
+        )
+        .await;
+    browser
+        .wait_for("the record is listed", listed, json!([]))
+        .await;
+    assert_eq!(
+        browser
+            .eval(
+                "return document.querySelectorAll('#recovery-table [data-action]').length;",
+                json!([]),
+            )
+            .await,
+        0
+    );
+
+    // An admin asks, is asked to confirm, may cancel, then confirms.
+    browser.type_into("#api-key", &admin).await;
+    browser.click("#key-form button[type=\"submit\"]").await;
+    browser
+        .click("#recovery-table tr[data-key=\"deploy/web\"] [data-action=\"reconcile\"]")
+        .await;
+    let question = browser
+        .wait_for(
+            "a confirmation",
+            "const c = document.querySelector('#recovery-table .confirm');
+             return c ? c.innerText : null;",
+            json!([]),
+        )
+        .await;
+    assert!(
+        question
+            .as_str()
+            .unwrap()
+            .contains("Has what deployer left been dealt with?"),
+        "{question}"
+    );
+    api_state_is(&app, Some(&admin), "deploy/web", "recovery_pending").await;
+    browser.screenshot("recovery-reconcile-confirm").await;
+    browser
+        .click("#recovery-table tr[data-key=\"deploy/web\"] [data-action=\"confirm-reconcile\"]")
+        .await;
+    browser
+        .wait_for(
+            "the record leaves the list",
+            "return document.querySelector('#recovery-table tr[data-key=\"deploy/web\"]') ? null : true;",
+            json!([]),
+        )
+        .await;
+    let banner = browser
+        .eval(
+            "return document.querySelector('#banner').textContent;",
+            json!([]),
+        )
+        .await;
+    assert!(
+        banner
+            .as_str()
+            .unwrap()
+            .starts_with("Reconciled deploy/web"),
+        "{banner}"
+    );
+    api_state_is(&app, Some(&admin), "deploy/web", "released").await;
+    // The record went to the audit log, reconciled by the page.
+    let audit: Value = app
+        .request(Method::GET, "/v1/audit/recoveries?key=deploy%2Fweb")
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let entry = &audit["items"][0];
+    assert_eq!(entry["recovery"]["owner"], "deployer", "{audit}");
+    assert_eq!(entry["principal"], "ops", "the admin's key: {audit}");
+    assert_eq!(entry["reconciled_by"], "operator page", "{audit}");
+    browser.assert_no_console_errors().await;
+    browser.close().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_keys_under_a_prefix_that_hold_a_snapshot_are_listed_and_lead_to_their_versions() {
+    let _turn = ONE_BROWSER.lock().await;
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let app = TestApp::spawn().await;
+    for (key, bodies) in [
+        ("jobs/1", &["one"][..]),
+        ("jobs/2", &["two", "two, again"][..]),
+        ("jobs/3", &[][..]), // a lease, never a snapshot
+        ("reports/daily", &["report"][..]),
+    ] {
+        let grant = app.acquire(key, "writer", 60_000).await;
+        for body in bodies {
+            let r = app.put(key, token(&grant), body.to_string()).await;
+            assert!(r.status().is_success(), "put {key}");
+        }
+    }
+
+    browser.goto(&ui(&app, "snapshots")).await;
+    browser
+        .type_into("#snapshot-keys-form input[name=\"prefix\"]", "jobs/")
+        .await;
+    browser
+        .click("#snapshot-keys-form button[type=\"submit\"]")
+        .await;
+    let rows = browser
+        .wait_for(
+            "the keys under jobs/ with a snapshot",
+            "if (!document.querySelector('#snapshot-keys-card').dataset.loaded) return null;
+             return [...document.querySelectorAll('#snapshot-keys-table tbody tr')]
+                 .map((r) => [...r.cells].map((c) => c.innerText));",
+            json!([]),
+        )
+        .await;
+    let rows: Vec<Vec<String>> = serde_json::from_value(rows).unwrap();
+    let keys: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
+    assert_eq!(keys, ["jobs/1", "jobs/2"], "{rows:?}");
+    assert_eq!(rows[1][1], "2", "jobs/2's current version: {rows:?}");
+    assert_eq!(rows[1][2], "10 B", "its size: {rows:?}");
+    browser.screenshot("snapshot-keys").await;
+
+    browser
+        .click("#snapshot-keys-table tr[data-key=\"jobs/2\"] a")
+        .await;
+    browser
+        .wait_for(
+            "jobs/2's versions",
+            "return document.querySelectorAll('#version-table tbody tr').length === 2 ? true : null;",
+            json!([]),
+        )
+        .await;
     browser.assert_no_console_errors().await;
     browser.close().await;
     app.stop().await;

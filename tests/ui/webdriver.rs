@@ -61,7 +61,7 @@ fn programs() -> Option<(PathBuf, PathBuf)> {
             }
             panic!(
                 "the operator page's browser tests need Chromium and chromedriver, and {} {} \
-                 not on PATH: run `bash .ci/ui-browser` (which `.ci/run` calls), or \
+                 not on PATH: run the tests with `scripts/test`, which installs them as root, or \
                  `apt-get install -y chromium chromium-driver`; set SNAPFENCE_UI_BROWSER=skip \
                  to skip these tests",
                 missing.join(" and "),
@@ -363,18 +363,26 @@ impl Browser {
                 json!([]),
             )
             .await;
+        // At the window's width (a test may have narrowed it), as tall as the page; then back.
+        let rect = self
+            .command(reqwest::Method::GET, "/window/rect", None)
+            .await;
+        let (width, height) = (
+            rect["width"].as_i64().unwrap_or(WINDOW.0),
+            rect["height"].as_i64().unwrap_or(WINDOW.1),
+        );
         let resized = match fit.as_array().map(|a| (a[0].as_i64(), a[1].as_i64())) {
             Some((Some(content), Some(frame))) if content < WINDOW.1 => {
-                self.resize(WINDOW.0, content.max(360) + frame).await;
-                true
+                self.resize(width, content.max(360) + frame).await;
+                Some((width, height))
             }
-            _ => false,
+            _ => None,
         };
         let png = self
             .command(reqwest::Method::GET, "/screenshot", None)
             .await;
-        if resized {
-            self.resize(WINDOW.0, WINDOW.1).await;
+        if let Some((width, height)) = resized {
+            self.resize(width, height).await;
         }
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(png.as_str().expect("a base64 PNG"))
@@ -386,7 +394,8 @@ impl Browser {
         path
     }
 
-    async fn resize(&self, width: i64, height: i64) {
+    /// Sets the window's outer size, as a person resizing it would.
+    pub async fn resize(&self, width: i64, height: i64) {
         self.command(
             reqwest::Method::POST,
             "/window/rect",
