@@ -68,6 +68,12 @@ async fn watch(
                 horizon,
             });
         }
+        Opened::Future { newest } => {
+            let asked = since.unwrap_or(ChangeId::ORIGIN);
+            return Err(ApiError::InvalidRequest(format!(
+                "change {asked} has not happened: the newest change id is {newest}. Resume with the id of the last event you received (or since=0 for the oldest change kept, or without since for the next change)"
+            )));
+        }
     };
     // Where the stream starts, also for a client that is cut off before the first change: in a
     // header, and as an event of an id alone, which an EventSource takes as its last id

@@ -518,11 +518,14 @@ async fn resuming_from_before_the_retained_history_is_410_compacted() {
     let mut short = rules();
     short.watch_retention = Duration::from_millis(200);
     let app = TestApp::spawn_with(short).await;
+    // Two changes, so that once both are pruned an id (1) is older than the history (0 is not:
+    // it is "the oldest change kept").
     app.acquire("old", "w", 30000).await;
+    app.acquire("older", "w", 30000).await;
     // The relay prunes what is older than the retention; the horizon moves past it.
     let deadline = Instant::now() + CEILING;
     loop {
-        let r = app.get("/v1/watch?since=0").await;
+        let r = app.get("/v1/watch?since=1").await;
         if r.status() == StatusCode::GONE {
             let body = problem(r, StatusCode::GONE, "compacted").await;
             assert!(body["detail"].as_str().unwrap().contains("watch again"));
@@ -547,6 +550,99 @@ async fn resuming_from_before_the_retained_history_is_410_compacted() {
     assert_eq!(
         what(&watch.next().await),
         change("lease.granted", "new", grant)
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn since_zero_starts_from_the_oldest_change_kept_even_once_history_was_pruned() {
+    let mut short = rules();
+    short.watch_retention = Duration::from_millis(200);
+    let app = TestApp::spawn_with(short).await;
+    app.acquire("old", "w", 30000).await;
+    let deadline = Instant::now() + CEILING;
+    let horizon = loop {
+        let horizon: i64 = sqlx::query_scalar("SELECT pruned_through FROM change_horizon")
+            .fetch_one(app.db())
+            .await
+            .unwrap();
+        if horizon > 0 {
+            break horizon;
+        }
+        assert!(Instant::now() < deadline, "the history was never pruned");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // Not 410: `0` names no change, it says "whatever is kept".
+    let mut watch = Stream::open(&app.http, &app.instance.base, "?since=0", None).await;
+    assert!(watch.after >= horizon, "{} < {horizon}", watch.after);
+    let mut resumed = Stream::open(&app.http, &app.instance.base, "", Some(0)).await;
+    assert!(resumed.after >= horizon, "Last-Event-ID: 0 is the same");
+    let grant = token(&app.acquire("new", "w", 30000).await);
+    assert_eq!(
+        what(&watch.next().await),
+        change("lease.granted", "new", grant)
+    );
+    assert_eq!(
+        what(&resumed.next().await),
+        change("lease.granted", "new", grant)
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_since_or_last_event_id_above_the_newest_id_is_400_naming_the_newest() {
+    let app = TestApp::spawn().await;
+    app.acquire("k", "w", 30000).await;
+    let deadline = Instant::now() + CEILING;
+    let newest = loop {
+        let newest: i64 = sqlx::query_scalar("SELECT count(*) FROM changes")
+            .fetch_one(app.db())
+            .await
+            .unwrap();
+        if newest > 0 {
+            break sqlx::query_scalar::<_, i64>("SELECT max(last_id) FROM change_epochs")
+                .fetch_one(app.db())
+                .await
+                .unwrap();
+        }
+        assert!(Instant::now() < deadline, "the grant was never numbered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    for (query, last) in [
+        (format!("?since={}", newest + 1), None),
+        (String::new(), Some(newest + 1)),
+        (String::new(), Some(i64::MAX)),
+        // The header wins, and it is the one in the future.
+        ("?since=0".to_owned(), Some(i64::MAX)),
+    ] {
+        let mut req = app.request(Method::GET, &format!("/v1/watch{query}"));
+        if let Some(last) = last {
+            req = req.header("Last-Event-ID", last.to_string());
+        }
+        let body = problem(
+            req.send().await.unwrap(),
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        )
+        .await;
+        let detail = body["detail"].as_str().unwrap();
+        assert!(
+            detail.contains(&format!("newest change id is {newest}")),
+            "{query} {last:?}: {detail}"
+        );
+    }
+    // The newest id itself is a resume point: the next change follows.
+    let mut watch = Stream::open(
+        &app.http,
+        &app.instance.base,
+        &format!("?since={newest}"),
+        None,
+    )
+    .await;
+    let grant = token(&app.acquire("next", "w", 30000).await);
+    assert_eq!(
+        what(&watch.next().await),
+        change("lease.granted", "next", grant)
     );
     app.stop().await;
 }

@@ -86,6 +86,12 @@ pub enum Opened {
         /// The highest id pruned.
         horizon: ChangeId,
     },
+    /// The starting id is above every id given so far (`newest`): it names no change, and a
+    /// watch from it would skip the changes up to it unseen.
+    Future {
+        /// The newest id given.
+        newest: ChangeId,
+    },
 }
 
 impl Changes {
@@ -123,13 +129,23 @@ impl Changes {
     }
 
     /// A watch of the keys under `prefix`, from the change after `since` (or from now), unless
-    /// `since` is older than the retained history.
+    /// `since` is older than the retained history or above the newest id given. `since` 0 is
+    /// the oldest change kept, whatever was pruned.
     pub async fn watch(&self, prefix: &KeyPrefix, since: Option<ChangeId>) -> Result<Opened> {
         // Following before reading: a change that the read misses is one that committed after
         // it, and the reader hands it to this watch.
         let live = self.inner.live.subscribe();
         let top = Top::read(&self.inner.pool).await?;
         let from = match since {
+            // The newest id is read from the epochs, which every instance's ids come from: an id
+            // a client was sent is never above it. (A change committed but not yet numbered has
+            // no id yet, so nothing can name it.)
+            Some(since) if since.get() > top.top => {
+                return Ok(Opened::Future {
+                    newest: ChangeId::from_stored(top.top),
+                });
+            }
+            Some(since) if since.get() == 0 => top.pruned_through,
             Some(since) if since.get() < top.pruned_through => {
                 return Ok(Opened::Compacted {
                     horizon: ChangeId::from_stored(top.pruned_through),
