@@ -2,8 +2,6 @@
 //! key prefixes. Every refusal is decided before the handler runs and without looking at what
 //! exists, so a 403 never tells a confined key whether another key's lease or snapshot exists.
 
-use std::collections::HashMap;
-
 use axum::extract::{FromRequestParts, Query, RawPathParams, Request, State};
 use axum::http::{Method, header};
 use axum::middleware::Next;
@@ -116,15 +114,20 @@ async fn check_prefix(
             Err(outside())
         };
     }
-    let Query(query) = Query::<HashMap<String, String>>::try_from_uri(&parts.uri)
+    let Query(query) = Query::<Vec<(String, String)>>::try_from_uri(&parts.uri)
         .map_err(|e| ApiError::InvalidRequest(e.body_text()))?;
-    let named = if parts.uri.path().starts_with("/v1/audit/") {
-        query.get("key")
+    let name = if parts.uri.path().starts_with("/v1/audit/") {
+        "key"
     } else {
-        query.get("prefix")
+        "prefix"
     };
-    match named {
-        Some(named) if principal.covers_prefix(named) => Ok(()),
+    let mut named = query.iter().filter(|(n, _)| n == name).map(|(_, v)| v);
+    match (named.next(), named.next()) {
+        // Checked one, served the other: refused as the handler would refuse it.
+        (Some(_), Some(_)) => Err(ApiError::InvalidRequest(format!(
+            "send the query parameter `{name}` once"
+        ))),
+        (Some(named), None) if principal.covers_prefix(named) => Ok(()),
         _ => Err(outside()),
     }
 }

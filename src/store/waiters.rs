@@ -151,7 +151,11 @@ impl Waiters {
         wait: Duration,
     ) -> Result<Gated<AcquireOutcome>> {
         let until = Instant::now() + wait;
-        let (mut place, heard) = self.enqueue(&req.key, until).await?;
+        // A request whose Idempotency-Key already waits in a queue, on any instance, is still
+        // running: answered at once, it takes no second place.
+        let Some((mut place, heard)) = self.enqueue(&req.key, ctx, until).await? else {
+            return Ok(Gated::InProgress);
+        };
         let mut last_try = !heard || *self.inner.stopping.borrow();
         loop {
             super::restart_deadline();
@@ -180,8 +184,14 @@ impl Waiters {
     /// Takes a place at the end of `key`'s queue, once this instance listens (so that a
     /// release is heard from the moment the place is taken); whether it listens. An instance
     /// that does not listen by `until` (its database connection for it is slow to come, or
-    /// away) takes the place anyway, for one try that is the last.
-    async fn enqueue(&self, key: &Key, until: Instant) -> Result<(Place, bool)> {
+    /// away) takes the place anyway, for one try that is the last. `None` when a waiter with
+    /// the request's Idempotency-Key (and API key) holds a place already, on any instance.
+    async fn enqueue(
+        &self,
+        key: &Key,
+        ctx: &RequestContext,
+        until: Instant,
+    ) -> Result<Option<(Place, bool)>> {
         let mut listening = self.inner.listening.subscribe();
         let mut stopping = self.inner.stopping.subscribe();
         let heard = tokio::select! {
@@ -198,16 +208,39 @@ impl Waiters {
         }
         // The request's bound counts from here, not from its arrival.
         super::restart_deadline();
-        let queued = self
-            .inner
-            .enqueues
-            .answer(Enqueue {
-                key: key.clone(),
-                instance: self.inner.instance.load(Ordering::Relaxed),
-            })
-            .await;
+        let instance = self.inner.instance.load(Ordering::Relaxed);
+        let principal = ctx.principal.clone().unwrap_or_default();
+        let idem = ctx.idempotency.as_ref().map(|i| i.key.as_str().to_owned());
+        let mut unblocked = false;
+        let queued = loop {
+            let queued = self
+                .inner
+                .enqueues
+                .answer(Enqueue {
+                    key: key.clone(),
+                    instance,
+                    principal: principal.clone(),
+                    idem: idem.clone(),
+                })
+                .await;
+            match (queued, &idem) {
+                (Ok(Queued { id: None }), Some(idem)) if !unblocked => {
+                    // The place that holds the key may be one no request holds any more (of a
+                    // dead instance, or left behind here): freed, the key is tried once more.
+                    unblocked = true;
+                    match self.inner.unblock(&principal, idem, instance).await {
+                        Ok(0) => return Ok(None),
+                        Ok(_) => continue,
+                        Err(e) => break Err(e),
+                    }
+                }
+                (Ok(Queued { id: None }), _) => return Ok(None),
+                (Ok(Queued { id: Some(id) }), _) => break Ok(id),
+                (Err(e), _) => break Err(e),
+            }
+        };
         let id = match queued {
-            Ok(Queued { id }) => id,
+            Ok(id) => id,
             Err(e) => {
                 // The place may have been taken with its answer lost: the sweep takes it out.
                 self.inner.left_behind();
@@ -233,7 +266,7 @@ impl Waiters {
             notify,
             left: false,
         };
-        Ok((place, heard))
+        Ok(Some((place, heard)))
     }
 
     /// Sleeps until `place` should try again (true) or its wait is over (false): woken by the
@@ -261,6 +294,9 @@ impl Waiters {
 struct Enqueue {
     key: Key,
     instance: i32,
+    /// The request's principal ('' without authentication) and Idempotency-Key, if it sent one.
+    principal: String,
+    idem: Option<String>,
 }
 
 impl super::batch::Job for Enqueue {
@@ -269,10 +305,11 @@ impl super::batch::Job for Enqueue {
     }
 }
 
-/// A waiter's place: its id in `lease_waiters`.
+/// A waiter's place: its id in `lease_waiters`; none when its Idempotency-Key holds a place
+/// already.
 #[derive(Debug, sqlx::FromRow)]
 struct Queued {
-    id: i64,
+    id: Option<i64>,
 }
 
 /// The places taken by waiters that arrive together, as one statement
@@ -299,6 +336,8 @@ impl Kind for EnqueueBatch {
         sqlx::query_as(include_str!("sql/wait_enqueue.sql"))
             .bind(column(jobs, |j| j.key.as_str()))
             .bind(jobs.first().map_or(0, |j| j.instance))
+            .bind(column(jobs, |j| j.principal.as_str()))
+            .bind(column(jobs, |j| j.idem.as_deref()))
     }
 }
 
@@ -311,6 +350,24 @@ async fn sleep_until_some(at: Option<Instant>) {
 }
 
 impl Inner {
+    /// Frees the Idempotency-Key `idem` of `principal` from a place no request holds
+    /// (`sql/wait_unblock.sql`); how many places it freed.
+    async fn unblock(&self, principal: &str, idem: &str, instance: i32) -> Result<u64> {
+        let held: Vec<i64> = {
+            let queues = self.queues.lock().expect("never poisoned");
+            queues.values().flat_map(|q| q.keys().copied()).collect()
+        };
+        Ok(sqlx::query(include_str!("sql/wait_unblock.sql"))
+            .bind(principal)
+            .bind(idem)
+            .bind(instance)
+            .bind(&held)
+            .execute(&self.pool)
+            .bounded(&self.pool)
+            .await?
+            .rows_affected())
+    }
+
     /// Whether `place` is this instance's first waiter of its key.
     fn first_here(&self, place: &Place) -> bool {
         let queues = self.queues.lock().expect("never poisoned");

@@ -419,3 +419,48 @@ async fn a_key_reused_for_another_operation_answers_422_and_changes_nothing() {
     );
     app.stop().await;
 }
+
+#[tokio::test]
+async fn two_idempotency_key_headers_answer_400_and_change_nothing() {
+    let app = TestApp::spawn().await;
+    let two = |req: reqwest::RequestBuilder| {
+        req.header("Idempotency-Key", "one")
+            .header("Idempotency-Key", "two")
+    };
+    let r = two(app.request(Method::POST, "/v1/leases/k"))
+        .json(&json!({"owner": "a", "ttl_ms": 30000}))
+        .send()
+        .await
+        .unwrap();
+    let body = problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
+    assert!(body["detail"].as_str().unwrap().contains("once"), "{body}");
+    assert_eq!(count(&app, "SELECT count(*) FROM leases").await, 0);
+    // The same on a fenced write and a lease call: refused before anything is read or changed.
+    let t = token(&app.acquire("k", "a", 30000).await);
+    let r = two(app.request(Method::PUT, "/v1/snapshots/k"))
+        .header("Fencing-Token", t.to_string())
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
+    let r = two(app.request(Method::DELETE, "/v1/leases/k"))
+        .header("Fencing-Token", t.to_string())
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
+    assert_eq!(
+        count(&app, "SELECT count(*) FROM snapshot_versions").await,
+        0
+    );
+    assert_eq!(
+        count(&app, "SELECT count(*) FROM leases WHERE end_reason IS NULL").await,
+        1
+    );
+    assert_eq!(
+        count(&app, "SELECT count(*) FROM idempotency_records").await,
+        0
+    );
+    app.stop().await;
+}

@@ -497,3 +497,92 @@ async fn a_waiting_acquire_sent_again_with_its_idempotency_key_is_answered_its_g
     assert_eq!(queued(app.db(), "k").await, 0);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_request_with_the_idempotency_key_of_a_queued_waiter_is_409_request_in_progress_at_once_on_any_instance()
+ {
+    let app = TestApp::spawn().await;
+    let other = app.another_instance().await;
+    let holder = app.acquire("k", "holder", 30000).await;
+    let send = |base: &str| {
+        app.http
+            .post(format!("{base}/v1/leases/k"))
+            .header("Idempotency-Key", "wait-once")
+            .json(&json!({"owner": "w", "ttl_ms": 30000, "wait_ms": 60_000}))
+            .send()
+    };
+    let first = tokio::spawn(send(&app.instance.base));
+    until_queued(app.db(), "k", 1).await;
+    // The same request again, here and through the other instance: still running, so answered
+    // at once, and the queue keeps one place.
+    for base in [&app.instance.base, &other.base] {
+        let started = Instant::now();
+        let r = send(base).await.unwrap();
+        assert_eq!(r.headers()["retry-after"], "1");
+        problem(r, StatusCode::CONFLICT, "request_in_progress").await;
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "answered at once, not after a wait: {:?}",
+            started.elapsed()
+        );
+        assert_eq!(queued(app.db(), "k").await, 1, "no second place");
+    }
+    assert_eq!(app.release("k", token(&holder)).await.status(), 204);
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let grant: Value = first.json().await.unwrap();
+    // Once answered, the key replays its answer, wherever it is sent.
+    let again = send(&other.base).await.unwrap();
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.json::<Value>().await.unwrap(), grant);
+    other.stop().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_idempotency_key_of_a_dead_instances_waiter_is_free_at_once() {
+    let app = TestApp::spawn().await;
+    let holder = app.acquire("k", "holder", 30000).await;
+    // Another instance, alive while this connection holds its liveness lock, queued a waiter
+    // sent with the key "retried"; then it dies (SIGKILL: its connection goes, and the lock).
+    let mut instance = PgConnection::connect_with(&app.options).await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(waiter_lock_class(), 2000000001)")
+        .execute(&mut instance)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO lease_waiters (key, instance, principal, idem) VALUES ('k', 2000000001, '', 'retried')",
+    )
+    .execute(app.db())
+    .await
+    .unwrap();
+    instance.close().await.unwrap();
+    // Its client retries through this instance at once, before any sweep: it takes the place.
+    let retry = tokio::spawn(
+        app.request(Method::POST, "/v1/leases/k")
+            .header("Idempotency-Key", "retried")
+            .json(&json!({"owner": "w", "ttl_ms": 30000, "wait_ms": 60_000}))
+            .send(),
+    );
+    let deadline = Instant::now() + CEILING;
+    while sqlx::query_scalar::<_, i64>(
+        "SELECT count(*) FROM lease_waiters WHERE idem = 'retried' AND instance <> 2000000001",
+    )
+    .fetch_one(app.db())
+    .await
+    .unwrap()
+        == 0
+    {
+        assert!(
+            !retry.is_finished(),
+            "the retry was answered while the key was held"
+        );
+        assert!(Instant::now() < deadline, "the retry never took a place");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(app.release("k", token(&holder)).await.status(), 204);
+    let retry = retry.await.unwrap().unwrap();
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    app.stop().await;
+}
