@@ -855,3 +855,80 @@ async fn open_watches_are_counted_in_the_metrics() {
     }
     app.stop().await;
 }
+
+#[tokio::test]
+async fn revoking_a_key_ends_its_open_streams_on_every_instance_within_a_second_saying_why() {
+    let app = TestApp::spawn().await;
+    let other = app.another_instance().await;
+    let reader = app
+        .make_key("reader", snapfence::domain::Scope::Read, "")
+        .await;
+    let stays = app
+        .make_key("stays", snapfence::domain::Scope::Read, "")
+        .await;
+    let open = |base: &str, token: &str| {
+        app.http
+            .get(format!("{base}/v1/watch"))
+            .header("Authorization", format!("Bearer {token}"))
+            .send()
+    };
+    let mut revoked = Vec::new();
+    for base in [&app.instance.base, &other.base] {
+        let r = open(base, &reader).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        revoked.push(r.bytes_stream().boxed());
+    }
+    let kept = open(&other.base, &stays).await.unwrap();
+    let mut kept = Stream {
+        body: kept.bytes_stream().boxed(),
+        buffer: String::new(),
+        comments: 0,
+        after: 0,
+    };
+    app.revoke_key("reader").await;
+    let confirmed = Instant::now();
+    for mut body in revoked {
+        let mut text = String::new();
+        loop {
+            match tokio::time::timeout(CEILING, body.next()).await {
+                Ok(Some(Ok(bytes))) => text.push_str(std::str::from_utf8(&bytes).unwrap()),
+                Ok(None) => break,
+                Ok(Some(Err(e))) => panic!("the stream failed instead of ending: {e}"),
+                Err(_) => panic!("the stream of a revoked key stayed open: {text:?}"),
+            }
+        }
+        // The contract's second, with as much again for a loaded machine.
+        assert!(
+            confirmed.elapsed() < Duration::from_secs(2),
+            "ended {:?} after the revocation was confirmed",
+            confirmed.elapsed()
+        );
+        let last = text.trim_end().rsplit("\n\n").next().unwrap();
+        assert!(last.starts_with("event: revoked\ndata: "), "{text:?}");
+        let problem: Value = serde_json::from_str(&last["event: revoked\ndata: ".len()..]).unwrap();
+        assert_eq!(problem["code"], "unauthorized");
+        assert!(problem["detail"].as_str().unwrap().contains("revoked"));
+    }
+    // Another key's stream goes on.
+    let writer = app
+        .make_key("writer", snapfence::domain::Scope::Write, "")
+        .await;
+    let r = app
+        .request(Method::POST, "/v1/leases/k")
+        .header("Authorization", format!("Bearer {writer}"))
+        .json(&json!({"owner": "w", "ttl_ms": 30000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let grant = token(&r.json().await.unwrap());
+    assert_eq!(
+        what(&kept.next().await),
+        change("lease.granted", "k", grant)
+    );
+    // And the revoked key may not resume.
+    let r = open(&other.base, &reader).await.unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    other.stop().await;
+    app.stop().await;
+}
