@@ -8,6 +8,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 
 use super::error::ApiError;
+use super::limits::HeldAdmission;
 use crate::domain::{Key, Presented, Principal, Scope};
 use crate::state::AppState;
 use crate::store;
@@ -83,6 +84,9 @@ pub async fn authorize(
         .admit(&principal.name)
         .map_err(ApiError::TooManyRequests)?;
     parts.extensions.insert(principal.clone());
+    // A handler whose answer outlives it (a watch stream) takes the admission with it.
+    let admission = HeldAdmission::new(admission);
+    parts.extensions.insert(admission.clone());
     let mut response = next.run(Request::from_parts(parts, body)).await;
     drop(admission);
     // Left on the answer for the metrics, which count refusals by the key that sent them.

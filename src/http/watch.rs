@@ -22,6 +22,7 @@ use serde::Deserialize;
 use super::Routes;
 use super::error::ApiError;
 use super::extract::ApiQuery;
+use super::limits::HeldAdmission;
 use crate::domain::headers::{LAST_EVENT_ID, WATCH_AFTER};
 use crate::domain::{ChangeId, InvalidInput, KeyPrefix, Principal};
 use crate::state::AppState;
@@ -53,6 +54,7 @@ type Revoked = Pin<Box<dyn Future<Output = ()> + Send>>;
 async fn watch(
     State(state): State<AppState>,
     principal: Option<Extension<Principal>>,
+    held: Option<Extension<HeldAdmission>>,
     headers: HeaderMap,
     ApiQuery(params): ApiQuery<WatchParams>,
 ) -> Result<Response, ApiError> {
@@ -73,6 +75,14 @@ async fn watch(
         })
         .transpose()?;
     let since = last.or(since);
+    // Counted before the history is read, for as long as the stream stays open: against the
+    // key's and the instance's streams, and, with the request's admission kept, against the
+    // key's requests in flight.
+    let streaming = state
+        .limits
+        .admit_watch(principal.as_ref().map(|Extension(p)| p.name.as_str()))
+        .map_err(ApiError::TooManyRequests)?;
+    let in_flight = held.and_then(|Extension(held)| held.take());
     let watch = match state.changes.watch(&prefix, since).await? {
         Opened::Watching(watch) => watch,
         Opened::Compacted { horizon } => {
@@ -109,7 +119,12 @@ async fn watch(
         }
         None => Box::pin(std::future::pending()),
     };
-    let sse = Sse::new(opening.chain(events(watch, revoked)).take_until(ends))
+    let changes = opening.chain(events(watch, revoked)).map(move |event| {
+        // Held by the stream, and let go with it.
+        let _held = (&streaming, &in_flight);
+        event
+    });
+    let sse = Sse::new(changes.take_until(ends))
         .keep_alive(KeepAlive::new().interval(state.rules.watch_heartbeat));
     let mut response = sse.into_response();
     let headers = response.headers_mut();

@@ -932,3 +932,166 @@ async fn revoking_a_key_ends_its_open_streams_on_every_instance_within_a_second_
     other.stop().await;
     app.stop().await;
 }
+
+#[tokio::test]
+async fn open_streams_count_against_the_keys_in_flight_and_stream_limits_and_the_instances() {
+    let mut limited = rules();
+    limited.max_in_flight_per_key = 3;
+    limited.max_watches_per_key = 2;
+    limited.max_watches = 3;
+    let app = TestApp::spawn_with(limited).await;
+    let other = app.another_instance().await;
+    let [a, b, c] = [
+        app.make_key("a", snapfence::domain::Scope::Read, "").await,
+        app.make_key("b", snapfence::domain::Scope::Read, "").await,
+        app.make_key("c", snapfence::domain::Scope::Read, "").await,
+    ];
+    let request = |base: &str, path: &str, token: &str| {
+        app.http
+            .get(format!("{base}{path}"))
+            .header("Authorization", format!("Bearer {token}"))
+            .send()
+    };
+    let base = &app.instance.base;
+    let mut a_streams = Vec::new();
+    for _ in 0..2 {
+        let r = request(base, "/v1/watch", &a).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        a_streams.push(r);
+    }
+    // The key's third stream: over its streams.
+    let r = request(base, "/v1/watch", &a).await.unwrap();
+    assert_eq!(r.headers()["retry-after"], "5");
+    let body = problem(r, StatusCode::TOO_MANY_REQUESTS, "too_many_requests").await;
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("--max-watches-per-key")
+    );
+    // Two open streams and one request: the key's three in flight. Another request is one
+    // too many while both streams are open (made one at a time, each answered before the next).
+    let r = request(base, "/v1/leases", &a).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK, "the third in flight");
+    let many =
+        futures_util::future::join_all((0..4).map(|_| request(base, "/v1/leases", &a))).await;
+    assert!(
+        many.iter()
+            .any(|r| r.as_ref().unwrap().status() == StatusCode::TOO_MANY_REQUESTS),
+        "two streams and two requests at once are over 3 in flight"
+    );
+    // The instance's third stream, of another key; then it has its most.
+    let b_stream = request(base, "/v1/watch", &b).await.unwrap();
+    assert_eq!(b_stream.status(), StatusCode::OK);
+    let r = request(base, "/v1/watch", &c).await.unwrap();
+    let body = problem(r, StatusCode::TOO_MANY_REQUESTS, "too_many_requests").await;
+    assert!(body["detail"].as_str().unwrap().contains("--max-watches"));
+    // Counted per instance: the other one serves it.
+    let r = request(&other.base, "/v1/watch", &c).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    drop(r);
+    // A stream closed by its client is let go: the key may open another.
+    drop(a_streams.pop());
+    let deadline = Instant::now() + CEILING;
+    loop {
+        let r = request(base, "/v1/watch", &a).await.unwrap();
+        if r.status() == StatusCode::OK {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a closed stream was never let go"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(b_stream);
+    other.stop().await;
+    app.stop().await;
+}
+
+/// Fenced writes that `writers` tasks, each on a key of its own, get answered in `span`.
+async fn writes_in(app: &TestApp, tokens: &[(String, i64)], span: Duration) -> usize {
+    let until = Instant::now() + span;
+    let tasks = tokens.iter().cloned().map(|(key, t)| {
+        let (http, base) = (app.http.clone(), app.instance.base.clone());
+        tokio::spawn(async move {
+            let mut done = 0;
+            while Instant::now() < until {
+                let r = http
+                    .put(format!("{base}/v1/snapshots/{}", enc(&key)))
+                    .header("Fencing-Token", t.to_string())
+                    .body("x")
+                    .send()
+                    .await
+                    .unwrap();
+                assert!(r.status().is_success(), "{}", r.status());
+                done += 1;
+            }
+            done
+        })
+    });
+    futures_util::future::join_all(tasks)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_with_64_streams_catching_up_keep_at_least_four_fifths_of_their_rate() {
+    let app = TestApp::spawn().await;
+    // A backlog of 40,000 changes, written under the API (as the triggers write them) so that
+    // it is cheap to make, then numbered by the relay.
+    for _ in 0..40 {
+        sqlx::query(
+            "INSERT INTO change_log (kind, key, token, at, owner, expires_at) \
+             SELECT 'lease.granted', 'backlog/' || n, n, now(), 'w', now() \
+             FROM generate_series(1, 1000) n",
+        )
+        .execute(app.db())
+        .await
+        .unwrap();
+    }
+    let deadline = Instant::now() + CEILING;
+    while sqlx::query_scalar::<_, i64>("SELECT max(last_id) FROM change_epochs")
+        .fetch_one(app.db())
+        .await
+        .unwrap()
+        < 40_000
+    {
+        assert!(Instant::now() < deadline, "the backlog was never numbered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut tokens = Vec::new();
+    for i in 0..8 {
+        let key = format!("hot/{i}");
+        let t = token(&app.acquire(&key, "w", 600_000).await);
+        tokens.push((key, t));
+    }
+    let span = Duration::from_secs(3);
+    writes_in(&app, &tokens, Duration::from_millis(500)).await;
+    let alone = writes_in(&app, &tokens, span).await;
+    // 64 streams from the oldest change, of a prefix none of the backlog is under: each reads
+    // the whole history, delivering nothing, for as long as the writes are counted.
+    let mut streams = Vec::new();
+    for _ in 0..64 {
+        let r = app.get("/v1/watch?since=0&prefix=nothing/").await;
+        assert_eq!(r.status(), StatusCode::OK);
+        streams.push(r.bytes_stream());
+    }
+    let catching_up = writes_in(&app, &tokens, span).await;
+    let ratio = catching_up as f64 / alone as f64;
+    println!(
+        "fenced writes in {span:?}: {alone} alone, {catching_up} with 64 streams catching up ({ratio:.2} x)"
+    );
+    // The issue's bar is 0.8 x. Both figures come from the same process and database a few
+    // seconds apart, on a machine other work shares: 0.8 is kept as the bar, since the catch-up
+    // reads' turns (a quarter of the pool) are what keeps it; without them the attack measured
+    // 0.06 to 0.34 x.
+    assert!(
+        ratio >= 0.8,
+        "{catching_up} writes with the streams catching up, {alone} without ({ratio:.2} x)"
+    );
+    drop(streams);
+    app.stop().await;
+}

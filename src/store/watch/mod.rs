@@ -24,7 +24,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgListener, PgRow};
 use sqlx::{FromRow, PgPool, Row};
-use tokio::sync::{Notify, broadcast, watch};
+use tokio::sync::{Notify, Semaphore, broadcast, watch};
 
 use super::{Bounded, Db, Result, StoreError, Tasks};
 use crate::domain::{
@@ -66,6 +66,18 @@ struct Inner {
     fresh: Notify,
     /// Set when the instance shuts down: every watch ends.
     stopping: watch::Sender<bool>,
+    /// The catch-up reads that may run at once ([`catch_up_reads`]): a watcher behind the live
+    /// changes waits here for its turn, so that however many catch up, they hold a bounded share
+    /// of the pool that the relay, the reader of new changes and the other requests use.
+    catch_up: Semaphore,
+}
+
+/// How many catch-up reads one instance runs at once: a quarter of its pool, at least one. The
+/// hot statements run on connections of their own (`store::db`), so these never take theirs;
+/// the bound keeps the rest of the pool (the relay, each instance's reader of new changes, the
+/// audit log, the keys) and the database's CPU for everything else.
+fn catch_up_reads(pool: &PgPool) -> usize {
+    (pool.options().get_max_connections() as usize / 4).max(1)
 }
 
 impl std::fmt::Debug for Inner {
@@ -105,6 +117,7 @@ impl Changes {
             live: broadcast::Sender::new(LIVE_BUFFER),
             fresh: Notify::new(),
             stopping: watch::Sender::new(false),
+            catch_up: Semaphore::new(catch_up_reads(db)),
         });
         let tasks = vec![
             tokio::spawn(relay::relay(Arc::downgrade(&inner))),
@@ -206,7 +219,14 @@ impl Watch {
                 return Some(Ok(change));
             }
             if !self.caught_up {
-                let page = match read(&self.inner.pool, self.last, &self.prefix).await {
+                let page = {
+                    let _turn = tokio::select! {
+                        turn = self.inner.catch_up.acquire() => turn.expect("never closed"),
+                        _ = self.stopping.changed() => return None,
+                    };
+                    read(&self.inner.pool, self.last, &self.prefix).await
+                };
+                let page = match page {
                     Ok(page) => page,
                     Err(e) => return Some(Err(e)),
                 };
