@@ -66,6 +66,8 @@ pub struct Rules {
     pub max_watches_per_key: usize,
     /// The most watch streams one instance serves at once, with or without a key.
     pub max_watches: usize,
+    /// How long an instance may not answer (frozen) before its waiters are passed over.
+    pub waiter_stall_bound: Duration,
 }
 
 /// A rate limit per API key: a token bucket of `burst` requests, refilled at `per_second`.
@@ -101,6 +103,7 @@ impl Default for Rules {
             max_watch: Duration::from_secs(300),
             max_watches_per_key: 16,
             max_watches: 1024,
+            waiter_stall_bound: Duration::from_secs(1),
         }
     }
 }
@@ -132,7 +135,7 @@ impl AppState {
         let db = Db::new(db);
         Self {
             keys,
-            waiters: Waiters::start(&db),
+            waiters: Waiters::start(&db, rules.waiter_stall_bound),
             changes: Changes::start(&db, rules.watch_retention),
             db,
             limits: Arc::new(Limits::new(&rules)),

@@ -28,7 +28,7 @@
 //! when its wait is over tries once. Once it listens again, each of its first waiters tries
 //! once, since a release may have gone unheard.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -92,6 +92,12 @@ struct Inner {
     /// The waiters' places taken in their queues, batched likewise.
     enqueues: Batcher<EnqueueBatch>,
     pool: PgPool,
+    /// How long this instance may go without saying it is alive before its waiters are passed
+    /// over (`--waiter-stall-bound`; `sql/wait_heartbeat.sql`).
+    stall_bound: Duration,
+    /// This instance's waiters whose places another instance took out while this one did not
+    /// answer (it was frozen): each makes one last try.
+    passed_over: Mutex<HashSet<i64>>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -105,7 +111,7 @@ impl std::fmt::Debug for Inner {
 impl Waiters {
     /// Starts listening for wake-ups on `db`'s database under a fresh instance id. Must be
     /// called within a Tokio runtime.
-    pub fn start(db: &Db) -> Self {
+    pub fn start(db: &Db, stall_bound: Duration) -> Self {
         let pool: PgPool = (**db).clone();
         let inner = Arc::new(Inner {
             instance: AtomicI32::new(0),
@@ -116,10 +122,13 @@ impl Waiters {
             tries: Batcher::start(db.conns().clone()),
             enqueues: Batcher::start(db.conns().clone()),
             pool,
+            stall_bound,
+            passed_over: Mutex::default(),
         });
         let tasks = vec![
             tokio::spawn(listen(Arc::downgrade(&inner))),
             tokio::spawn(sweep(Arc::downgrade(&inner))),
+            tokio::spawn(heartbeat(Arc::downgrade(&inner))),
         ];
         Self {
             inner,
@@ -168,6 +177,11 @@ impl Waiters {
             match gated {
                 Gated::Ran(answer) if !answer.settled && answer.held() => {
                     last_try = !self.sleep(&place, &answer, until).await;
+                    // Passed over while this instance did not answer: its place is gone, so
+                    // it tries once more, for the last time.
+                    if self.inner.take_passed_over(place.id) {
+                        last_try = true;
+                    }
                 }
                 // A waiter's key has a row, so it never races to make one; a statement that
                 // says otherwise is run again like any acquire.
@@ -350,6 +364,30 @@ async fn sleep_until_some(at: Option<Instant>) {
 }
 
 impl Inner {
+    /// Whether the waiter `id` was passed over (and forgets it).
+    fn take_passed_over(&self, id: i64) -> bool {
+        self.passed_over.lock().expect("never poisoned").remove(&id)
+    }
+
+    /// Notes that the waiters `ids` were passed over, and wakes each for its last try.
+    fn passed_over(&self, ids: Vec<i64>) {
+        if ids.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            waiters = ids.len(),
+            "waiters of this instance were passed over while it did not answer (frozen past --waiter-stall-bound); each tries once more"
+        );
+        let queues = self.queues.lock().expect("never poisoned");
+        let mut passed = self.passed_over.lock().expect("never poisoned");
+        for id in ids {
+            if let Some(notify) = queues.values().find_map(|q| q.get(&id)) {
+                passed.insert(id);
+                notify.notify_one();
+            }
+        }
+    }
+
     /// Frees the Idempotency-Key `idem` of `principal` from a place no request holds
     /// (`sql/wait_unblock.sql`); how many places it freed.
     async fn unblock(&self, principal: &str, idem: &str, instance: i32) -> Result<u64> {
@@ -414,6 +452,7 @@ struct Place {
 
 impl Drop for Place {
     fn drop(&mut self) {
+        self.inner.take_passed_over(self.id);
         {
             let mut queues = self.inner.queues.lock().expect("never poisoned");
             if let Some(queue) = queues.get_mut(&self.key) {
@@ -508,6 +547,41 @@ async fn listen(inner: std::sync::Weak<Inner>) {
     }
 }
 
+/// How often an instance says it is alive (`sql/wait_heartbeat.sql`): four times within the
+/// default `--waiter-stall-bound`.
+const HEARTBEAT_EVERY: Duration = Duration::from_millis(250);
+
+/// Says this instance is alive every [`HEARTBEAT_EVERY`] (at most a quarter of its stall bound),
+/// once it has an id: while it does not (frozen, or its database calls stall), its waiters are
+/// passed over once its bound has passed.
+async fn heartbeat(inner: std::sync::Weak<Inner>) {
+    let every = inner
+        .upgrade()
+        .map_or(HEARTBEAT_EVERY, |i| HEARTBEAT_EVERY.min(i.stall_bound / 4));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(i) = inner.upgrade() else {
+            return;
+        };
+        let instance = i.instance.load(Ordering::Relaxed);
+        if instance == 0 {
+            continue;
+        }
+        let bound = i64::try_from(i.stall_bound.as_millis()).unwrap_or(i64::MAX);
+        let said = sqlx::query(include_str!("sql/wait_heartbeat.sql"))
+            .bind(instance)
+            .bind(bound)
+            .execute(&i.pool)
+            .bounded(&i.pool)
+            .await;
+        if let Err(e) = said {
+            tracing::debug!(error = %e, "could not say this instance is alive to the waiters' queues");
+        }
+    }
+}
+
 /// Twice a second, while this instance has waiters (or may have left a row behind), deletes the
 /// rows that no one waits in any more (`sql/wait_sweep.sql`).
 async fn sweep(inner: std::sync::Weak<Inner>) {
@@ -530,14 +604,15 @@ async fn sweep(inner: std::sync::Weak<Inner>) {
         if held.is_empty() && !stale {
             continue;
         }
-        let swept = sqlx::query(include_str!("sql/wait_sweep.sql"))
+        let swept: Result<Vec<i64>> = sqlx::query_scalar(include_str!("sql/wait_sweep.sql"))
             .bind(i.instance.load(Ordering::Relaxed))
             .bind(&held)
-            .execute(&i.pool)
+            .fetch_all(&i.pool)
             .bounded(&i.pool)
             .await;
-        if let Err(e) = swept {
-            tracing::debug!(error = %e, "could not sweep the waiters' queues");
+        match swept {
+            Ok(gone) => i.passed_over(gone),
+            Err(e) => tracing::debug!(error = %e, "could not sweep the waiters' queues"),
         }
     }
 }

@@ -586,3 +586,58 @@ async fn the_idempotency_key_of_a_dead_instances_waiter_is_free_at_once() {
     assert_eq!(retry.status(), StatusCode::CREATED);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_key_released_while_its_first_waiters_instance_is_frozen_goes_to_the_next_waiter_within_the_bound()
+ {
+    let app = TestApp::spawn().await;
+    let holder = app.acquire("k", "holder", 30000).await;
+    // A frozen instance (SIGSTOP): its connection, and its liveness lock, stay; it said it was
+    // alive once and then nothing more. Its waiter is first in the queue.
+    let mut frozen = PgConnection::connect_with(&app.options).await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(waiter_lock_class(), 2000000002)")
+        .execute(&mut frozen)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO waiter_instances (instance, seen_at, stale_after) \
+         VALUES (2000000002, clock_timestamp(), interval '1 second')",
+    )
+    .execute(app.db())
+    .await
+    .unwrap();
+    sqlx::query("INSERT INTO lease_waiters (key, instance) VALUES ('k', 2000000002)")
+        .execute(app.db())
+        .await
+        .unwrap();
+    let waiter = spawn_waiter(&app, "k", "live", 60_000);
+    until_queued(app.db(), "k", 2).await;
+    assert_eq!(app.release("k", token(&holder)).await.status(), 204);
+    let released = Instant::now();
+    let (status, grant) = tokio::time::timeout(CEILING, waiter)
+        .await
+        .expect("the live waiter is served")
+        .unwrap();
+    assert_eq!(status, StatusCode::CREATED, "{grant}");
+    assert_eq!(grant["owner"], "live");
+    // The bound (1 s) and the sweep's half second, with as much again for a loaded machine.
+    assert!(
+        released.elapsed() < Duration::from_secs(3),
+        "granted {:?} after the release",
+        released.elapsed()
+    );
+    // The frozen instance's place was taken out; its lock is still held all the while.
+    until_queued(app.db(), "k", 0).await;
+    let alive: bool = sqlx::query_scalar(
+        "SELECT NOT pg_try_advisory_lock_shared(waiter_lock_class(), 2000000002)",
+    )
+    .fetch_one(app.db())
+    .await
+    .unwrap();
+    assert!(
+        alive,
+        "the frozen instance's connection still holds its lock"
+    );
+    frozen.close().await.unwrap();
+    app.stop().await;
+}
