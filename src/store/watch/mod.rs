@@ -72,12 +72,14 @@ struct Inner {
     catch_up: Semaphore,
 }
 
-/// How many catch-up reads one instance runs at once: a quarter of its pool, at least one. The
-/// hot statements run on connections of their own (`store::db`), so these never take theirs;
-/// the bound keeps the rest of the pool (the relay, each instance's reader of new changes, the
-/// audit log, the keys) and the database's CPU for everything else.
+/// How many catch-up reads one instance runs at once: an eighth of its pool, at least one (two
+/// with the default pool of 16), each lane busy a third of the time at most (a read's turn is
+/// held twice as long again as it took, while more history remains). The hot statements run on connections of
+/// their own (`store::db`), so these never take theirs; the bound keeps the rest of the pool
+/// (the relay, each instance's reader of new changes, the audit log, the keys) and the
+/// database's CPU for everything else.
 fn catch_up_reads(pool: &PgPool) -> usize {
-    (pool.options().get_max_connections() as usize / 4).max(1)
+    (pool.options().get_max_connections() as usize / 8).max(1)
 }
 
 impl std::fmt::Debug for Inner {
@@ -224,7 +226,15 @@ impl Watch {
                         turn = self.inner.catch_up.acquire() => turn.expect("never closed"),
                         _ = self.stopping.changed() => return None,
                     };
-                    read(&self.inner.pool, self.last, &self.prefix).await
+                    let started = tokio::time::Instant::now();
+                    let page = read(&self.inner.pool, self.last, &self.prefix).await;
+                    // Paced: the turn is held twice as long again as the read took, so that
+                    // catching up keeps each of its lanes busy a third of the time at most, and
+                    // the database has the rest for the writes.
+                    if page.as_ref().is_ok_and(|p| !p.complete) {
+                        tokio::time::sleep(started.elapsed() * 2).await;
+                    }
+                    page
                 };
                 let page = match page {
                     Ok(page) => page,
