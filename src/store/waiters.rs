@@ -512,9 +512,17 @@ async fn listen(inner: std::sync::Weak<Inner>) {
                     .await?;
                 i.instance.store(instance, Ordering::Relaxed);
             }
+            let bound = i64::try_from(i.stall_bound.as_millis()).unwrap_or(i64::MAX);
             drop(i);
             sqlx::query(include_str!("sql/wait_instance.sql"))
                 .bind(instance)
+                .execute(&mut listener)
+                .await?;
+            // A first word of life before any waiter of this instance is queued: one that froze
+            // before its first heartbeat would otherwise be judged by its lock alone.
+            sqlx::query(include_str!("sql/wait_heartbeat.sql"))
+                .bind(instance)
+                .bind(bound)
                 .execute(&mut listener)
                 .await?;
             match inner.upgrade() {
