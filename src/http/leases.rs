@@ -60,6 +60,8 @@ async fn acquire(
         reconciling: body.reconciling,
     };
     let mut done = match wait {
+        // The same key as a request still waiting here: that request is running.
+        None if state.waiters.holds(&ctx) => Ok(Gated::InProgress),
         None => leases::acquire(&state.db, &req, &ctx).await,
         Some(wait) => state.waiters.acquire(&req, &ctx, wait).await,
     };

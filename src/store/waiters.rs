@@ -98,6 +98,9 @@ struct Inner {
     /// This instance's waiters whose places another instance took out while this one did not
     /// answer (it was frozen): each makes one last try.
     passed_over: Mutex<HashSet<i64>>,
+    /// The (principal, Idempotency-Key) of this instance's waiters that sent one, for
+    /// [`Waiters::holds`].
+    keyed: Mutex<HashMap<(String, String), usize>>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -124,6 +127,7 @@ impl Waiters {
             pool,
             stall_bound,
             passed_over: Mutex::default(),
+            keyed: Mutex::default(),
         });
         let tasks = vec![
             tokio::spawn(listen(Arc::downgrade(&inner))),
@@ -141,6 +145,22 @@ impl Waiters {
     /// the requests in flight.
     pub fn stop(&self) {
         self.inner.stopping.send_replace(true);
+    }
+
+    /// Whether a waiter of this instance holds the Idempotency-Key of `ctx` (of its principal):
+    /// a request with it that does not wait is then still running, and answered so at once
+    /// rather than stored as a refusal under the waiter's key. (One on another instance meets the
+    /// waiter only if it waits too: the queue's unique index.)
+    pub fn holds(&self, ctx: &RequestContext) -> bool {
+        let Some(idem) = &ctx.idempotency else {
+            return false;
+        };
+        let principal = ctx.principal.clone().unwrap_or_default();
+        self.inner
+            .keyed
+            .lock()
+            .expect("never poisoned")
+            .contains_key(&(principal, idem.key.as_str().to_owned()))
     }
 
     /// How many requests of this instance wait in a queue, for the metrics.
@@ -273,12 +293,23 @@ impl Waiters {
             .entry(key.as_str().to_owned())
             .or_default()
             .insert(id, notify.clone());
+        let keyed = idem.map(|idem| (principal, idem));
+        if let Some(k) = &keyed {
+            *self
+                .inner
+                .keyed
+                .lock()
+                .expect("never poisoned")
+                .entry(k.clone())
+                .or_default() += 1;
+        }
         let place = Place {
             inner: self.inner.clone(),
             key: key.as_str().to_owned(),
             id,
             notify,
             left: false,
+            keyed,
         };
         Ok(Some((place, heard)))
     }
@@ -448,11 +479,22 @@ struct Place {
     id: i64,
     notify: Arc<Notify>,
     left: bool,
+    /// Its (principal, Idempotency-Key), when it sent one.
+    keyed: Option<(String, String)>,
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
         self.inner.take_passed_over(self.id);
+        if let Some(k) = self.keyed.take() {
+            let mut keyed = self.inner.keyed.lock().expect("never poisoned");
+            if let Some(n) = keyed.get_mut(&k) {
+                *n -= 1;
+                if *n == 0 {
+                    keyed.remove(&k);
+                }
+            }
+        }
         {
             let mut queues = self.inner.queues.lock().expect("never poisoned");
             if let Some(queue) = queues.get_mut(&self.key) {

@@ -527,6 +527,17 @@ async fn a_request_with_the_idempotency_key_of_a_queued_waiter_is_409_request_in
         );
         assert_eq!(queued(app.db(), "k").await, 1, "no second place");
     }
+    // One that does not wait, through the waiter's instance, likewise (nothing is stored under
+    // the key, which the waiter's answer will be).
+    let plain = app
+        .http
+        .post(format!("{}/v1/leases/k", app.instance.base))
+        .header("Idempotency-Key", "wait-once")
+        .json(&json!({"owner": "w", "ttl_ms": 30000}))
+        .send()
+        .await
+        .unwrap();
+    problem(plain, StatusCode::CONFLICT, "request_in_progress").await;
     assert_eq!(app.release("k", token(&holder)).await.status(), 204);
     let first = first.await.unwrap().unwrap();
     assert_eq!(first.status(), StatusCode::CREATED);
