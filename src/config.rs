@@ -119,6 +119,23 @@ pub struct ServeConfig {
     #[arg(long, env = "SNAPFENCE_MAX_WATCH", value_parser = positive_duration, default_value = "5m")]
     pub max_watch: Duration,
 
+    /// Watch streams one API key may have open on one instance; one more is answered 429 with
+    /// Retry-After. Each open stream also counts against --max-in-flight-per-key.
+    #[arg(long, env = "SNAPFENCE_MAX_WATCHES_PER_KEY", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_watches_per_key: u32,
+
+    /// Watch streams one instance serves at once, with an API key or without; one more is
+    /// answered 429 with Retry-After. Keep it well below --max-connections, so that streams
+    /// never take every connection.
+    #[arg(long, env = "SNAPFENCE_MAX_WATCHES", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_watches: u32,
+
+    /// How long an instance may go without saying it is alive (it says so four times as often)
+    /// before its waiting acquires are passed over: a key released while its first waiter's
+    /// instance is frozen goes to the next waiter after this. At least 100ms.
+    #[arg(long, env = "SNAPFENCE_WAITER_STALL_BOUND", value_parser = stall_bound, default_value = "1s")]
+    pub waiter_stall_bound: Duration,
+
     /// How long a request body may take to arrive before the request is answered 408.
     #[arg(long, env = "SNAPFENCE_BODY_TIMEOUT", value_parser = humantime::parse_duration, default_value = "30s")]
     pub body_timeout: Duration,
@@ -206,6 +223,9 @@ impl ServeConfig {
             watch_retention: self.watch_retention,
             watch_heartbeat: self.watch_heartbeat,
             max_watch: self.max_watch,
+            max_watches_per_key: self.max_watches_per_key as usize,
+            max_watches: self.max_watches as usize,
+            waiter_stall_bound: self.waiter_stall_bound,
             max_concurrent_requests: self.max_concurrent_requests as usize,
             max_header_bytes: self.max_header_bytes,
             head_timeout: self.head_timeout,
@@ -291,6 +311,16 @@ fn heartbeat(text: &str) -> Result<Duration, String> {
         return Err(
             "must be at most 15s, the longest the contract lets a watch stay silent".into(),
         );
+    }
+    Ok(d)
+}
+
+/// A `--waiter-stall-bound`: at least 100 ms, so that an instance's word of life (every quarter
+/// of it) is not a statement every few milliseconds.
+fn stall_bound(text: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if d < Duration::from_millis(100) {
+        return Err("must be at least 100ms".into());
     }
     Ok(d)
 }

@@ -61,6 +61,13 @@ pub struct Rules {
     /// How long one watch stream lasts before the service ends it (the client resumes it
     /// with `Last-Event-ID`).
     pub max_watch: Duration,
+    /// The most watch streams one API key may have open on one instance (each also counts
+    /// against `max_in_flight_per_key` while it is open).
+    pub max_watches_per_key: usize,
+    /// The most watch streams one instance serves at once, with or without a key.
+    pub max_watches: usize,
+    /// How long an instance may not answer (frozen) before its waiters are passed over.
+    pub waiter_stall_bound: Duration,
 }
 
 /// A rate limit per API key: a token bucket of `burst` requests, refilled at `per_second`.
@@ -94,6 +101,9 @@ impl Default for Rules {
             watch_retention: Duration::from_secs(86_400),
             watch_heartbeat: Duration::from_secs(10),
             max_watch: Duration::from_secs(300),
+            max_watches_per_key: 16,
+            max_watches: 1024,
+            waiter_stall_bound: Duration::from_secs(1),
         }
     }
 }
@@ -125,7 +135,7 @@ impl AppState {
         let db = Db::new(db);
         Self {
             keys,
-            waiters: Waiters::start(&db),
+            waiters: Waiters::start(&db, rules.waiter_stall_bound),
             changes: Changes::start(&db, rules.watch_retention),
             db,
             limits: Arc::new(Limits::new(&rules)),

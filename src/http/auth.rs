@@ -2,14 +2,13 @@
 //! key prefixes. Every refusal is decided before the handler runs and without looking at what
 //! exists, so a 403 never tells a confined key whether another key's lease or snapshot exists.
 
-use std::collections::HashMap;
-
 use axum::extract::{FromRequestParts, Query, RawPathParams, Request, State};
 use axum::http::{Method, header};
 use axum::middleware::Next;
 use axum::response::Response;
 
 use super::error::ApiError;
+use super::limits::HeldAdmission;
 use crate::domain::{Key, Presented, Principal, Scope};
 use crate::state::AppState;
 use crate::store;
@@ -85,6 +84,9 @@ pub async fn authorize(
         .admit(&principal.name)
         .map_err(ApiError::TooManyRequests)?;
     parts.extensions.insert(principal.clone());
+    // A handler whose answer outlives it (a watch stream) takes the admission with it.
+    let admission = HeldAdmission::new(admission);
+    parts.extensions.insert(admission.clone());
     let mut response = next.run(Request::from_parts(parts, body)).await;
     drop(admission);
     // Left on the answer for the metrics, which count refusals by the key that sent them.
@@ -116,15 +118,20 @@ async fn check_prefix(
             Err(outside())
         };
     }
-    let Query(query) = Query::<HashMap<String, String>>::try_from_uri(&parts.uri)
+    let Query(query) = Query::<Vec<(String, String)>>::try_from_uri(&parts.uri)
         .map_err(|e| ApiError::InvalidRequest(e.body_text()))?;
-    let named = if parts.uri.path().starts_with("/v1/audit/") {
-        query.get("key")
+    let name = if parts.uri.path().starts_with("/v1/audit/") {
+        "key"
     } else {
-        query.get("prefix")
+        "prefix"
     };
-    match named {
-        Some(named) if principal.covers_prefix(named) => Ok(()),
+    let mut named = query.iter().filter(|(n, _)| n == name).map(|(_, v)| v);
+    match (named.next(), named.next()) {
+        // Checked one, served the other: refused as the handler would refuse it.
+        (Some(_), Some(_)) => Err(ApiError::InvalidRequest(format!(
+            "send the query parameter `{name}` once"
+        ))),
+        (Some(named), None) if principal.covers_prefix(named) => Ok(()),
         _ => Err(outside()),
     }
 }

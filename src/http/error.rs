@@ -66,7 +66,28 @@ pub enum Throttled {
         /// Whole seconds until the key's next request may be admitted.
         retry_after: u64,
     },
+    /// The key has its most watch streams open on this instance.
+    #[error(
+        "API key {key:?} already has {limit} watch streams open on this instance, its limit, so this one was refused; close one (one stream of a shorter prefix can replace several), or ask an operator to raise --max-watches-per-key"
+    )]
+    Watches {
+        /// The key's name.
+        key: String,
+        /// Its limit.
+        limit: usize,
+    },
+    /// The instance has its most watch streams open.
+    #[error(
+        "this instance already serves {limit} watch streams, its limit, so this one was refused; try again after Retry-After, or through another instance (an operator may raise --max-watches)"
+    )]
+    InstanceWatches {
+        /// The limit.
+        limit: usize,
+    },
 }
+
+/// The `Retry-After` of a watch stream refused for the streams open.
+pub const WATCH_RETRY_AFTER: u64 = 5;
 
 impl Throttled {
     /// Whole seconds after which the same request may be admitted: when the rate allows the
@@ -76,6 +97,8 @@ impl Throttled {
         match self {
             Self::InFlight { .. } => 1,
             Self::Rate { retry_after, .. } => *retry_after,
+            // Streams last minutes: a retry a second later would most likely be refused again.
+            Self::Watches { .. } | Self::InstanceWatches { .. } => WATCH_RETRY_AFTER,
         }
     }
 }

@@ -44,6 +44,19 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyHeader {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        // Sent twice, it names two requests at once (and a proxy may have added one): refused,
+        // as two Fencing-Token headers are, rather than the first one used.
+        if parts
+            .headers
+            .get_all(&IDEMPOTENCY_KEY_HEADER)
+            .iter()
+            .nth(1)
+            .is_some()
+        {
+            return Err(ApiError::InvalidRequest(
+                "send the Idempotency-Key header once: two name two different requests".into(),
+            ));
+        }
         let Some(value) = parts.headers.get(&IDEMPOTENCY_KEY_HEADER) else {
             return Ok(Self(None));
         };

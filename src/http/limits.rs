@@ -32,6 +32,10 @@ pub struct Limits {
     /// operator made, so they are never pruned.
     rate: Option<(RateLimit, DefaultKeyedRateLimiter<String>)>,
     bodies: Arc<BodyBudget>,
+    max_watches_per_key: usize,
+    max_watches: usize,
+    /// Open watch streams by API key name (keys with none are not in the map), and in all.
+    watches: Mutex<(HashMap<String, usize>, usize)>,
 }
 
 impl Limits {
@@ -51,7 +55,47 @@ impl Limits {
                 limit: rules.max_body_bytes_in_flight,
                 held: AtomicUsize::new(0),
             }),
+            max_watches_per_key: rules.max_watches_per_key,
+            max_watches: rules.max_watches,
+            watches: Mutex::default(),
         }
+    }
+
+    /// Admits a watch stream of the API key named `key` (`None`: a request without a key),
+    /// unless the key already has its most streams open on this instance, or the instance does.
+    /// The stream is open for as long as the [`WatchAdmission`] lives; it also keeps its
+    /// request's [`Admission`], so that it counts against the key's requests in flight.
+    pub fn admit_watch(self: &Arc<Self>, key: Option<&str>) -> Result<WatchAdmission, Throttled> {
+        let mut watches = self.watches.lock().unwrap_or_else(PoisonError::into_inner);
+        let (by_key, total) = &mut *watches;
+        if *total >= self.max_watches {
+            return Err(Throttled::InstanceWatches {
+                limit: self.max_watches,
+            });
+        }
+        if let Some(key) = key {
+            let open = by_key.entry(key.to_owned()).or_insert(0);
+            if *open >= self.max_watches_per_key {
+                return Err(Throttled::Watches {
+                    key: key.to_owned(),
+                    limit: self.max_watches_per_key,
+                });
+            }
+            *open += 1;
+        }
+        *total += 1;
+        Ok(WatchAdmission {
+            limits: Arc::clone(self),
+            key: key.map(str::to_owned),
+        })
+    }
+
+    /// The watch streams open on this instance, for the metrics and the tests.
+    pub fn watches(&self) -> usize {
+        self.watches
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .1
     }
 
     /// Admits a request of the API key named `key`, unless the key already has its most
@@ -101,6 +145,50 @@ impl Limits {
     /// The budget of the bodies being received.
     pub fn bodies(&self) -> &Arc<BodyBudget> {
         &self.bodies
+    }
+}
+
+/// An open watch stream; it counts against its key's and the instance's streams until dropped.
+#[derive(Debug)]
+pub struct WatchAdmission {
+    limits: Arc<Limits>,
+    key: Option<String>,
+}
+
+impl Drop for WatchAdmission {
+    fn drop(&mut self) {
+        let mut watches = self
+            .limits
+            .watches
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let (by_key, total) = &mut *watches;
+        *total -= 1;
+        if let Some(key) = &self.key {
+            if let Some(n) = by_key.get_mut(key) {
+                *n -= 1;
+                if *n == 0 {
+                    by_key.remove(key);
+                }
+            }
+        }
+    }
+}
+
+/// A request's [`Admission`], left in its extensions by the authorization so that a handler
+/// whose answer outlives it (a watch stream) can keep it for as long as the answer lasts.
+#[derive(Debug, Clone)]
+pub struct HeldAdmission(Arc<Mutex<Option<Admission>>>);
+
+impl HeldAdmission {
+    /// Holds `admission`.
+    pub fn new(admission: Admission) -> Self {
+        Self(Arc::new(Mutex::new(Some(admission))))
+    }
+
+    /// Takes the admission out, to keep it beyond the handler.
+    pub fn take(&self) -> Option<Admission> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
     }
 }
 
@@ -274,6 +362,30 @@ mod tests {
             2,
             "a refused request is not in flight"
         );
+    }
+
+    #[test]
+    fn watch_streams_are_bounded_per_key_and_per_instance() {
+        let limits = limits(Rules {
+            max_watches_per_key: 2,
+            max_watches: 3,
+            ..Rules::default()
+        });
+        let a1 = limits.admit_watch(Some("a")).unwrap();
+        let _a2 = limits.admit_watch(Some("a")).unwrap();
+        assert!(matches!(
+            limits.admit_watch(Some("a")),
+            Err(Throttled::Watches { limit: 2, .. })
+        ));
+        let _anonymous = limits.admit_watch(None).unwrap();
+        assert!(matches!(
+            limits.admit_watch(Some("b")),
+            Err(Throttled::InstanceWatches { limit: 3 })
+        ));
+        drop(a1);
+        let _b = limits.admit_watch(Some("b")).unwrap();
+        assert_eq!(limits.watches(), 3);
+        assert!(limits.watches.lock().unwrap().0.get("a") == Some(&1));
     }
 
     #[test]

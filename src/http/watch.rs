@@ -7,6 +7,10 @@
 
 use std::convert::Infallible;
 
+use std::future::Future;
+use std::pin::Pin;
+
+use axum::Extension;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -18,8 +22,9 @@ use serde::Deserialize;
 use super::Routes;
 use super::error::ApiError;
 use super::extract::ApiQuery;
+use super::limits::HeldAdmission;
 use crate::domain::headers::{LAST_EVENT_ID, WATCH_AFTER};
-use crate::domain::{ChangeId, InvalidInput, KeyPrefix};
+use crate::domain::{ChangeId, InvalidInput, KeyPrefix, Principal};
 use crate::state::AppState;
 use crate::store::watch::{Opened, Watch};
 
@@ -38,8 +43,18 @@ pub struct WatchParams {
     since: Option<String>,
 }
 
+/// The name of the block that ends a stream whose API key was revoked: not a change (it has no
+/// `id:`, so an EventSource's last id stays the last change's), and its `data:` is the
+/// problem+json a new request with the key is answered (`401 unauthorized`).
+pub const REVOKED_EVENT: &str = "revoked";
+
+/// What ends a stream early: the revocation of its API key.
+type Revoked = Pin<Box<dyn Future<Output = ()> + Send>>;
+
 async fn watch(
     State(state): State<AppState>,
+    principal: Option<Extension<Principal>>,
+    held: Option<Extension<HeldAdmission>>,
     headers: HeaderMap,
     ApiQuery(params): ApiQuery<WatchParams>,
 ) -> Result<Response, ApiError> {
@@ -60,6 +75,14 @@ async fn watch(
         })
         .transpose()?;
     let since = last.or(since);
+    // Counted before the history is read, for as long as the stream stays open: against the
+    // key's and the instance's streams, and, with the request's admission kept, against the
+    // key's requests in flight.
+    let streaming = state
+        .limits
+        .admit_watch(principal.as_ref().map(|Extension(p)| p.name.as_str()))
+        .map_err(ApiError::TooManyRequests)?;
+    let in_flight = held.and_then(|Extension(held)| held.take());
     let watch = match state.changes.watch(&prefix, since).await? {
         Opened::Watching(watch) => watch,
         Opened::Compacted { horizon } => {
@@ -68,6 +91,12 @@ async fn watch(
                 horizon,
             });
         }
+        Opened::Future { newest } => {
+            let asked = since.unwrap_or(ChangeId::ORIGIN);
+            return Err(ApiError::InvalidRequest(format!(
+                "change {asked} has not happened: the newest change id is {newest}. Resume with the id of the last event you received (or since=0 for the oldest change kept, or without since for the next change)"
+            )));
+        }
     };
     // Where the stream starts, also for a client that is cut off before the first change: in a
     // header, and as an event of an id alone, which an EventSource takes as its last id
@@ -75,7 +104,27 @@ async fn watch(
     let start = watch.position();
     let ends = tokio::time::sleep(state.rules.max_watch);
     let opening = stream::once(async move { Ok(Event::default().id(start.to_string())) });
-    let sse = Sse::new(opening.chain(events(watch)).take_until(ends))
+    // A stream of a key ends when the key is revoked, on every instance, as its revocation is
+    // confirmed ([`crate::store::keys::KeyCache::revoked`]): a stream is no request in flight
+    // that the statements' check of the key would stop.
+    let revoked: Revoked = match principal {
+        Some(Extension(principal)) => {
+            let (keys, pool) = (state.keys.clone(), (*state.db).clone());
+            Box::pin(async move {
+                while let Err(e) = keys.revoked(&pool, principal.id).await {
+                    tracing::warn!(error = %e, "cannot tell whether a watch's API key is live; asking again");
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
+            })
+        }
+        None => Box::pin(std::future::pending()),
+    };
+    let changes = opening.chain(events(watch, revoked)).map(move |event| {
+        // Held by the stream, and let go with it.
+        let _held = (&streaming, &in_flight);
+        event
+    });
+    let sse = Sse::new(changes.take_until(ends))
         .keep_alive(KeepAlive::new().interval(state.rules.watch_heartbeat));
     let mut response = sse.into_response();
     let headers = response.headers_mut();
@@ -86,11 +135,20 @@ async fn watch(
 }
 
 /// The watch's changes as SSE events; a failure to read the history ends the stream with a
-/// comment that says so (the client resumes from its last event).
-fn events(watch: Watch) -> impl Stream<Item = Result<Event, Infallible>> {
-    stream::unfold(Some(watch), |watch| async move {
-        let mut watch = watch?;
-        let event = match watch.next().await? {
+/// comment that says so (the client resumes from its last event); the revocation of its API key
+/// ends it with a [`REVOKED_EVENT`] (the client must not resume with that key).
+fn events(watch: Watch, revoked: Revoked) -> impl Stream<Item = Result<Event, Infallible>> {
+    stream::unfold(Some((watch, revoked)), |state| async move {
+        let (mut watch, mut revoked) = state?;
+        let next = tokio::select! {
+            biased;
+            () = &mut revoked => {
+                let problem = ApiError::Unauthorized(REVOKED_DETAIL).problem_json();
+                return Some((Ok(Event::default().event(REVOKED_EVENT).data(problem)), None));
+            }
+            next = watch.next() => next,
+        };
+        let event = match next? {
             Ok(change) => Event::default()
                 .id(change.id.to_string())
                 .event(change.event.as_str())
@@ -106,6 +164,9 @@ fn events(watch: Watch) -> impl Stream<Item = Result<Event, Infallible>> {
                 ));
             }
         };
-        Some((Ok(event), Some(watch)))
+        Some((Ok(event), Some((watch, revoked))))
     })
 }
+
+/// What the [`REVOKED_EVENT`] says.
+const REVOKED_DETAIL: &str = "the API key of this watch was revoked, so the stream ended; resuming with it is refused 401. Ask an operator for a live key, then resume with Last-Event-ID";

@@ -235,6 +235,15 @@ async fn lookup(pool: &PgPool, presented: Option<&Presented>) -> Result<Lookup> 
     })
 }
 
+/// Whether the key of id `id` is live, by the table.
+async fn is_live(pool: &PgPool, id: i64) -> Result<bool> {
+    sqlx::query_scalar("SELECT EXISTS (SELECT FROM api_keys WHERE id = $1 AND revoked_at IS NULL)")
+        .bind(id)
+        .fetch_one(pool)
+        .bounded(pool)
+        .await
+}
+
 /// Whether any live key exists.
 pub async fn any_live(pool: &PgPool) -> Result<bool> {
     Ok(lookup(pool, None).await?.any_live)
@@ -260,6 +269,9 @@ type LiveKeys = HashMap<i64, LiveKey>;
 #[derive(Debug, Clone)]
 pub struct KeyCache {
     live: Arc<RwLock<Option<Arc<LiveKeys>>>>,
+    /// Bumped at every load of the copy, before the change that caused it is confirmed: what
+    /// the open watch streams of a revoked key wait on ([`KeyCache::revoked`]).
+    loads: tokio::sync::watch::Sender<u64>,
     _listener: Arc<AbortOnDrop>,
 }
 
@@ -276,10 +288,36 @@ impl KeyCache {
     /// Starts following the table of `pool`'s database. Must be called within a Tokio runtime.
     pub fn follow(pool: PgPool) -> Self {
         let live = Arc::new(RwLock::new(None));
-        let task = tokio::spawn(listen(pool, live.clone()));
+        let loads = tokio::sync::watch::Sender::new(0);
+        let task = tokio::spawn(listen(pool, live.clone(), loads.clone()));
         Self {
             live,
+            loads,
             _listener: Arc::new(AbortOnDrop(task)),
+        }
+    }
+
+    /// Resolves once the key of id `id` is no longer live: at the first load of the copy that
+    /// lacks it, which comes before this instance confirms the revocation (so when `keys revoke`
+    /// returns, every instance has woken its streams of the key). A key revoked before this is
+    /// called resolves it at once. Never resolves for a live key.
+    pub async fn revoked(&self, pool: &PgPool, id: i64) -> Result<()> {
+        let mut loads = self.loads.subscribe();
+        // The key was live when its request was authenticated; a load since then that lacks it
+        // may have come before the subscription. The copy lacks a key made after its load too,
+        // so only the table can tell those apart.
+        if self.current().is_some_and(|live| !live.contains_key(&id)) && !is_live(pool, id).await? {
+            return Ok(());
+        }
+        loop {
+            if loads.changed().await.is_err() {
+                // The follower stopped (its instance is going away): nothing more to learn.
+                return std::future::pending().await;
+            }
+            // Loaded after the change it follows: a key it lacks is not live.
+            if self.current().is_some_and(|live| !live.contains_key(&id)) {
+                return Ok(());
+            }
         }
     }
 
@@ -292,8 +330,18 @@ impl KeyCache {
 /// Listens, loads, and on every notification forgets the copy, reloads it and confirms the
 /// change; on any failure forgets the copy (so requests go to the table) and starts again.
 /// `LISTEN` comes before the load, so no change committed after the load can go unnoticed.
-async fn listen(pool: PgPool, live: Arc<RwLock<Option<Arc<LiveKeys>>>>) {
-    let set = |keys: Option<LiveKeys>| *live.write().expect("never poisoned") = keys.map(Arc::new);
+async fn listen(
+    pool: PgPool,
+    live: Arc<RwLock<Option<Arc<LiveKeys>>>>,
+    loads: tokio::sync::watch::Sender<u64>,
+) {
+    let set = |keys: Option<LiveKeys>| {
+        let loaded = keys.is_some();
+        *live.write().expect("never poisoned") = keys.map(Arc::new);
+        if loaded {
+            loads.send_modify(|n| *n += 1);
+        }
+    };
     let own = super::listening_pool(&pool);
     loop {
         let failure = async {

@@ -28,7 +28,7 @@
 //! when its wait is over tries once. Once it listens again, each of its first waiters tries
 //! once, since a release may have gone unheard.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -92,6 +92,15 @@ struct Inner {
     /// The waiters' places taken in their queues, batched likewise.
     enqueues: Batcher<EnqueueBatch>,
     pool: PgPool,
+    /// How long this instance may go without saying it is alive before its waiters are passed
+    /// over (`--waiter-stall-bound`; `sql/wait_heartbeat.sql`).
+    stall_bound: Duration,
+    /// This instance's waiters whose places another instance took out while this one did not
+    /// answer (it was frozen): each makes one last try.
+    passed_over: Mutex<HashSet<i64>>,
+    /// The (principal, Idempotency-Key) of this instance's waiters that sent one, for
+    /// [`Waiters::holds`].
+    keyed: Mutex<HashMap<(String, String), usize>>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -105,7 +114,7 @@ impl std::fmt::Debug for Inner {
 impl Waiters {
     /// Starts listening for wake-ups on `db`'s database under a fresh instance id. Must be
     /// called within a Tokio runtime.
-    pub fn start(db: &Db) -> Self {
+    pub fn start(db: &Db, stall_bound: Duration) -> Self {
         let pool: PgPool = (**db).clone();
         let inner = Arc::new(Inner {
             instance: AtomicI32::new(0),
@@ -116,10 +125,14 @@ impl Waiters {
             tries: Batcher::start(db.conns().clone()),
             enqueues: Batcher::start(db.conns().clone()),
             pool,
+            stall_bound,
+            passed_over: Mutex::default(),
+            keyed: Mutex::default(),
         });
         let tasks = vec![
             tokio::spawn(listen(Arc::downgrade(&inner))),
             tokio::spawn(sweep(Arc::downgrade(&inner))),
+            tokio::spawn(heartbeat(Arc::downgrade(&inner))),
         ];
         Self {
             inner,
@@ -132,6 +145,22 @@ impl Waiters {
     /// the requests in flight.
     pub fn stop(&self) {
         self.inner.stopping.send_replace(true);
+    }
+
+    /// Whether a waiter of this instance holds the Idempotency-Key of `ctx` (of its principal):
+    /// a request with it that does not wait is then still running, and answered so at once
+    /// rather than stored as a refusal under the waiter's key. (One on another instance meets the
+    /// waiter only if it waits too: the queue's unique index.)
+    pub fn holds(&self, ctx: &RequestContext) -> bool {
+        let Some(idem) = &ctx.idempotency else {
+            return false;
+        };
+        let principal = ctx.principal.clone().unwrap_or_default();
+        self.inner
+            .keyed
+            .lock()
+            .expect("never poisoned")
+            .contains_key(&(principal, idem.key.as_str().to_owned()))
     }
 
     /// How many requests of this instance wait in a queue, for the metrics.
@@ -151,7 +180,11 @@ impl Waiters {
         wait: Duration,
     ) -> Result<Gated<AcquireOutcome>> {
         let until = Instant::now() + wait;
-        let (mut place, heard) = self.enqueue(&req.key, until).await?;
+        // A request whose Idempotency-Key already waits in a queue, on any instance, is still
+        // running: answered at once, it takes no second place.
+        let Some((mut place, heard)) = self.enqueue(&req.key, ctx, until).await? else {
+            return Ok(Gated::InProgress);
+        };
         let mut last_try = !heard || *self.inner.stopping.borrow();
         loop {
             super::restart_deadline();
@@ -164,6 +197,11 @@ impl Waiters {
             match gated {
                 Gated::Ran(answer) if !answer.settled && answer.held() => {
                     last_try = !self.sleep(&place, &answer, until).await;
+                    // Passed over while this instance did not answer: its place is gone, so
+                    // it tries once more, for the last time.
+                    if self.inner.take_passed_over(place.id) {
+                        last_try = true;
+                    }
                 }
                 // A waiter's key has a row, so it never races to make one; a statement that
                 // says otherwise is run again like any acquire.
@@ -180,8 +218,14 @@ impl Waiters {
     /// Takes a place at the end of `key`'s queue, once this instance listens (so that a
     /// release is heard from the moment the place is taken); whether it listens. An instance
     /// that does not listen by `until` (its database connection for it is slow to come, or
-    /// away) takes the place anyway, for one try that is the last.
-    async fn enqueue(&self, key: &Key, until: Instant) -> Result<(Place, bool)> {
+    /// away) takes the place anyway, for one try that is the last. `None` when a waiter with
+    /// the request's Idempotency-Key (and API key) holds a place already, on any instance.
+    async fn enqueue(
+        &self,
+        key: &Key,
+        ctx: &RequestContext,
+        until: Instant,
+    ) -> Result<Option<(Place, bool)>> {
         let mut listening = self.inner.listening.subscribe();
         let mut stopping = self.inner.stopping.subscribe();
         let heard = tokio::select! {
@@ -198,16 +242,39 @@ impl Waiters {
         }
         // The request's bound counts from here, not from its arrival.
         super::restart_deadline();
-        let queued = self
-            .inner
-            .enqueues
-            .answer(Enqueue {
-                key: key.clone(),
-                instance: self.inner.instance.load(Ordering::Relaxed),
-            })
-            .await;
+        let instance = self.inner.instance.load(Ordering::Relaxed);
+        let principal = ctx.principal.clone().unwrap_or_default();
+        let idem = ctx.idempotency.as_ref().map(|i| i.key.as_str().to_owned());
+        let mut unblocked = false;
+        let queued = loop {
+            let queued = self
+                .inner
+                .enqueues
+                .answer(Enqueue {
+                    key: key.clone(),
+                    instance,
+                    principal: principal.clone(),
+                    idem: idem.clone(),
+                })
+                .await;
+            match (queued, &idem) {
+                (Ok(Queued { id: None }), Some(idem)) if !unblocked => {
+                    // The place that holds the key may be one no request holds any more (of a
+                    // dead instance, or left behind here): freed, the key is tried once more.
+                    unblocked = true;
+                    match self.inner.unblock(&principal, idem, instance).await {
+                        Ok(0) => return Ok(None),
+                        Ok(_) => continue,
+                        Err(e) => break Err(e),
+                    }
+                }
+                (Ok(Queued { id: None }), _) => return Ok(None),
+                (Ok(Queued { id: Some(id) }), _) => break Ok(id),
+                (Err(e), _) => break Err(e),
+            }
+        };
         let id = match queued {
-            Ok(Queued { id }) => id,
+            Ok(id) => id,
             Err(e) => {
                 // The place may have been taken with its answer lost: the sweep takes it out.
                 self.inner.left_behind();
@@ -226,14 +293,25 @@ impl Waiters {
             .entry(key.as_str().to_owned())
             .or_default()
             .insert(id, notify.clone());
+        let keyed = idem.map(|idem| (principal, idem));
+        if let Some(k) = &keyed {
+            *self
+                .inner
+                .keyed
+                .lock()
+                .expect("never poisoned")
+                .entry(k.clone())
+                .or_default() += 1;
+        }
         let place = Place {
             inner: self.inner.clone(),
             key: key.as_str().to_owned(),
             id,
             notify,
             left: false,
+            keyed,
         };
-        Ok((place, heard))
+        Ok(Some((place, heard)))
     }
 
     /// Sleeps until `place` should try again (true) or its wait is over (false): woken by the
@@ -261,6 +339,9 @@ impl Waiters {
 struct Enqueue {
     key: Key,
     instance: i32,
+    /// The request's principal ('' without authentication) and Idempotency-Key, if it sent one.
+    principal: String,
+    idem: Option<String>,
 }
 
 impl super::batch::Job for Enqueue {
@@ -269,10 +350,11 @@ impl super::batch::Job for Enqueue {
     }
 }
 
-/// A waiter's place: its id in `lease_waiters`.
+/// A waiter's place: its id in `lease_waiters`; none when its Idempotency-Key holds a place
+/// already.
 #[derive(Debug, sqlx::FromRow)]
 struct Queued {
-    id: i64,
+    id: Option<i64>,
 }
 
 /// The places taken by waiters that arrive together, as one statement
@@ -299,6 +381,8 @@ impl Kind for EnqueueBatch {
         sqlx::query_as(include_str!("sql/wait_enqueue.sql"))
             .bind(column(jobs, |j| j.key.as_str()))
             .bind(jobs.first().map_or(0, |j| j.instance))
+            .bind(column(jobs, |j| j.principal.as_str()))
+            .bind(column(jobs, |j| j.idem.as_deref()))
     }
 }
 
@@ -311,6 +395,48 @@ async fn sleep_until_some(at: Option<Instant>) {
 }
 
 impl Inner {
+    /// Whether the waiter `id` was passed over (and forgets it).
+    fn take_passed_over(&self, id: i64) -> bool {
+        self.passed_over.lock().expect("never poisoned").remove(&id)
+    }
+
+    /// Notes that the waiters `ids` were passed over, and wakes each for its last try.
+    fn passed_over(&self, ids: Vec<i64>) {
+        if ids.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            waiters = ids.len(),
+            "waiters of this instance were passed over while it did not answer (frozen past --waiter-stall-bound); each tries once more"
+        );
+        let queues = self.queues.lock().expect("never poisoned");
+        let mut passed = self.passed_over.lock().expect("never poisoned");
+        for id in ids {
+            if let Some(notify) = queues.values().find_map(|q| q.get(&id)) {
+                passed.insert(id);
+                notify.notify_one();
+            }
+        }
+    }
+
+    /// Frees the Idempotency-Key `idem` of `principal` from a place no request holds
+    /// (`sql/wait_unblock.sql`); how many places it freed.
+    async fn unblock(&self, principal: &str, idem: &str, instance: i32) -> Result<u64> {
+        let held: Vec<i64> = {
+            let queues = self.queues.lock().expect("never poisoned");
+            queues.values().flat_map(|q| q.keys().copied()).collect()
+        };
+        Ok(sqlx::query(include_str!("sql/wait_unblock.sql"))
+            .bind(principal)
+            .bind(idem)
+            .bind(instance)
+            .bind(&held)
+            .execute(&self.pool)
+            .bounded(&self.pool)
+            .await?
+            .rows_affected())
+    }
+
     /// Whether `place` is this instance's first waiter of its key.
     fn first_here(&self, place: &Place) -> bool {
         let queues = self.queues.lock().expect("never poisoned");
@@ -353,10 +479,22 @@ struct Place {
     id: i64,
     notify: Arc<Notify>,
     left: bool,
+    /// Its (principal, Idempotency-Key), when it sent one.
+    keyed: Option<(String, String)>,
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
+        self.inner.take_passed_over(self.id);
+        if let Some(k) = self.keyed.take() {
+            let mut keyed = self.inner.keyed.lock().expect("never poisoned");
+            if let Some(n) = keyed.get_mut(&k) {
+                *n -= 1;
+                if *n == 0 {
+                    keyed.remove(&k);
+                }
+            }
+        }
         {
             let mut queues = self.inner.queues.lock().expect("never poisoned");
             if let Some(queue) = queues.get_mut(&self.key) {
@@ -416,9 +554,17 @@ async fn listen(inner: std::sync::Weak<Inner>) {
                     .await?;
                 i.instance.store(instance, Ordering::Relaxed);
             }
+            let bound = i64::try_from(i.stall_bound.as_millis()).unwrap_or(i64::MAX);
             drop(i);
             sqlx::query(include_str!("sql/wait_instance.sql"))
                 .bind(instance)
+                .execute(&mut listener)
+                .await?;
+            // A first word of life before any waiter of this instance is queued: one that froze
+            // before its first heartbeat would otherwise be judged by its lock alone.
+            sqlx::query(include_str!("sql/wait_heartbeat.sql"))
+                .bind(instance)
+                .bind(bound)
                 .execute(&mut listener)
                 .await?;
             match inner.upgrade() {
@@ -451,6 +597,41 @@ async fn listen(inner: std::sync::Weak<Inner>) {
     }
 }
 
+/// How often an instance says it is alive (`sql/wait_heartbeat.sql`): four times within the
+/// default `--waiter-stall-bound`.
+const HEARTBEAT_EVERY: Duration = Duration::from_millis(250);
+
+/// Says this instance is alive every [`HEARTBEAT_EVERY`] (at most a quarter of its stall bound),
+/// once it has an id: while it does not (frozen, or its database calls stall), its waiters are
+/// passed over once its bound has passed.
+async fn heartbeat(inner: std::sync::Weak<Inner>) {
+    let every = inner
+        .upgrade()
+        .map_or(HEARTBEAT_EVERY, |i| HEARTBEAT_EVERY.min(i.stall_bound / 4));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(i) = inner.upgrade() else {
+            return;
+        };
+        let instance = i.instance.load(Ordering::Relaxed);
+        if instance == 0 {
+            continue;
+        }
+        let bound = i64::try_from(i.stall_bound.as_millis()).unwrap_or(i64::MAX);
+        let said = sqlx::query(include_str!("sql/wait_heartbeat.sql"))
+            .bind(instance)
+            .bind(bound)
+            .execute(&i.pool)
+            .bounded(&i.pool)
+            .await;
+        if let Err(e) = said {
+            tracing::debug!(error = %e, "could not say this instance is alive to the waiters' queues");
+        }
+    }
+}
+
 /// Twice a second, while this instance has waiters (or may have left a row behind), deletes the
 /// rows that no one waits in any more (`sql/wait_sweep.sql`).
 async fn sweep(inner: std::sync::Weak<Inner>) {
@@ -473,14 +654,15 @@ async fn sweep(inner: std::sync::Weak<Inner>) {
         if held.is_empty() && !stale {
             continue;
         }
-        let swept = sqlx::query(include_str!("sql/wait_sweep.sql"))
+        let swept: Result<Vec<i64>> = sqlx::query_scalar(include_str!("sql/wait_sweep.sql"))
             .bind(i.instance.load(Ordering::Relaxed))
             .bind(&held)
-            .execute(&i.pool)
+            .fetch_all(&i.pool)
             .bounded(&i.pool)
             .await;
-        if let Err(e) = swept {
-            tracing::debug!(error = %e, "could not sweep the waiters' queues");
+        match swept {
+            Ok(gone) => i.passed_over(gone),
+            Err(e) => tracing::debug!(error = %e, "could not sweep the waiters' queues"),
         }
     }
 }

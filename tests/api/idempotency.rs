@@ -419,3 +419,141 @@ async fn a_key_reused_for_another_operation_answers_422_and_changes_nothing() {
     );
     app.stop().await;
 }
+
+#[tokio::test]
+async fn two_idempotency_key_headers_answer_400_and_change_nothing() {
+    let app = TestApp::spawn().await;
+    let two = |req: reqwest::RequestBuilder| {
+        req.header("Idempotency-Key", "one")
+            .header("Idempotency-Key", "two")
+    };
+    let r = two(app.request(Method::POST, "/v1/leases/k"))
+        .json(&json!({"owner": "a", "ttl_ms": 30000}))
+        .send()
+        .await
+        .unwrap();
+    let body = problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
+    assert!(body["detail"].as_str().unwrap().contains("once"), "{body}");
+    assert_eq!(count(&app, "SELECT count(*) FROM leases").await, 0);
+    // The same on a fenced write and a lease call: refused before anything is read or changed.
+    let t = token(&app.acquire("k", "a", 30000).await);
+    let r = two(app.request(Method::PUT, "/v1/snapshots/k"))
+        .header("Fencing-Token", t.to_string())
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
+    let r = two(app.request(Method::DELETE, "/v1/leases/k"))
+        .header("Fencing-Token", t.to_string())
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
+    assert_eq!(
+        count(&app, "SELECT count(*) FROM snapshot_versions").await,
+        0
+    );
+    assert_eq!(
+        count(&app, "SELECT count(*) FROM leases WHERE end_reason IS NULL").await,
+        1
+    );
+    assert_eq!(
+        count(&app, "SELECT count(*) FROM idempotency_records").await,
+        0
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_refused_acquires_record_holds_none_of_the_holders_metadata_and_its_replay_reads_it_again()
+ {
+    let app = TestApp::spawn().await;
+    let big = json!({"blob": "m".repeat(3000)});
+    let holder = app
+        .acquire_with(
+            "k",
+            json!({"owner": "holder", "ttl_ms": 30000, "metadata": big}),
+        )
+        .await;
+    assert_eq!(holder.status(), StatusCode::CREATED);
+    let holder: Value = holder.json().await.unwrap();
+    let refused = || acquire_keyed(&app, "k", "refused", json!({"owner": "b", "ttl_ms": 30000}));
+    let first = problem(
+        refused().send().await.unwrap(),
+        StatusCode::CONFLICT,
+        "lease_held",
+    )
+    .await;
+    assert_eq!(first["holder"]["metadata"], big);
+    let size: i32 = sqlx::query_scalar(
+        "SELECT pg_column_size(answer) + pg_column_size(fingerprint) + pg_column_size(key) \
+         + pg_column_size(principal) FROM idempotency_records WHERE key = 'refused'",
+    )
+    .fetch_one(app.db())
+    .await
+    .unwrap();
+    println!("a refused acquire's record: {size} bytes (the holder's metadata is 3 KB)");
+    assert!(size < 1024, "{size} bytes");
+    // The replay reads the metadata again while that lease is the key's...
+    let again = refused().send().await.unwrap();
+    assert!(replayed(&again));
+    let again = problem(again, StatusCode::CONFLICT, "lease_held").await;
+    assert_eq!(again["holder"], first["holder"]);
+    // ...and says null once the key moved on (the rest of the answer is as it was).
+    assert_eq!(app.release("k", token(&holder)).await.status(), 204);
+    app.acquire("k", "c", 30000).await;
+    let later = problem(
+        refused().send().await.unwrap(),
+        StatusCode::CONFLICT,
+        "lease_held",
+    )
+    .await;
+    assert_eq!(later["holder"]["owner"], "holder");
+    assert_eq!(later["holder"]["metadata"], Value::Null);
+    // A recovery record's metadata likewise.
+    let t = token(
+        &app.acquire_with(
+            "r",
+            json!({"owner": "crashed", "ttl_ms": 30000, "metadata": big}),
+        )
+        .await
+        .json::<Value>()
+        .await
+        .unwrap(),
+    );
+    let abandoned = app
+        .request(Method::POST, "/v1/leases/r/abandon")
+        .header("Fencing-Token", t.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert!(abandoned.status().is_success());
+    let send = || {
+        acquire_keyed(
+            &app,
+            "r",
+            "needs-recovery",
+            json!({"owner": "b", "ttl_ms": 30000}),
+        )
+    };
+    let first = problem(
+        send().send().await.unwrap(),
+        StatusCode::CONFLICT,
+        "recovery_required",
+    )
+    .await;
+    assert_eq!(first["recovery"]["metadata"], big);
+    let size: i32 = sqlx::query_scalar(
+        "SELECT pg_column_size(answer) FROM idempotency_records WHERE key = 'needs-recovery'",
+    )
+    .fetch_one(app.db())
+    .await
+    .unwrap();
+    assert!(size < 1024, "{size} bytes");
+    let again = send().send().await.unwrap();
+    assert!(replayed(&again));
+    let again = problem(again, StatusCode::CONFLICT, "recovery_required").await;
+    assert_eq!(again["recovery"], first["recovery"]);
+    app.stop().await;
+}

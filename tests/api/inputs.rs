@@ -306,3 +306,42 @@ async fn an_empty_key_segment_is_refused_and_a_trailing_slash_is_no_route() {
     problem(slash, StatusCode::NOT_FOUND, "not_found").await;
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_prefix_sent_twice_is_refused() {
+    let app = TestApp::spawn().await;
+    for path in [
+        "/v1/watch?prefix=a&prefix=b",
+        "/v1/leases?prefix=a&prefix=b",
+        "/v1/leases?prefix=a&prefix=a",
+    ] {
+        let body = problem(
+            app.get(path).await,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        )
+        .await;
+        assert!(
+            body["detail"].as_str().unwrap().contains("prefix"),
+            "{path}: {body}"
+        );
+    }
+    // A key confined to a prefix cannot pass its check with one and be served the other.
+    let reader = app
+        .make_key("confined", snapfence::domain::Scope::Read, "a/")
+        .await;
+    for path in [
+        "/v1/watch?prefix=a/&prefix=b",
+        "/v1/watch?prefix=b&prefix=a/",
+        "/v1/leases?prefix=a/&prefix=b",
+    ] {
+        let r = app
+            .request(Method::GET, path)
+            .header("Authorization", format!("Bearer {reader}"))
+            .send()
+            .await
+            .unwrap();
+        problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
+    }
+    app.stop().await;
+}

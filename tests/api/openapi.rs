@@ -524,8 +524,17 @@ async fn answers_of_the_watch_conform_to_the_spec() {
     let app = TestApp::spawn_with(rules).await;
     let mut c = Conformance::new();
     let watch = "/v1/watch";
+    // Two changes: once both are pruned, id 1 is older than the history (0 is the oldest kept).
     app.acquire("w", "o", 30000).await;
+    app.acquire("w2", "o", 30000).await;
     c.check("get", watch, app.get("/v1/watch").await).await;
+    // An id above the newest.
+    c.check(
+        "get",
+        watch,
+        app.get(&format!("/v1/watch?since={}", i64::MAX)).await,
+    )
+    .await;
     c.check(
         "head",
         watch,
@@ -536,7 +545,7 @@ async fn answers_of_the_watch_conform_to_the_spec() {
         .await;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let r = app.get("/v1/watch?since=0").await;
+        let r = app.get("/v1/watch?since=1").await;
         let status = r.status();
         c.check("get", watch, r).await;
         if status == StatusCode::GONE {
@@ -546,7 +555,7 @@ async fn answers_of_the_watch_conform_to_the_spec() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let gone = app
-        .request(Method::HEAD, "/v1/watch?since=0")
+        .request(Method::HEAD, "/v1/watch?since=1")
         .send()
         .await
         .unwrap();

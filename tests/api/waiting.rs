@@ -497,3 +497,158 @@ async fn a_waiting_acquire_sent_again_with_its_idempotency_key_is_answered_its_g
     assert_eq!(queued(app.db(), "k").await, 0);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_request_with_the_idempotency_key_of_a_queued_waiter_is_409_request_in_progress_at_once_on_any_instance()
+ {
+    let app = TestApp::spawn().await;
+    let other = app.another_instance().await;
+    let holder = app.acquire("k", "holder", 30000).await;
+    let send = |base: &str| {
+        app.http
+            .post(format!("{base}/v1/leases/k"))
+            .header("Idempotency-Key", "wait-once")
+            .json(&json!({"owner": "w", "ttl_ms": 30000, "wait_ms": 60_000}))
+            .send()
+    };
+    let first = tokio::spawn(send(&app.instance.base));
+    until_queued(app.db(), "k", 1).await;
+    // The same request again, here and through the other instance: still running, so answered
+    // at once, and the queue keeps one place.
+    for base in [&app.instance.base, &other.base] {
+        let started = Instant::now();
+        let r = send(base).await.unwrap();
+        assert_eq!(r.headers()["retry-after"], "1");
+        problem(r, StatusCode::CONFLICT, "request_in_progress").await;
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "answered at once, not after a wait: {:?}",
+            started.elapsed()
+        );
+        assert_eq!(queued(app.db(), "k").await, 1, "no second place");
+    }
+    // One that does not wait, through the waiter's instance, likewise (nothing is stored under
+    // the key, which the waiter's answer will be).
+    let plain = app
+        .http
+        .post(format!("{}/v1/leases/k", app.instance.base))
+        .header("Idempotency-Key", "wait-once")
+        .json(&json!({"owner": "w", "ttl_ms": 30000}))
+        .send()
+        .await
+        .unwrap();
+    problem(plain, StatusCode::CONFLICT, "request_in_progress").await;
+    assert_eq!(app.release("k", token(&holder)).await.status(), 204);
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let grant: Value = first.json().await.unwrap();
+    // Once answered, the key replays its answer, wherever it is sent.
+    let again = send(&other.base).await.unwrap();
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.json::<Value>().await.unwrap(), grant);
+    other.stop().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_idempotency_key_of_a_dead_instances_waiter_is_free_at_once() {
+    let app = TestApp::spawn().await;
+    let holder = app.acquire("k", "holder", 30000).await;
+    // Another instance, alive while this connection holds its liveness lock, queued a waiter
+    // sent with the key "retried"; then it dies (SIGKILL: its connection goes, and the lock).
+    let mut instance = PgConnection::connect_with(&app.options).await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(waiter_lock_class(), 2000000001)")
+        .execute(&mut instance)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO lease_waiters (key, instance, principal, idem) VALUES ('k', 2000000001, '', 'retried')",
+    )
+    .execute(app.db())
+    .await
+    .unwrap();
+    instance.close().await.unwrap();
+    // Its client retries through this instance at once, before any sweep: it takes the place.
+    let retry = tokio::spawn(
+        app.request(Method::POST, "/v1/leases/k")
+            .header("Idempotency-Key", "retried")
+            .json(&json!({"owner": "w", "ttl_ms": 30000, "wait_ms": 60_000}))
+            .send(),
+    );
+    let deadline = Instant::now() + CEILING;
+    while sqlx::query_scalar::<_, i64>(
+        "SELECT count(*) FROM lease_waiters WHERE idem = 'retried' AND instance <> 2000000001",
+    )
+    .fetch_one(app.db())
+    .await
+    .unwrap()
+        == 0
+    {
+        assert!(
+            !retry.is_finished(),
+            "the retry was answered while the key was held"
+        );
+        assert!(Instant::now() < deadline, "the retry never took a place");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(app.release("k", token(&holder)).await.status(), 204);
+    let retry = retry.await.unwrap().unwrap();
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_key_released_while_its_first_waiters_instance_is_frozen_goes_to_the_next_waiter_within_the_bound()
+ {
+    let app = TestApp::spawn().await;
+    let holder = app.acquire("k", "holder", 30000).await;
+    // A frozen instance (SIGSTOP): its connection, and its liveness lock, stay; it said it was
+    // alive once and then nothing more. Its waiter is first in the queue.
+    let mut frozen = PgConnection::connect_with(&app.options).await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(waiter_lock_class(), 2000000002)")
+        .execute(&mut frozen)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO waiter_instances (instance, seen_at, stale_after) \
+         VALUES (2000000002, clock_timestamp(), interval '1 second')",
+    )
+    .execute(app.db())
+    .await
+    .unwrap();
+    sqlx::query("INSERT INTO lease_waiters (key, instance) VALUES ('k', 2000000002)")
+        .execute(app.db())
+        .await
+        .unwrap();
+    let waiter = spawn_waiter(&app, "k", "live", 60_000);
+    until_queued(app.db(), "k", 2).await;
+    assert_eq!(app.release("k", token(&holder)).await.status(), 204);
+    let released = Instant::now();
+    let (status, grant) = tokio::time::timeout(CEILING, waiter)
+        .await
+        .expect("the live waiter is served")
+        .unwrap();
+    assert_eq!(status, StatusCode::CREATED, "{grant}");
+    assert_eq!(grant["owner"], "live");
+    // The bound (1 s) and the sweep's half second, with as much again for a loaded machine.
+    assert!(
+        released.elapsed() < Duration::from_secs(3),
+        "granted {:?} after the release",
+        released.elapsed()
+    );
+    // The frozen instance's place was taken out; its lock is still held all the while.
+    until_queued(app.db(), "k", 0).await;
+    let alive: bool = sqlx::query_scalar(
+        "SELECT NOT pg_try_advisory_lock_shared(waiter_lock_class(), 2000000002)",
+    )
+    .fetch_one(app.db())
+    .await
+    .unwrap();
+    assert!(
+        alive,
+        "the frozen instance's connection still holds its lock"
+    );
+    frozen.close().await.unwrap();
+    app.stop().await;
+}

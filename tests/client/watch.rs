@@ -71,14 +71,17 @@ async fn compacted_app() -> TestApp {
     let mut short = rules();
     short.watch_retention = Duration::from_millis(200);
     let app = TestApp::spawn_with(short).await;
+    // Two changes: once both are pruned, change 1 is older than the history (0 is not: it
+    // means the oldest change kept).
     grant(&client(&app.instance.base), &key("old"), "w", TTL).await;
+    grant(&client(&app.instance.base), &key("older"), "w", TTL).await;
     let deadline = Instant::now() + CEILING;
     loop {
         let horizon: i64 = sqlx::query_scalar("SELECT pruned_through FROM change_horizon")
             .fetch_one(app.db())
             .await
             .unwrap();
-        if horizon > 0 {
+        if horizon >= 2 {
             return app;
         }
         assert!(Instant::now() < deadline, "the history was never pruned");
@@ -249,7 +252,8 @@ async fn a_watch_whose_connection_goes_silent_resumes_on_a_new_one() {
 #[tokio::test]
 async fn a_watch_from_before_the_retained_history_ends_with_compacted() {
     let app = compacted_app().await;
-    let mut watch = watch_all(&client(&app.instance.base), "");
+    let mut watch =
+        client(&app.instance.base).watch(&WatchOptions::new().since(ChangeId::parse("1").unwrap()));
     let ended = watch.next().await.expect("an error ends the watch");
     assert!(matches!(ended, Err(Error::Compacted { .. })), "{ended:?}");
     assert_eq!(
@@ -342,10 +346,46 @@ async fn watch_from_before_the_retained_history_exits_14_and_says_to_read_the_st
     let app = compacted_app().await;
     error_golden(
         &app.instance.base,
-        &["watch", "--since", "0"],
+        &["watch", "--since", "1"],
         14,
         "compacted",
     )
     .await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_watch_whose_api_key_is_revoked_ends_with_unauthorized_and_does_not_reconnect() {
+    let app = TestApp::spawn().await;
+    let token = app.make_key("reader", Scope::Read, "").await;
+    let c = Client::builder(&app.instance.base)
+        .api_key(token)
+        .build()
+        .unwrap();
+    let admin = app.make_key("admin", Scope::Admin, "").await;
+    let writer = Client::builder(&app.instance.base)
+        .api_key(admin)
+        .build()
+        .unwrap();
+    let mut watch = watch_all(&c, "");
+    let k = key("revoked");
+    grant(&writer, &k, "w", TTL).await;
+    assert_eq!(take(&mut watch, 1).await[0].event, ChangeKind::LeaseGranted);
+    app.revoke_key("reader").await;
+    let revoked = Instant::now();
+    let ended = tokio::time::timeout(CEILING, watch.next())
+        .await
+        .expect("the watch ends")
+        .expect("an error ends the watch");
+    match &ended {
+        Err(Error::Unauthorized { detail, .. }) => assert!(detail.contains("revoked"), "{detail}"),
+        other => panic!("not ended by the revocation: {other:?}"),
+    }
+    assert!(
+        revoked.elapsed() < Duration::from_secs(1),
+        "ended {:?} after the revocation was confirmed",
+        revoked.elapsed()
+    );
+    assert!(watch.next().await.is_none());
     app.stop().await;
 }

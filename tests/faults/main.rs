@@ -14,5 +14,6 @@ use snapfence_testkit::{checker, proxy, workload};
 mod checker_tests;
 mod cluster;
 mod ha;
+mod instances;
 mod patroni;
 mod scenarios;

@@ -81,12 +81,6 @@ def test_a_watch_from_a_change_no_longer_retained_ends_with_compacted(short: Ser
     c.release(k, g.token)
 
 
-@pytest.mark.xfail(
-    reason="server: since=0 (openapi: 'the oldest retained') is answered 410 compacted once history was pruned; "
-    "reported to the lead",
-    strict=False,
-    raises=snapfence.Compacted,
-)
 def test_since_zero_is_the_oldest_retained_change_even_after_pruning(short: Server, key) -> None:
     c = snapfence.Client(short.url)
     k = key()

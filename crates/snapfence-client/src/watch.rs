@@ -89,7 +89,9 @@ impl Client {
     /// - resuming is impossible: [`Error::Compacted`] (the id is older than the retained
     ///   history; read the state again and start a new watch without `since`);
     /// - the server refuses it: [`Error::Unauthorized`], [`Error::Forbidden`] (a prefix outside
-    ///   the API key's), [`Error::InvalidRequest`];
+    ///   the API key's), [`Error::InvalidRequest`] (also a `since` above the newest change id);
+    /// - the API key is revoked while the watch is open: the server ends the stream with a
+    ///   `revoked` event and the watch ends with [`Error::Unauthorized`], without reconnecting;
     /// - [`RetryPolicy::max_attempts`](crate::RetryPolicy::max_attempts) attempts in a row fail
     ///   to connect (the last failure);
     /// - an event cannot be read ([`Error::Protocol`]).
@@ -144,6 +146,10 @@ struct Follow {
     ended: bool,
 }
 
+/// The event that ends a stream whose API key was revoked (no change: it has no id); its data
+/// is the `401 unauthorized` problem.
+const REVOKED: &str = "revoked";
+
 /// How the watch names its request in messages.
 const CALL: Call<'static> = Call {
     method: Method::GET,
@@ -174,6 +180,23 @@ impl Follow {
             }
             let events = self.open.as_mut().expect("a connection is open");
             match events.next().await {
+                Some(Ok(event)) if event.event == REVOKED => {
+                    // The server ended the stream because the API key was revoked: resuming
+                    // with it would be refused, so the watch ends here, with the refusal.
+                    self.open = None;
+                    let mut headers = header::HeaderMap::new();
+                    headers.insert(
+                        header::CONTENT_TYPE,
+                        header::HeaderValue::from_static("application/problem+json"),
+                    );
+                    let error = Error::from_answer(
+                        StatusCode::UNAUTHORIZED,
+                        &headers,
+                        event.data.as_bytes(),
+                        &CALL,
+                    );
+                    return self.end(error);
+                }
                 Some(Ok(event)) => {
                     self.delivered = true;
                     match self.change(event) {

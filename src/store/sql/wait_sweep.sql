@@ -7,6 +7,15 @@
 -- (acquire.sql), so this only frees the rows and, through the trigger on lease_waiters, wakes
 -- the next waiter of a key a dead one was about to take. Each instance with waiters of its own
 -- runs it twice a second, so a dead instance's waiters are gone within a second.
-DELETE FROM lease_waiters
-WHERE (instance <> $1 AND NOT waiter_instance_alive(instance))
-    OR (instance = $1 AND id <> ALL($2::bigint[]) AND at < now() - interval '30 seconds')
+--
+-- Answers the waiters of this instance whose rows are gone without an answer from the acquire
+-- statement (another instance's sweep took them out while this one did not answer: it was
+-- frozen past its --waiter-stall-bound, see 20261205200001_waiter_instances_stall.sql): they
+-- were passed over, and each makes one last try. (The statement's snapshot still sees the rows
+-- it deletes itself, which are never among them.)
+WITH swept AS (
+    DELETE FROM lease_waiters
+    WHERE (instance <> $1 AND NOT waiter_instance_alive(instance))
+        OR (instance = $1 AND id <> ALL($2::bigint[]) AND at < now() - interval '30 seconds'))
+SELECT h.id FROM unnest($2::bigint[]) AS h(id)
+WHERE NOT EXISTS (SELECT FROM lease_waiters w WHERE w.id = h.id)

@@ -24,7 +24,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgListener, PgRow};
 use sqlx::{FromRow, PgPool, Row};
-use tokio::sync::{Notify, broadcast, watch};
+use tokio::sync::{Notify, Semaphore, broadcast, watch};
 
 use super::{Bounded, Db, Result, StoreError, Tasks};
 use crate::domain::{
@@ -66,6 +66,20 @@ struct Inner {
     fresh: Notify,
     /// Set when the instance shuts down: every watch ends.
     stopping: watch::Sender<bool>,
+    /// The catch-up reads that may run at once ([`catch_up_reads`]): a watcher behind the live
+    /// changes waits here for its turn, so that however many catch up, they hold a bounded share
+    /// of the pool that the relay, the reader of new changes and the other requests use.
+    catch_up: Semaphore,
+}
+
+/// How many catch-up reads one instance runs at once: an eighth of its pool, at least one (two
+/// with the default pool of 16), each lane busy a third of the time at most (a read's turn is
+/// held twice as long again as it took, while more history remains). The hot statements run on connections of
+/// their own (`store::db`), so these never take theirs; the bound keeps the rest of the pool
+/// (the relay, each instance's reader of new changes, the audit log, the keys) and the
+/// database's CPU for everything else.
+fn catch_up_reads(pool: &PgPool) -> usize {
+    (pool.options().get_max_connections() as usize / 8).max(1)
 }
 
 impl std::fmt::Debug for Inner {
@@ -86,6 +100,12 @@ pub enum Opened {
         /// The highest id pruned.
         horizon: ChangeId,
     },
+    /// The starting id is above every id given so far (`newest`): it names no change, and a
+    /// watch from it would skip the changes up to it unseen.
+    Future {
+        /// The newest id given.
+        newest: ChangeId,
+    },
 }
 
 impl Changes {
@@ -99,6 +119,7 @@ impl Changes {
             live: broadcast::Sender::new(LIVE_BUFFER),
             fresh: Notify::new(),
             stopping: watch::Sender::new(false),
+            catch_up: Semaphore::new(catch_up_reads(db)),
         });
         let tasks = vec![
             tokio::spawn(relay::relay(Arc::downgrade(&inner))),
@@ -123,13 +144,23 @@ impl Changes {
     }
 
     /// A watch of the keys under `prefix`, from the change after `since` (or from now), unless
-    /// `since` is older than the retained history.
+    /// `since` is older than the retained history or above the newest id given. `since` 0 is
+    /// the oldest change kept, whatever was pruned.
     pub async fn watch(&self, prefix: &KeyPrefix, since: Option<ChangeId>) -> Result<Opened> {
         // Following before reading: a change that the read misses is one that committed after
         // it, and the reader hands it to this watch.
         let live = self.inner.live.subscribe();
         let top = Top::read(&self.inner.pool).await?;
         let from = match since {
+            // The newest id is read from the epochs, which every instance's ids come from: an id
+            // a client was sent is never above it. (A change committed but not yet numbered has
+            // no id yet, so nothing can name it.)
+            Some(since) if since.get() > top.top => {
+                return Ok(Opened::Future {
+                    newest: ChangeId::from_stored(top.top),
+                });
+            }
+            Some(since) if since.get() == 0 => top.pruned_through,
             Some(since) if since.get() < top.pruned_through => {
                 return Ok(Opened::Compacted {
                     horizon: ChangeId::from_stored(top.pruned_through),
@@ -190,7 +221,22 @@ impl Watch {
                 return Some(Ok(change));
             }
             if !self.caught_up {
-                let page = match read(&self.inner.pool, self.last, &self.prefix).await {
+                let page = {
+                    let _turn = tokio::select! {
+                        turn = self.inner.catch_up.acquire() => turn.expect("never closed"),
+                        _ = self.stopping.changed() => return None,
+                    };
+                    let started = tokio::time::Instant::now();
+                    let page = read(&self.inner.pool, self.last, &self.prefix).await;
+                    // Paced: the turn is held twice as long again as the read took, so that
+                    // catching up keeps each of its lanes busy a third of the time at most, and
+                    // the database has the rest for the writes.
+                    if page.as_ref().is_ok_and(|p| !p.complete) {
+                        tokio::time::sleep(started.elapsed() * 2).await;
+                    }
+                    page
+                };
+                let page = match page {
                     Ok(page) => page,
                     Err(e) => return Some(Err(e)),
                 };
