@@ -59,15 +59,12 @@ async fn acquire(
         reconciled: body.reconciled,
         reconciling: body.reconciling,
     };
-    let mut done = match wait {
+    let done = match wait {
         // The same key as a request still waiting here: that request is running.
         None if state.waiters.holds(&ctx) => Ok(Gated::InProgress),
         None => leases::acquire(&state.db, &req, &ctx).await,
         Some(wait) => state.waiters.acquire(&req, &ctx, wait).await,
     };
-    if let Ok(Gated::Replayed(refused)) = &mut done {
-        reread_metadata(&state, &key, refused).await?;
-    }
     idempotency.respond(done, |outcome| match outcome {
         AcquireOutcome::Granted {
             lease,
@@ -91,37 +88,6 @@ async fn acquire(
             recovery: Box::new(recovery),
         }),
     })
-}
-
-/// A refused acquire's record holds no metadata of the lease or record that refused it
-/// (`remember.sql`): a replay reads it again, while that lease or record is still the key's
-/// (same token); after that it is `null`, as the key moved on.
-async fn reread_metadata(
-    state: &AppState,
-    key: &Key,
-    outcome: &mut AcquireOutcome,
-) -> Result<(), ApiError> {
-    let token = match outcome {
-        AcquireOutcome::Held { holder } => holder.token,
-        AcquireOutcome::RecoveryRequired { recovery } => recovery.token,
-        AcquireOutcome::Granted { .. } => return Ok(()),
-    };
-    let now = leases::status(&state.db, key).await?;
-    match outcome {
-        AcquireOutcome::Held { holder } => {
-            holder.metadata = now
-                .and_then(|n| (n.lease.token == token).then_some(n.lease.metadata))
-                .flatten();
-        }
-        AcquireOutcome::RecoveryRequired { recovery } => {
-            recovery.metadata = now
-                .and_then(|n| n.recovery)
-                .filter(|r| r.token == token)
-                .and_then(|r| r.metadata);
-        }
-        AcquireOutcome::Granted { .. } => {}
-    }
-    Ok(())
 }
 
 async fn renew(

@@ -7,20 +7,9 @@
 -- a racing record makes the whole statement fail and roll back (see gate.sql). The statement
 -- answers, per request, the gate's verdict, the stored fingerprint of a replay, and the answer:
 -- the stored one on a replay, this statement's own otherwise.
---
--- A record holds what a replay needs and no more: an acquire refused (`held`,
--- `recovery_required`) is stored without the metadata of the lease and record it found (up to
--- 4 KiB each, someone else's, and a refusal is cheap to repeat): the replay re-reads it while
--- that lease or record is still the key's (src/http/leases.rs). A refusal's record is then a few
--- hundred bytes whatever the holder's metadata (docs/guarantees.md).
 remembered AS (
     INSERT INTO idempotency_records (principal, key, fingerprint, answer)
-    SELECT coalesce(r.principal, ''), r.idem, r.fp,
-        -- (`verdict` read from the JSON: only an acquire's result has one.)
-        CASE WHEN to_jsonb(res) ->> 'verdict' IN ('held', 'recovery_required')
-            THEN (to_jsonb(res) #- '{current,metadata}' #- '{current,kept_metadata}'
-                #- '{current,rec_metadata}')::json
-            ELSE to_json(res) END
+    SELECT coalesce(r.principal, ''), r.idem, r.fp, to_json(res)
     FROM result res JOIN req r ON r.i = res.i JOIN gate g ON g.i = res.i
     WHERE g.verdict = 'run' AND r.idem IS NOT NULL AND res.settled)
 SELECT g.i, g.verdict AS gate, p.fingerprint AS prior_fingerprint,
