@@ -11,10 +11,11 @@
 //! batch, and sends it at once when no batch of its kind is in flight. With one client none ever
 //! is, so a request is never held back. Under load the requests that arrive while a batch is in
 //! flight gather, up to [`MAX_REQUESTS`] (or [`MAX_BYTES`] of bodies), and go when it ends, when
-//! they fill the batch, or when it has run for [`STALLED`]; then on one of [`IN_FLIGHT`] slots.
-//! So a request waits at most for one short statement of its kind (or [`STALLED`]), and a batch
-//! is as large as the load makes it. A batch never holds two requests for one key or one Idempotency-Key: the second waits for
-//! the next batch, in its order, so every request in a batch is decided on its own (the SQL
+//! they fill the batch, or when it has stalled (run for twice its kind's typical batch, at least
+//! [`STALLED`]); then on one of [`IN_FLIGHT`] slots. So a request waits at most for one short
+//! statement of its kind (or until that one stalls), and a batch is as large as the load makes
+//! it. A batch never holds two requests for one key or one Idempotency-Key: the second waits
+//! for the next batch, in its order, so every request in a batch is decided on its own (the SQL
 //! files say why that is race-free) and a refusal of one changes nothing for another. Each
 //! batch's rows are sent in key order, the order every batched statement locks its rows in, so
 //! that two batches never wait on each other in a cycle.
@@ -27,7 +28,7 @@
 //! its batch had not been sent yet (it is then left out of it), uncertain otherwise.
 
 use std::collections::{HashSet, VecDeque};
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use sqlx::postgres::{PgArguments, PgRow};
@@ -47,12 +48,46 @@ pub const MAX_REQUESTS: usize = 32;
 pub const MAX_BYTES: usize = 1024 * 1024;
 /// The batches of one kind in flight at once, each on a connection of its own.
 pub const IN_FLIGHT: usize = 4;
-/// How long a batch in flight may take before the next one goes beside it rather than after it.
+/// The least a batch in flight may take before the next one goes beside it rather than after
+/// it; the bound itself is [`STALL_FACTOR`] times the kind's typical batch (see [`Pace`]).
 /// Below it a kind's batches go one at a time, each as large as the requests that arrived while
 /// the one before it ran (so the database runs fewer, larger statements); past it a slow
 /// statement, or one waiting on a row lock, holds up no one else. Tokio's timer counts in
 /// milliseconds, so this is the shortest bound there is without spinning.
 pub const STALLED: std::time::Duration = std::time::Duration::from_millis(1);
+/// How many typical batches' time a batch in flight may take before it counts as stalled.
+pub const STALL_FACTOR: u32 = 2;
+
+/// How long a kind's batches typically take (an exponentially weighted mean, in microseconds),
+/// which sets when one counts as stalled. A fixed bound of a millisecond, below what a batch
+/// and its commit take under load, made almost every batch go beside the one before it: four
+/// small statements in flight instead of one large one, and a third fewer writes a second
+/// (bench/README.md, "Batches that wait for the one before").
+#[derive(Debug, Default)]
+struct Pace(AtomicU64);
+
+impl Pace {
+    /// Counts a batch that took `took`.
+    fn record(&self, took: std::time::Duration) {
+        // A stalled batch counts as the bound: one lock wait of seconds would otherwise make
+        // every batch after it wait that long before going beside the one in flight.
+        let took = u64::try_from(took.min(self.stall_bound()).as_micros()).unwrap_or(u64::MAX);
+        // Lost updates between two batches ending at once only blur the mean.
+        let mean = self.0.load(Ordering::Relaxed);
+        let mean = if mean == 0 {
+            took
+        } else {
+            (mean * 7 + took) / 8
+        };
+        self.0.store(mean, Ordering::Relaxed);
+    }
+
+    /// How long a batch in flight may take before the next one goes beside it.
+    fn stall_bound(&self) -> std::time::Duration {
+        let typical = std::time::Duration::from_micros(self.0.load(Ordering::Relaxed));
+        (typical * STALL_FACTOR).max(STALLED)
+    }
+}
 
 /// One request of a batch, as the batch sees it.
 pub(crate) trait Job {
@@ -306,6 +341,7 @@ async fn dispatch<K: Kind>(conns: Conns, mut requests: mpsc::UnboundedReceiver<P
     // The claims of the batches in flight, and a wake-up each time one of them ends.
     let busy = Arc::new(Mutex::new(HashSet::new()));
     let ended = Arc::new(Notify::new());
+    let pace = Arc::new(Pace::default());
     let mut later = Later::<K>::new();
     let mut open = true;
     let mut last_sent = Instant::now();
@@ -337,9 +373,9 @@ async fn dispatch<K: Kind>(conns: Conns, mut requests: mpsc::UnboundedReceiver<P
                 continue;
             }
             // A batch goes when no batch of its kind is in flight, when it is full, or when the
-            // batch in flight has taken [`STALLED`] (a slow statement, or one waiting on a lock,
-            // holds no one else up for longer), on a free slot.
-            let stalled = last_sent + STALLED;
+            // batch in flight has stalled (a slow statement, or one waiting on a lock, holds no
+            // one else up for longer than twice a typical batch), on a free slot.
+            let stalled = last_sent + pace.stall_bound();
             let in_flight = slots.available_permits() < IN_FLIGHT;
             if !in_flight || batch.full() || !open || Instant::now() >= stalled {
                 if let Ok(slot) = slots.clone().try_acquire_owned() {
@@ -376,6 +412,8 @@ async fn dispatch<K: Kind>(conns: Conns, mut requests: mpsc::UnboundedReceiver<P
             busy: busy.clone(),
             ended: ended.clone(),
             slot: Some(slot),
+            pace: pace.clone(),
+            sent: last_sent,
         };
         tokio::spawn(run(conns.clone(), batch.jobs, flight));
     }
@@ -388,10 +426,13 @@ struct Flight {
     busy: Arc<Mutex<HashSet<String>>>,
     ended: Arc<Notify>,
     slot: Option<OwnedSemaphorePermit>,
+    pace: Arc<Pace>,
+    sent: Instant,
 }
 
 impl Drop for Flight {
     fn drop(&mut self) {
+        self.pace.record(self.sent.elapsed());
         if let Ok(mut busy) = self.busy.lock() {
             for c in &self.claims {
                 busy.remove(c);

@@ -54,6 +54,9 @@ struct Relay {
     stale: bool,
     kept: Instant,
     pruned: Instant,
+    /// Whether the last turn numbered or reported something: then the next goes straight to
+    /// work, since under a steady stream of changes a check for them would always say yes.
+    busy: bool,
 }
 
 impl Relay {
@@ -164,6 +167,7 @@ pub(super) async fn relay(inner: Weak<Inner>) {
 async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<Duration> {
     if let Some(r) = role.as_ref() {
         let idle = !r.stale
+            && !r.busy
             && r.kept.elapsed() < KEEP_EVERY
             && !r.expiry_due()
             && !changes_waiting(&i.pool).await?;
@@ -211,6 +215,7 @@ async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<Duration> {
                 stale: false,
                 kept: Instant::now(),
                 pruned: Instant::now() - PRUNE_EVERY,
+                busy: false,
             };
             fresh.expect(live);
             role.insert(fresh)
@@ -235,11 +240,8 @@ async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<Duration> {
     relay.stale = true;
     let reported = report_expiries(&i.pool, relay, clock).await?;
     relay.stale = false;
-    Ok(if numbered || reported {
-        BUSY_TICK
-    } else {
-        RELAY_TICK
-    })
+    relay.busy = numbered || reported;
+    Ok(if relay.busy { BUSY_TICK } else { RELAY_TICK })
 }
 
 /// Reports the leases whose expiry passed by `clock` (`sql/expire.sql`), in a statement of its
