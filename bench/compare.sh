@@ -185,30 +185,30 @@ fi
 psql -c "CREATE TABLE floor_snapshots (key text PRIMARY KEY, token bigint NOT NULL, body bytea NOT NULL)"
 psql -c "INSERT INTO floor_snapshots SELECT (50000000 + i)::text, 0, decode(repeat('61', 1024), 'hex') FROM generate_series(0, $keys - 1) i"
 
-# pgbench runs the service's own statements, the files of src/store/sql joined as src/store joins
-# them (the requests' file `*_in.sql`, gate.sql, the operation's files, remember.sql for a
-# change; a fenced write is fenced_in.sql, gate.sql, fenced.sql, put.sql, remember.sql), each
-# over a batch of one request: every array parameter `$N::type[]` becomes `ARRAY[:pN::type]`,
-# and their comments (whole lines) are left out, since pgbench would turn a `$N` named in a
-# comment into a parameter of its own. Each client takes the keys of its own slice in turn, as
-# the workers of `snapfence-bench` do. pgbench cannot bind NULL, so gate.sql's parameters ($1 to
-# $4: no Idempotency-Key, no principal) are written in as arrays of one NULL, and an absent
-# value is bound as what the service's NULL stands for there: `[]` for If-Match's tags (not
-# sent, so never read), an empty metadata object, and for the read the current version (1) and
-# `[]` for If-None-Match's tags (none, so it reads its body). The service itself sends each statement over as many requests as
-# arrived together; pgbench's column is the floor of one request per statement and commit.
+# pgbench runs the service's own statements, as the service sends them: the files of
+# src/store/rendered, which src/store/engine/statement.rs assembles (a test checks they are the
+# statements the service runs), each over a batch of one request: every array parameter
+# `$N::type[]` becomes `ARRAY[:pN::type]`, and their comments (whole lines) are left out, since
+# pgbench would turn a `$N` named in a comment into a parameter of its own. Each client takes the
+# keys of its own slice in turn, as the workers of `snapfence-bench` do. pgbench cannot bind
+# NULL, so the gate's parameters ($1 to $4: no Idempotency-Key, no principal) and an acquire's
+# queue row ($14: not a waiter) are written in as arrays of one NULL, and an absent value is
+# bound as what the service's NULL stands for there: `[]` for If-Match's tags (not sent, so
+# never read), an empty metadata object, and for the read the current version (1) and `[]` for
+# If-None-Match's tags (none, so it reads its body). The service itself sends each statement
+# over as many requests as arrived together; pgbench's column is the floor of one request per
+# statement and commit.
 script() { # op -> a pgbench script on stdout: the service's statement over a batch of one
-    local op=$1 sql sqldir=$root/src/store/sql
-    case $op in
-    put) sql=$(cat "$sqldir/fenced_in.sql" "$sqldir/gate.sql" "$sqldir/fenced.sql" "$sqldir/put.sql" "$sqldir/remember.sql") ;;
-    get) sql=$(cat "$sqldir/get.sql") ;;
-    *) sql=$(cat "$sqldir/${op}_in.sql" "$sqldir/gate.sql" "$sqldir/$op.sql" "$sqldir/remember.sql") ;;
-    esac
+    local op=$1 sql
+    sql=$(cat "$root/src/store/rendered/$op.sql")
     sql=$(grep -v '^[[:space:]]*--' <<<"$sql")
     # Each array parameter `$n::type[]` becomes a one-element array of pgbench's `:pn`; the gate's
     # $1 to $4 (no Idempotency-Key, no authentication) are NULL.
     if [ "$op" != get ]; then
         sql=$(sed -E 's/\$([1-4])::([a-z]+)\[\]/ARRAY[NULL::\2]/g' <<<"$sql")
+    fi
+    if [ "$op" = acquire ]; then
+        sql=$(sed -E 's/\$14::([a-z]+)\[\]/ARRAY[NULL::\1]/g' <<<"$sql")
     fi
     sql=$(sed -E 's/\$([0-9]+)::([a-z]+)\[\]/ARRAY[:p\1::\2]/g' <<<"$sql")
     if [ "$op" = get ]; then
@@ -222,7 +222,7 @@ script() { # op -> a pgbench script on stdout: the service's statement over a ba
 body_hex=$(head -c 1024 /dev/zero | tr '\0' 'a' | od -v -An -tx1 | tr -d ' \n')
 pg_vars() { # op -> the fixed parameters of its statement
     case $1 in
-    acquire) echo "-D p6=pgbench -D p7=$3 -D p8={} -D p9=false -D p10=false -D p11=pgbench -D p12=127.0.0.1" ;;
+    acquire) echo "-D p6=pgbench -D p7=$3 -D p8={} -D p9=false -D p10=false -D p11=pgbench -D p12=127.0.0.1 -D p13=false -D p15=true" ;;
     renew) echo "-D p7=600000" ;;
     put) echo "-D p7=false -D p8=[] -D p9=pgbench -D p10=127.0.0.1 -D p11=put -D p12=pgbench-etag -D p13=1024 -D p14=application/octet-stream -D p15=\\x$body_hex -D p16=10" ;;
     get) echo "-D p2=1 -D p3=true -D p4=10 -D p5=[]" ;;

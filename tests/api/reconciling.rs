@@ -665,10 +665,12 @@ async fn the_list_and_the_gauge_count_a_key_left_by_its_reconciler_as_recovery_p
         .unwrap();
     assert_eq!(pending["items"][0]["key"], "k");
     assert_eq!(pending["items"].as_array().unwrap().len(), 1);
-    let open: i64 = sqlx::query_scalar(include_str!("../../src/store/sql/recovery_pending.sql"))
-        .fetch_one(app.db())
-        .await
-        .unwrap();
+    let open: i64 = sqlx::query_scalar(include_str!(
+        "../../src/store/leases/sql/recovery_pending.sql"
+    ))
+    .fetch_one(app.db())
+    .await
+    .unwrap();
     assert_eq!(open, 1);
     app.stop().await;
 }

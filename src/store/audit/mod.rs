@@ -1,0 +1,241 @@
+//! The audit log: `rejections` (refused fenced writes, written by the fenced statements in
+//! [`super::snapshots`]) and `recoveries` (recovery records replaced or kept by a reconciling
+//! grant, written by [`super::leases::acquire`], or confirmed by [`super::leases::reconciled`]). Reads page newest first by id; retention prunes in
+//! small batches.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::{FromRow, PgPool, Postgres, QueryBuilder};
+
+use super::{Bounded, Result};
+use crate::domain::{
+    AuditId, AuditOperation, Cursor, FencingToken, Key, Metadata, Owner, Page, PageLimit, Recovery,
+    RecoveryReason, RecoveryRecord, RefusalReason, Rejection,
+};
+
+/// Which audit table a query reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Log {
+    /// Refused fenced writes.
+    Rejections,
+    /// Replaced recovery records.
+    Recoveries,
+}
+
+impl Log {
+    /// Both logs.
+    pub const ALL: [Log; 2] = [Log::Rejections, Log::Recoveries];
+
+    fn table(self) -> &'static str {
+        match self {
+            Self::Rejections => "rejections",
+            Self::Recoveries => "recoveries",
+        }
+    }
+
+    /// The log's name, as the metrics label it.
+    pub fn name(self) -> &'static str {
+        self.table()
+    }
+}
+
+/// How large each audit log is: (log, rows, bytes with indexes). The rows are PostgreSQL's
+/// statistics (`n_live_tup`, updated within about a second of each commit), not a count: one
+/// small statement over the catalogue, however large the logs grow.
+pub async fn sizes(pool: &PgPool) -> Result<Vec<(Log, i64, i64)>> {
+    let rows: Vec<(String, i64, i64)> = sqlx::query_as(include_str!("sql/sizes.sql"))
+        .fetch_all(pool)
+        .bounded(pool)
+        .await?;
+    Ok(Log::ALL
+        .into_iter()
+        .map(|log| {
+            let (rows, bytes) = rows
+                .iter()
+                .find(|(t, ..)| t == log.table())
+                .map_or((0, 0), |r| (r.1, r.2));
+            (log, rows, bytes)
+        })
+        .collect())
+}
+
+/// The filters of an audit page. `reason` was checked by the caller against the log's reasons.
+#[derive(Debug, Clone)]
+pub struct AuditQuery {
+    /// Only rows of this key.
+    pub key: Option<Key>,
+    /// Only rows with this reason.
+    pub reason: Option<&'static str>,
+    /// Only rows at or after this time.
+    pub since: Option<DateTime<Utc>>,
+    /// Only rows before this time.
+    pub until: Option<DateTime<Utc>>,
+    /// Page size.
+    pub limit: PageLimit,
+    /// Only rows with an id below this (the cursor).
+    pub before_id: Option<i64>,
+}
+
+/// A `rejections` row as stored.
+#[derive(Debug, FromRow)]
+struct RejectionRow {
+    id: i64,
+    at: DateTime<Utc>,
+    key: String,
+    reason: String,
+    presented_token: i64,
+    highest_token: Option<i64>,
+    holder: Option<String>,
+    operation: String,
+    request_id: Option<String>,
+    remote_addr: Option<String>,
+    principal: Option<String>,
+}
+
+impl RejectionRow {
+    /// The row as the audit log shows it; every column was checked on the way in (the table's
+    /// check constraints, and the domain types of the statement that wrote it).
+    fn into_rejection(self) -> Rejection {
+        Rejection {
+            id: AuditId(self.id),
+            at: self.at,
+            key: Key::parse(self.key).expect("stored keys are valid"),
+            reason: RefusalReason::parse(&self.reason).expect("the table's check constraint"),
+            presented_token: FencingToken::new(self.presented_token)
+                .expect("stored tokens are positive"),
+            highest_token: self
+                .highest_token
+                .map(|t| FencingToken::new(t).expect("stored tokens are positive")),
+            holder: self
+                .holder
+                .map(|h| Owner::parse(h).expect("stored owners are valid")),
+            operation: match self.operation.as_str() {
+                "delete" => AuditOperation::Delete,
+                _ => AuditOperation::Put,
+            },
+            request_id: self.request_id,
+            remote_addr: self.remote_addr,
+            principal: self.principal,
+        }
+    }
+}
+
+#[derive(Debug, FromRow)]
+struct RecoveryRow {
+    id: i64,
+    at: DateTime<Utc>,
+    key: String,
+    reason: String,
+    record_owner: String,
+    record_token: i64,
+    record_acquired_at: DateTime<Utc>,
+    record_ended_at: DateTime<Utc>,
+    record_metadata: Option<serde_json::Value>,
+    reconciled_by: String,
+    new_token: i64,
+    request_id: Option<String>,
+    remote_addr: Option<String>,
+    principal: Option<String>,
+    operation: String,
+    presented_token: Option<i64>,
+}
+
+impl RecoveryRow {
+    fn into_recovery(self) -> Recovery {
+        let reason = RecoveryReason::parse(&self.reason).expect("the table's check constraint");
+        let reconciled_by = Owner::parse(self.reconciled_by).expect("stored owners are valid");
+        Recovery {
+            id: AuditId(self.id),
+            at: self.at,
+            key: Key::parse(self.key).expect("stored keys are valid"),
+            reason,
+            presented_token: self
+                .presented_token
+                .map(|t| FencingToken::new(t).expect("stored tokens are positive")),
+            highest_token: FencingToken::new(self.new_token).expect("stored tokens are positive"),
+            holder: reconciled_by.clone(),
+            operation: match self.operation.as_str() {
+                "reconciling" => AuditOperation::Reconciling,
+                "reconciled" => AuditOperation::Reconciled,
+                _ => AuditOperation::Reconcile,
+            },
+            request_id: self.request_id,
+            remote_addr: self.remote_addr,
+            principal: self.principal,
+            recovery: RecoveryRecord {
+                owner: Owner::parse(self.record_owner).expect("stored owners are valid"),
+                token: FencingToken::new(self.record_token).expect("stored tokens are positive"),
+                acquired_at: self.record_acquired_at,
+                ended_at: self.record_ended_at,
+                reason,
+                metadata: self.record_metadata.map(Metadata::from_stored),
+            },
+            reconciled_by,
+        }
+    }
+}
+
+/// Builds the page query with only the filters given, so that each combination is its own
+/// prepared statement with a plan that uses the index of its filter: `(key, id)` or
+/// `(reason, id)` for a key or reason, the primary key otherwise.
+fn page_query(log: Log, q: &AuditQuery) -> QueryBuilder<'static, Postgres> {
+    let mut b = QueryBuilder::new(format!("SELECT * FROM {} WHERE true", log.table()));
+    if let Some(key) = &q.key {
+        b.push(" AND key = ").push_bind(key.as_str().to_owned());
+    }
+    if let Some(reason) = q.reason {
+        b.push(" AND reason = ").push_bind(reason);
+    }
+    if let Some(since) = q.since {
+        b.push(" AND at >= ").push_bind(since);
+    }
+    if let Some(until) = q.until {
+        b.push(" AND at < ").push_bind(until);
+    }
+    if let Some(before) = q.before_id {
+        b.push(" AND id < ").push_bind(before);
+    }
+    b.push(" ORDER BY id DESC LIMIT ")
+        .push_bind(q.limit.get() + 1);
+    b
+}
+
+/// A page of refused writes, newest first.
+pub async fn rejections(pool: &PgPool, q: &AuditQuery) -> Result<Page<Rejection>> {
+    let rows: Vec<RejectionRow> = page_query(Log::Rejections, q)
+        .build_query_as()
+        .fetch_all(pool)
+        .bounded(pool)
+        .await?;
+    let items = rows.into_iter().map(RejectionRow::into_rejection).collect();
+    Ok(Page::from_rows(items, q.limit, |r: &Rejection| {
+        Cursor::after_id(r.id.0)
+    }))
+}
+
+/// A page of replaced recovery records, newest first.
+pub async fn recoveries(pool: &PgPool, q: &AuditQuery) -> Result<Page<Recovery>> {
+    let rows: Vec<RecoveryRow> = page_query(Log::Recoveries, q)
+        .build_query_as()
+        .fetch_all(pool)
+        .bounded(pool)
+        .await?;
+    let items = rows.into_iter().map(RecoveryRow::into_recovery).collect();
+    Ok(Page::from_rows(items, q.limit, |r: &Recovery| {
+        Cursor::after_id(r.id.0)
+    }))
+}
+
+/// Deletes up to `batch` rows of `log` older than `retention`, oldest first, and returns how many
+/// it deleted. `SKIP LOCKED` lets several instances prune at once without waiting on each other;
+/// a small batch keeps each statement short, so pruning never holds up a write.
+pub async fn prune(pool: &PgPool, log: Log, retention: Duration, batch: i64) -> Result<u64> {
+    let sql = format!(
+        "DELETE FROM {t} WHERE id IN (
+            SELECT id FROM {t} WHERE at < now() - $1 * interval '1 millisecond'
+            ORDER BY at LIMIT $2 FOR UPDATE SKIP LOCKED)",
+        t = log.table()
+    );
+    super::engine::delete_batch(pool, &sql, retention, batch).await
+}

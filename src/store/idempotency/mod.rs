@@ -1,0 +1,210 @@
+//! The `idempotency_records` table: the answers of changing calls sent with an
+//! `Idempotency-Key`, and the gate every changing statement opens with.
+//!
+//! A changing statement is `sql/gate.sql`, then its own part, then `sql/remember.sql`: the gate
+//! decides whether it runs at all (the API key is still live; the Idempotency-Key has no record
+//! and no other statement is running with it), and the last part stores the statement's answer
+//! under the key in the same statement, so the record commits exactly when the change (or the
+//! refusal's audit row) does. Why two racing requests with one key never both change anything is
+//! written in `sql/gate.sql`.
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use sqlx::postgres::PgRow;
+use sqlx::types::Json;
+use sqlx::{FromRow, PgPool, Row};
+
+use super::engine::rolled_back_race;
+use super::engine::statement::{Batched, Column, column};
+use super::{RequestContext, Result, StoreError};
+use crate::domain::{IdempotencyKey, Key};
+
+/// A changing call's Idempotency-Key, and what makes a request the same request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Idempotency {
+    /// The key the client sent.
+    pub key: IdempotencyKey,
+    /// The SHA-256 of the request's method, route, key, token, preconditions and body: a key
+    /// sent again with another fingerprint is a key reused for another request.
+    pub fingerprint: [u8; 32],
+    /// For a snapshot PUT, the fingerprint of its head alone: a refusal recorded before its
+    /// body was read (which no body changes) is this request's answer too.
+    pub head_fingerprint: Option<[u8; 32]>,
+}
+
+/// How the gate of a changing statement let it through.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Gated<T> {
+    /// The statement ran; `T` is what it did.
+    Ran(T),
+    /// The same request was done before under this Idempotency-Key; `T` is what it did then.
+    /// Nothing changed now.
+    Replayed(T),
+    /// The Idempotency-Key was used before for a different request; nothing changed.
+    KeyReused,
+    /// Another request with this Idempotency-Key is running; nothing changed.
+    InProgress,
+    /// The request's API key was revoked before the statement ran; nothing changed.
+    Revoked,
+}
+
+impl<T> Gated<T> {
+    /// The same gate with the outcome mapped.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Gated<U> {
+        match self {
+            Self::Ran(t) => Gated::Ran(f(t)),
+            Self::Replayed(t) => Gated::Replayed(f(t)),
+            Self::KeyReused => Gated::KeyReused,
+            Self::InProgress => Gated::InProgress,
+            Self::Revoked => Gated::Revoked,
+        }
+    }
+}
+
+/// A changing statement's answer: the gate's verdict, the fingerprint stored with a replayed
+/// record, and the answer (this statement's, or the stored one) as JSON, read as `T` only once
+/// it is known to be this operation's (a key reused for another operation has another's).
+pub(crate) struct GatedRow<T> {
+    gate: String,
+    prior_fingerprint: Option<Vec<u8>>,
+    answer: serde_json::Value,
+    answers: PhantomData<T>,
+}
+
+impl<'r, T> FromRow<'r, PgRow> for GatedRow<T> {
+    fn from_row(row: &'r PgRow) -> sqlx::Result<Self> {
+        Ok(Self {
+            gate: row.try_get("gate")?,
+            prior_fingerprint: row.try_get("prior_fingerprint")?,
+            answer: row.try_get::<Json<serde_json::Value>, _>("answer")?.0,
+            answers: PhantomData,
+        })
+    }
+}
+
+impl<T: DeserializeOwned> GatedRow<T> {
+    /// This statement's own answer, if the gate let it run.
+    pub(crate) fn ran(&self) -> Result<Option<T>> {
+        if self.gate == "run" {
+            read(&self.answer).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// The verdict, with a replay's fingerprint compared with the request's.
+    pub(crate) fn into_gated(self, ctx: &RequestContext) -> Result<Gated<T>> {
+        Ok(match self.gate.as_str() {
+            "run" => Gated::Ran(read(&self.answer)?),
+            "replay" => {
+                let prior = self.prior_fingerprint.as_deref();
+                let same = ctx.idempotency.as_ref().is_some_and(|i| {
+                    prior == Some(&i.fingerprint[..])
+                        || i.head_fingerprint.is_some_and(|h| prior == Some(&h[..]))
+                });
+                if same {
+                    Gated::Replayed(read(&self.answer)?)
+                } else {
+                    Gated::KeyReused
+                }
+            }
+            "in_progress" => Gated::InProgress,
+            "revoked" => Gated::Revoked,
+            other => unreachable!("gate.sql's verdicts do not include {other:?}"),
+        })
+    }
+}
+
+/// A statement's answer as its operation's type; one that does not read so is a bug of ours
+/// (the statement and its type disagree), said loudly.
+fn read<T: DeserializeOwned>(answer: &serde_json::Value) -> Result<T> {
+    T::deserialize(answer).map_err(|e| StoreError::Internal(sqlx::Error::Decode(Box::new(e))))
+}
+
+/// A request of a changing statement: its key and its context (the Idempotency-Key, the
+/// principal and its API key, which the gate reads).
+pub(crate) trait Change {
+    /// The key whose row the statement locks.
+    fn key(&self) -> &Key;
+    /// The request's context.
+    fn ctx(&self) -> &RequestContext;
+}
+
+/// A changing statement over a batch of `J`: the gate's columns (`sql/gate.sql`: `idem`, `fp`,
+/// `principal`, `key_id`), then the operation's `columns`, then `sql/gate.sql`, the operation's
+/// `parts` and `sql/remember.sql`, with the slots `fills` fills.
+pub(crate) fn changing<J: Change>(
+    columns: impl IntoIterator<Item = Column<J>>,
+    derived: &[(&'static str, &'static str)],
+    parts: &[&'static str],
+    fills: &[(&'static str, &'static str)],
+) -> Batched<J> {
+    let gate = [
+        column!(J, "idem": "text" = |j| j.ctx().idempotency.as_ref().map(|i| i.key.as_str())),
+        column!(J, "fp": "bytea" = |j| j.ctx().idempotency.as_ref().map(|i| &i.fingerprint[..])),
+        column!(J, "principal": "text" = |j| j.ctx().principal.as_deref()),
+        column!(J, "key_id": "bigint" = |j| j.ctx().key_id),
+    ];
+    let mut b = Batched::builder(gate.into_iter().chain(columns));
+    for (name, sql) in derived {
+        b = b.derive(name, sql);
+    }
+    b = b.part(include_str!("sql/gate.sql"));
+    for part in parts {
+        b = b.part(part);
+    }
+    b = b.part(include_str!("sql/remember.sql"));
+    for (name, sql) in fills {
+        b = b.fill(name, sql);
+    }
+    b.build()
+}
+
+/// What a change of `job`'s key with its Idempotency-Key claims in its batch: the key, whose
+/// row its statement locks, and the Idempotency-Key with its principal.
+pub(crate) fn change_claims(job: &impl Change) -> Vec<String> {
+    let mut claims = vec![format!("key\0{}", job.key().as_str())];
+    claims.extend(claim(job.ctx()));
+    claims
+}
+
+/// What a batch of changing requests must not share: the Idempotency-Key with its principal
+/// (see [`change_claims`]); none without a key.
+pub(crate) fn claim(ctx: &RequestContext) -> Option<String> {
+    ctx.idempotency.as_ref().map(|i| {
+        format!(
+            "idempotency\0{}\0{}",
+            ctx.principal.as_deref().unwrap_or(""),
+            i.key.as_str()
+        )
+    })
+}
+
+/// Runs a changing statement (`run`, which runs it once) until it is not rolled back by the
+/// race for its Idempotency-Key's record, and reads its gate. Each run is bounded by the
+/// request's deadline, so together they are too.
+pub(crate) async fn gated<T: DeserializeOwned, F, Fut>(
+    ctx: &RequestContext,
+    mut run: F,
+) -> Result<Gated<T>>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<GatedRow<T>>>,
+{
+    loop {
+        match run().await {
+            Err(e) if rolled_back_race(&e) => continue,
+            row => return row?.into_gated(ctx),
+        }
+    }
+}
+
+/// Deletes up to `batch` records older than `retention`, oldest first, and returns how many it
+/// deleted; `sql/idempotency_prune.sql` says why it never holds up a request.
+pub async fn prune(pool: &PgPool, retention: Duration, batch: i64) -> Result<u64> {
+    let sql = include_str!("sql/prune.sql");
+    super::engine::delete_batch(pool, sql, retention, batch).await
+}

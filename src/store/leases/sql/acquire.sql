@@ -1,0 +1,152 @@
+-- Acquire, for each request of the batch: one statement decides (`decision`) on the key's lease
+-- row locked FOR NO KEY UPDATE (`cur`), then exactly one of `granted` (an existing row, updated
+-- in place) and `inserted` (the key's first grant) runs; a replaced recovery record is written
+-- to `recoveries` by the same statement (`reconciled`), so the grant and its audit row commit
+-- together.
+--
+-- v1.2, `reconciling`: a grant over a retained record keeps it (the row's `kept_*` columns, see
+-- migrations/20261204200000_reconciling.sql) instead of replacing it, and its `recoveries` row
+-- (operation `reconciling`) names the reconciling holder; the record leaves only by that holder's
+-- confirmation (reconciled.sql) or a later `reconciled: true` grant. `rec_*` is the key's
+-- record as it stands: the kept one if the row keeps one, else the newest lease's own.
+--
+-- Race-freedom: on an existing key, every acquire, renew, release and write of that key waits
+-- for the row lock, so `decision` sees the state the last of them left. On a new key there is no
+-- row to lock: concurrent first acquires all try the INSERT, the primary key lets one win, and
+-- the losers' ON CONFLICT DO NOTHING yields no row; their verdict is `insert` with no lease, and
+-- the request is sent again, now against the winner's row. Tokens are drawn only once the row
+-- is locked (or inserted), so per key they increase in grant order; they are drawn with
+-- next_fencing_token(), which secures the sequence on the server's timeline first, so a promoted
+-- standby never repeats a token. Rows are locked, and new keys inserted, in key order, the order
+-- every batched statement locks in, so two batches never wait on each other in a cycle.
+--
+-- The requests (`req`: src/store/leases/mod.rs names their columns) and gate.sql come first (a request's gate verdict must be `run` for anything of
+-- it to change) and remember.sql last; `settled` is false when the request is sent again.
+cur AS (
+    SELECT r.i, l.key, l.token, l.owner, l.ttl_ms, l.metadata, l.crash_recovery,
+        l.recovery_required, l.acquired_at, l.expires_at, l.ended_at,
+        l.kept_owner, l.kept_token, l.kept_acquired_at, l.kept_ended_at, l.kept_metadata,
+        key_recovery_reason(l.kept_reason, l.end_reason, l.expires_at, l.crash_recovery,
+            l.recovery_required, now()) AS recovery_reason,
+        key_state(l.kept_reason, l.end_reason, l.expires_at, l.crash_recovery,
+            l.recovery_required, now()) AS state,
+        CASE WHEN l.kept_token IS NULL THEN l.owner ELSE l.kept_owner END AS rec_owner,
+        coalesce(l.kept_token, l.token) AS rec_token,
+        coalesce(l.kept_acquired_at, l.acquired_at) AS rec_acquired_at,
+        coalesce(l.kept_ended_at, l.ended_at, l.expires_at) AS rec_ended_at,
+        CASE WHEN l.kept_token IS NULL THEN l.metadata ELSE l.kept_metadata END AS rec_metadata
+    FROM req r JOIN gate g ON g.i = r.i AND g.verdict = 'run' JOIN leases l ON l.key = r.key
+    ORDER BY l.key FOR NO KEY UPDATE OF l),
+decision AS (
+    SELECT r.i, CASE
+        WHEN g.verdict <> 'run' THEN g.verdict
+        WHEN c.key IS NULL THEN 'insert'
+        WHEN c.state = 'held' THEN 'held'
+        WHEN c.recovery_reason IS NOT NULL AND NOT r.reconciled AND NOT r.reconciling
+            THEN 'recovery_required'
+        -- Waiting acquire (v1.1): a free key goes to the first live waiter of its queue
+        -- (migrations/20261204000000_lease_waiters.sql). Any other acquire finds it `held`: one
+        -- that does not wait (`waiter` NULL) while anyone live waits, a waiter while a live one
+        -- queued before it. With no one queued this is one probe of an empty index range.
+        -- Race-free: every acquire of the key holds its row lock (`cur`) while it decides, so
+        -- two waiters never both pass; a waiter that committed its row after this statement's
+        -- snapshot came after this request and is behind it.
+        WHEN EXISTS (SELECT FROM lease_waiters w
+                WHERE w.key = r.key AND w.id < coalesce(r.waiter, 9223372036854775807)
+                AND waiter_instance_alive(w.instance))
+            THEN 'held'
+        ELSE 'grant'
+    END AS verdict
+    FROM req r JOIN gate g ON g.i = r.i LEFT JOIN cur c ON c.i = r.i),
+-- The grants' tokens, drawn once each: a CTE with a volatile function is evaluated once. Drawn in
+-- `granted`'s SET instead, a token would be drawn again (and one thrown away) whenever the row
+-- had been changed by a commit after this statement's snapshot and before `cur`'s lock (the
+-- relay's share lock while it reports an expiry, a holder's last write): the UPDATE then recomputes its new row
+-- from the newest version.
+drawn AS (
+    SELECT d.i, next_fencing_token() AS token FROM decision d WHERE d.verdict = 'grant'),
+granted AS (
+    UPDATE leases SET token = t.token, owner = r.owner, ttl_ms = r.ttl_ms,
+        metadata = r.metadata::json, crash_recovery = r.crash_recovery, recovery_required = false,
+        acquired_at = now(), expires_at = now() + r.ttl_ms * interval '1 millisecond',
+        end_reason = NULL, ended_at = NULL,
+        -- v1.2: a reconciling grant keeps the key's record (`keeps`); any other grant here was
+        -- either over no record or `reconciled: true`, which replaces it.
+        kept_reason = CASE WHEN k.keeps THEN c.recovery_reason END,
+        kept_owner = CASE WHEN k.keeps THEN c.rec_owner END,
+        kept_token = CASE WHEN k.keeps THEN c.rec_token END,
+        kept_acquired_at = CASE WHEN k.keeps THEN c.rec_acquired_at END,
+        kept_ended_at = CASE WHEN k.keeps THEN c.rec_ended_at END,
+        kept_metadata = CASE WHEN k.keeps THEN c.rec_metadata END
+    FROM drawn t JOIN req r ON r.i = t.i JOIN cur c ON c.i = t.i
+    CROSS JOIN LATERAL (SELECT r.reconciling AND c.recovery_reason IS NOT NULL AS keeps) k
+    WHERE leases.key = r.key
+    RETURNING r.i, leases.key, leases.token, leases.owner, leases.ttl_ms, leases.metadata,
+        leases.crash_recovery, leases.recovery_required, leases.acquired_at, leases.expires_at,
+        leases.ended_at, k.keeps),
+inserted AS (
+    INSERT INTO leases (key, token, owner, ttl_ms, metadata, crash_recovery, acquired_at, expires_at)
+    SELECT r.key, next_fencing_token(), r.owner, r.ttl_ms, r.metadata::json, r.crash_recovery,
+        now(), now() + r.ttl_ms * interval '1 millisecond'
+    FROM decision d JOIN req r ON r.i = d.i WHERE d.verdict = 'insert'
+    ORDER BY r.key
+    ON CONFLICT (key) DO NOTHING
+    RETURNING *),
+new_lease AS (
+    SELECT i, key, token, owner, ttl_ms, metadata, crash_recovery, recovery_required,
+        acquired_at, expires_at, ended_at, keeps FROM granted
+    UNION ALL
+    SELECT r.i, n.key, n.token, n.owner, n.ttl_ms, n.metadata, n.crash_recovery,
+        n.recovery_required, n.acquired_at, n.expires_at, n.ended_at, false
+    FROM inserted n JOIN req r ON r.key = n.key),
+reconciled AS (
+    INSERT INTO recoveries (key, reason, record_owner, record_token, record_acquired_at,
+        record_ended_at, record_metadata, reconciled_by, new_token, request_id, remote_addr,
+        principal, operation)
+    SELECT c.key, c.recovery_reason, c.rec_owner, c.rec_token, c.rec_acquired_at,
+        c.rec_ended_at, c.rec_metadata, n.owner, n.token, r.request_id,
+        r.remote_addr, r.principal, CASE WHEN n.keeps THEN 'reconciling' ELSE 'reconcile' END
+    FROM cur c JOIN new_lease n ON n.i = c.i JOIN req r ON r.i = c.i
+    WHERE c.recovery_reason IS NOT NULL),
+-- The watch's changes of the grants (migrations/20261205000000_change_log.sql), each drawing its
+-- seq after the row lock: the expiry of an unended lease a grant replaced, unless the relay
+-- reported it (`expired`: the upsert waits for the relay's, then changes and returns nothing);
+-- the reconciliation of a record a grant replaced (not of one a reconciling grant keeps: that
+-- comes at its confirmation, reconciled.sql); the grant.
+expired AS (
+    INSERT INTO expiry_reports AS x (key, token)
+    SELECT c.key, c.token FROM cur c JOIN granted g ON g.i = c.i WHERE c.ended_at IS NULL
+    ORDER BY c.key
+    ON CONFLICT (key) DO UPDATE SET token = excluded.token WHERE x.token < excluded.token
+    RETURNING x.key),
+granted_noted AS (
+    INSERT INTO change_log (kind, key, token, at, owner, expires_at, reason, record_token)
+    SELECT e.kind, n.key, e.token, e.at, e.owner, e.expires_at, e.reason, e.record_token
+    FROM new_lease n LEFT JOIN cur c ON c.i = n.i LEFT JOIN expired x ON x.key = n.key
+    CROSS JOIN LATERAL (VALUES
+        (1, CASE WHEN x.key IS NOT NULL THEN 'lease.expired' END, c.token, c.expires_at,
+            c.owner, NULL::timestamptz, NULL::text, NULL::bigint),
+        (2, CASE WHEN NOT n.keeps AND c.recovery_reason IS NOT NULL THEN 'lease.reconciled' END,
+            n.token, n.acquired_at, n.owner, NULL, c.recovery_reason, c.rec_token),
+        (3, 'lease.granted', n.token, n.acquired_at, n.owner, n.expires_at, NULL, NULL)
+    ) AS e (rank, kind, token, at, owner, expires_at, reason, record_token)
+    WHERE e.kind IS NOT NULL
+    ORDER BY n.key, e.rank),
+-- The answers: the verdict, the new lease, and the row as it was found (for `held`, and for the
+-- recovery record a grant replaced or kept (`keeps`), or a refusal names). A waiter's `held`
+-- that is not its last try is not settled: it waits on (`req.waiter`, `req.last_try`). `clock` is the
+-- statement's now(), so that a waiter sleeps until the holder's expires_at by the database clock.
+result AS (
+    SELECT d.i, d.verdict, to_json(n) AS granted, to_json(c) AS current,
+        coalesce(n.keeps, false) AS keeps,
+        (d.verdict <> 'insert' OR n.key IS NOT NULL) AND (r.last_try OR d.verdict <> 'held')
+            AS settled,
+        now() AS clock
+    FROM decision d JOIN req r ON r.i = d.i LEFT JOIN new_lease n ON n.i = d.i
+    LEFT JOIN cur c ON c.i = d.i),
+-- A waiter leaves the queue with its final answer, in the statement that gives it (a trigger on
+-- lease_waiters wakes the waiters behind it). Deletes nothing for a request that
+-- does not wait.
+dequeued AS (
+    DELETE FROM lease_waiters w USING result res JOIN req r ON r.i = res.i
+    WHERE w.id = r.waiter AND res.settled),

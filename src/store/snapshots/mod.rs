@@ -1,0 +1,667 @@
+//! The `snapshot_versions` table and the snapshot head on `leases`: fenced writes and deletes,
+//! and reads.
+//!
+//! The fencing rule is checked against the key's lease row while holding its row lock, by the
+//! same statement that writes (or refuses and audits). Grants take the same lock, so a write and
+//! a grant on one key, from any instances, are ordered: a write that commits before a grant was
+//! made with the then-newest token, and a write after it sees the new token and is refused.
+
+use std::sync::LazyLock;
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use sqlx::{FromRow, PgPool};
+
+use crate::domain::{AuditOperation, RefusalReason};
+
+use super::engine::batch::{Batcher, Indexed, Job, Kind};
+use super::engine::conns::{Conns, Effect};
+use super::engine::statement::{Batched, Column, QueryAs, column};
+use super::idempotency::{self, Change, Gated, GatedRow};
+use super::{Bounded, Db, RequestContext, Result};
+use crate::domain::Page;
+use crate::domain::{
+    Cursor, ETag, EntityTagCondition, FencingToken, Key, PageLimit, SnapshotMeta, Version,
+};
+
+/// A refused fenced write, already on record in the audit log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// Why.
+    pub reason: RefusalReason,
+    /// The token the writer presented.
+    pub presented: FencingToken,
+    /// The key's newest token, or `None` for a key that never had a lease.
+    pub highest: Option<FencingToken>,
+    /// The id of the audit row.
+    pub audit_id: i64,
+}
+
+/// How a fenced write or delete ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WriteOutcome<T> {
+    /// The token was the key's newest and the change is made.
+    Accepted(T),
+    /// The token was not acceptable; the refusal is recorded and nothing else changed.
+    Refused(Refusal),
+    /// The token was acceptable but `If-Match` did not match; nothing changed.
+    PreconditionFailed,
+}
+
+/// An accepted write: the new version, and whether it created the snapshot (no current
+/// snapshot existed before it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Written {
+    /// The stored version's metadata.
+    pub meta: SnapshotMeta,
+    /// Whether the key had no current snapshot before this write.
+    pub created: bool,
+}
+
+/// A fenced write.
+#[derive(Debug, Clone)]
+pub struct PutRequest {
+    /// The key.
+    pub key: Key,
+    /// The token presented in `Fencing-Token`.
+    pub token: FencingToken,
+    /// The `If-Match` condition, if any.
+    pub if_match: Option<EntityTagCondition>,
+    /// The body, read whole (and bounded) by the HTTP layer.
+    pub body: Bytes,
+    /// The body's entity tag ([`ETag::of`] it).
+    pub etag: ETag,
+    /// The content type to store.
+    pub content_type: String,
+}
+
+/// The fenced statements over a batch: each is its requests, the gate, the fencing rule and the
+/// refusals' audit rows (`sql/fenced.sql`), then its own part, then the record. What each part
+/// locks and why the whole is race-free is written beside it in those files.
+pub(crate) struct Fenced {
+    /// The write, its body bound (`sql/put.sql`).
+    pub(crate) put: Batched<FencedJob>,
+    /// The write of a body uploaded beforehand into the connection's upload table (a batch of
+    /// one, see `Conns::fetch_one_uploading`) rather than bound (bound NULL, unused); the same
+    /// checks, locks and audit otherwise.
+    pub(crate) put_uploaded: Batched<FencedJob>,
+    /// The check before a body is read (`sql/precheck.sql`).
+    pub(crate) precheck: Batched<FencedJob>,
+    /// The delete's first statement (`sql/delete_head.sql`); its versions are removed by a
+    /// second statement in the same transaction (see [`delete`]).
+    pub(crate) delete_head: Batched<FencedJob>,
+}
+
+/// In `sql/fenced.sql`, what a lower token is stale against: the key's newest granted token.
+const STALE_BELOW_NEWEST_GRANT: &str = "r.token < c.token OR";
+
+impl Fenced {
+    /// The statements, with `stale_below` deciding what a lower token is stale against.
+    fn build(stale_below: &'static str) -> Self {
+        let fenced = |part: &'static str, body: Option<&'static str>| {
+            let mut fills = vec![("stale_below", stale_below)];
+            fills.extend(body.map(|b| ("body", b)));
+            idempotency::changing(
+                FencedJob::columns(),
+                &[(
+                    "tags",
+                    "CASE WHEN r.tags IS NOT NULL \
+                     THEN ARRAY(SELECT json_array_elements_text(r.tags::json)) END",
+                )],
+                &[include_str!("sql/fenced.sql"), part],
+                &fills,
+            )
+        };
+        let put = include_str!("sql/put.sql");
+        Self {
+            put: fenced(put, Some("r.body")),
+            put_uploaded: fenced(put, Some("(SELECT body FROM pg_temp.snapfence_upload)")),
+            precheck: fenced(include_str!("sql/precheck.sql"), None),
+            delete_head: fenced(include_str!("sql/delete_head.sql"), None),
+        }
+    }
+}
+
+/// The fenced statements the service runs.
+pub(crate) static FENCED: LazyLock<Fenced> =
+    LazyLock::new(|| Fenced::build(STALE_BELOW_NEWEST_GRANT));
+
+/// The negative control of the fault tests, compiled only with the `fault-controls` feature:
+/// the fenced statements with the classic fencing bug of checking a token against the highest
+/// token *written* to the key instead of its newest *granted* one, which lets a superseded
+/// holder write until its successor first writes. The history checker must find that; see
+/// `tests/faults`.
+#[cfg(feature = "fault-controls")]
+static BROKEN: LazyLock<Fenced> = LazyLock::new(|| {
+    Fenced::build(
+        "r.token < coalesce((SELECT max(w.token) FROM snapshot_versions w WHERE w.key = r.key), 0) OR",
+    )
+});
+
+/// Bodies of this size and more are uploaded before the fenced write instead of being bound
+/// to it. A bound body is copied twice on its way out (into the statement's arguments and into
+/// the connection's send buffer); an uploaded one streams from the request's buffer in small
+/// chunks, so the service holds each body about once, whatever its size and however many
+/// arrive at once. Below this size the extra round trips cost more than the copies.
+pub const UPLOAD_FROM: usize = 512 * 1024;
+
+/// Whether the negative control is on: a build with the `fault-controls` feature (which only
+/// the tests' builds have, through `snapfence-testkit`) run with
+/// `SNAPFENCE_BREAK_FENCING=written-token`. Every other build has no such switch.
+#[cfg(feature = "fault-controls")]
+pub fn fencing_broken() -> bool {
+    static BROKEN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *BROKEN.get_or_init(|| {
+        std::env::var("SNAPFENCE_BREAK_FENCING").is_ok_and(|v| v == "written-token")
+    })
+}
+
+/// The fenced statements this process runs (broken, under the negative control, for the check
+/// before a body too, so that the control is not caught early instead).
+fn fenced() -> &'static Fenced {
+    #[cfg(feature = "fault-controls")]
+    if fencing_broken() {
+        return &BROKEN;
+    }
+    &FENCED
+}
+
+/// What a fenced statement did (`result` in `sql/put.sql` and `sql/delete_head.sql`).
+#[derive(Debug, Deserialize)]
+pub(crate) struct FencedRow {
+    outcome: String,
+    highest_token: Option<i64>,
+    created: Option<bool>,
+    audit_id: Option<i64>,
+    version: Option<i64>,
+    updated_at: Option<DateTime<Utc>>,
+}
+
+impl FencedRow {
+    /// Splits the shared part of a fenced statement's answer into an outcome; `accepted` maps the
+    /// row of an accepted change.
+    fn outcome<T>(self, token: FencingToken, accepted: impl FnOnce(Self) -> T) -> WriteOutcome<T> {
+        match self.outcome.as_str() {
+            "accepted" => WriteOutcome::Accepted(accepted(self)),
+            "precondition_failed" => WriteOutcome::PreconditionFailed,
+            reason => WriteOutcome::Refused(Refusal {
+                reason: RefusalReason::parse(reason).expect("fenced verdicts"),
+                presented: token,
+                highest: self
+                    .highest_token
+                    .map(|t| FencingToken::new(t).expect("stored tokens are positive")),
+                audit_id: self.audit_id.expect("a refusal has its audit row"),
+            }),
+        }
+    }
+}
+
+/// One fenced request of a batch (a write, a check before a body, a delete): what
+/// [`FencedJob::columns`] binds.
+#[derive(Debug)]
+pub(crate) struct FencedJob {
+    key: Key,
+    token: FencingToken,
+    if_match: Option<EntityTagCondition>,
+    operation: AuditOperation,
+    /// For a write, what it stores.
+    write: Option<Write>,
+    ctx: RequestContext,
+}
+
+/// What a fenced write stores, and the versions its key keeps.
+#[derive(Debug)]
+struct Write {
+    body: Bytes,
+    etag: ETag,
+    content_type: String,
+    /// Whether the body is uploaded beforehand rather than bound ([`UPLOAD_FROM`]).
+    uploaded: bool,
+    keep_versions: i64,
+}
+
+impl FencedJob {
+    /// The requests' columns of every fenced statement.
+    fn columns() -> Vec<Column<Self>> {
+        vec![
+            column!(Self, "key": "text" = |j| j.key.as_str()),
+            column!(Self, "token": "bigint" = |j| j.token.get()),
+            column!(Self, "has_if_match": "boolean" = |j| j.if_match.is_some()),
+            // The strong tags as a JSON array, NULL for `*` (req makes it an array).
+            column!(Self, "tags": "text" = |j| {
+                let tags = j.if_match.as_ref().and_then(EntityTagCondition::strong_tags);
+                tags.map(|t| serde_json::Value::from(t).to_string())
+            }),
+            column!(Self, "request_id": "text" = |j| j.ctx.request_id.as_deref()),
+            column!(Self, "remote_addr": "text" = |j| j.ctx.remote_addr.as_deref()),
+            column!(Self, "operation": "text" = |j| j.operation.as_str()),
+            column!(Self, "etag": "text" = |j| j.write.as_ref().map(|w| w.etag.as_str())),
+            column!(Self, "size": "bigint" = |j| {
+                j.write.as_ref().map(|w| i64::try_from(w.body.len()).unwrap_or(i64::MAX))
+            }),
+            column!(Self, "content_type": "text" = |j| {
+                j.write.as_ref().map(|w| w.content_type.as_str())
+            }),
+            column!(Self, "body": "bytea" = |j| {
+                j.write.as_ref().filter(|w| !w.uploaded).map(|w| w.body.as_ref())
+            }),
+            column!(Self, "keep": "bigint" = |j| j.write.as_ref().map_or(0, |w| w.keep_versions)),
+        ]
+    }
+
+    /// The write statement over `jobs`, for a bound or an uploaded body.
+    fn put<'q>(jobs: &[&'q Self]) -> QueryAs<'q, Indexed<GatedRow<FencedRow>>> {
+        let uploaded = jobs
+            .iter()
+            .any(|j| j.write.as_ref().is_some_and(|w| w.uploaded));
+        let statements = fenced();
+        if uploaded {
+            statements.put_uploaded.query(jobs)
+        } else {
+            statements.put.query(jobs)
+        }
+    }
+}
+
+impl Change for FencedJob {
+    fn key(&self) -> &Key {
+        &self.key
+    }
+
+    fn ctx(&self) -> &RequestContext {
+        &self.ctx
+    }
+}
+
+impl Job for FencedJob {
+    fn key(&self) -> &Key {
+        &self.key
+    }
+
+    fn claims(&self) -> Vec<String> {
+        idempotency::change_claims(self)
+    }
+}
+
+/// The dispatchers of the snapshot calls' batches ([`super::engine::batch`]); each ends when
+/// this is dropped.
+#[derive(Debug)]
+pub(crate) struct Batches {
+    /// Fenced writes with their body bound.
+    pub(crate) put: Batcher<PutBatch>,
+    /// Checks of a fenced write before its body is read.
+    pub(crate) precheck: Batcher<PrecheckBatch>,
+    /// Snapshot reads.
+    pub(crate) get: Batcher<GetBatch>,
+}
+
+impl Batches {
+    /// Starts the dispatchers on `conns`.
+    pub(crate) fn start(conns: &Conns) -> Self {
+        Self {
+            put: Batcher::start(conns.clone()),
+            precheck: Batcher::start(conns.clone()),
+            get: Batcher::start(conns.clone()),
+        }
+    }
+
+    /// The requests waiting in batches to be sent.
+    pub(crate) fn queued(&self) -> usize {
+        self.put.queued() + self.precheck.queued() + self.get.queued()
+    }
+}
+
+/// Fenced writes with their body bound, gathered into batches ([`super::engine::batch`]).
+#[derive(Debug)]
+pub(crate) struct PutBatch;
+
+impl Kind for PutBatch {
+    type Job = FencedJob;
+    type Row = GatedRow<FencedRow>;
+    const EFFECT: Effect = Effect::Changes;
+
+    fn bytes(job: &FencedJob) -> usize {
+        job.write.as_ref().map_or(0, |w| w.body.len())
+    }
+
+    fn query<'q>(jobs: &[&'q FencedJob]) -> QueryAs<'q, Indexed<Self::Row>> {
+        FencedJob::put(jobs)
+    }
+}
+
+/// Checks of fenced writes before their bodies are read, gathered into batches.
+#[derive(Debug)]
+pub(crate) struct PrecheckBatch;
+
+impl Kind for PrecheckBatch {
+    type Job = FencedJob;
+    type Row = GatedRow<FencedRow>;
+    const EFFECT: Effect = Effect::Changes;
+
+    fn query<'q>(jobs: &[&'q FencedJob]) -> QueryAs<'q, Indexed<Self::Row>> {
+        fenced().precheck.query(jobs)
+    }
+}
+
+/// A fenced write: one statement (`FENCED.put`), in the next batch of writes. It checks, writes or
+/// refuses, and audits, all under the key's row lock, and commits before the caller answers. A
+/// body of [`UPLOAD_FROM`] bytes or more is uploaded first, in a short transaction of its own
+/// (`FENCED.put_uploaded`, a batch of one); the upload takes no lock, so the key's row is locked only by
+/// the statement, as for any write.
+#[tracing::instrument(level = "debug", skip_all, fields(key = %req.key, token = %req.token, size = req.body.len()))]
+pub async fn put(
+    db: &Db,
+    req: &PutRequest,
+    keep_versions: i64,
+    ctx: &RequestContext,
+) -> Result<Gated<WriteOutcome<Written>>> {
+    let etag = &req.etag;
+    let uploaded = req.body.len() >= UPLOAD_FROM;
+    let job = || FencedJob {
+        key: req.key.clone(),
+        token: req.token,
+        if_match: req.if_match.clone(),
+        operation: AuditOperation::Put,
+        write: Some(Write {
+            body: req.body.clone(),
+            etag: etag.clone(),
+            content_type: req.content_type.clone(),
+            uploaded,
+            keep_versions,
+        }),
+        ctx: ctx.clone(),
+    };
+    let gated = idempotency::gated(ctx, || async {
+        if uploaded {
+            let job = job();
+            let row = db
+                .conns()
+                .fetch_one_uploading(&req.body, || FencedJob::put(&[&job]))
+                .await?;
+            Ok(row.row)
+        } else {
+            db.snapshots().put.answer(job()).await
+        }
+    })
+    .await?;
+    Ok(gated.map(|row: FencedRow| {
+        row.outcome(req.token, |r| Written {
+            created: r.created.unwrap_or(true),
+            meta: SnapshotMeta {
+                key: Some(req.key.clone()),
+                version: Version::from_stored(r.version.expect("an accepted write has a version")),
+                token: req.token,
+                etag: etag.clone(),
+                size: req.body.len() as i64,
+                content_type: req.content_type.clone(),
+                updated_at: r.updated_at.expect("an accepted write has a time"),
+            },
+        })
+    }))
+}
+
+/// A fenced request with no body to store (a check before a body, a delete).
+fn bodiless(
+    key: &Key,
+    token: FencingToken,
+    if_match: Option<&EntityTagCondition>,
+    operation: AuditOperation,
+    ctx: &RequestContext,
+) -> FencedJob {
+    FencedJob {
+        key: key.clone(),
+        token,
+        if_match: if_match.cloned(),
+        operation,
+        write: None,
+        ctx: ctx.clone(),
+    }
+}
+
+/// The fencing rule for a write whose body has not been read: one statement
+/// (`sql/precheck.sql`), in the next batch of checks, that refuses a stale or unknown token at
+/// once, with its audit row (and its Idempotency-Key's record), and otherwise changes nothing;
+/// the write's own statement checks again once the body is in. `Some` is the refusal.
+#[tracing::instrument(level = "debug", skip_all, fields(key = %key, token = %token))]
+pub async fn precheck(
+    db: &Db,
+    key: &Key,
+    token: FencingToken,
+    ctx: &RequestContext,
+) -> Result<Gated<Option<Refusal>>> {
+    let gated = idempotency::gated(ctx, || {
+        let job = bodiless(key, token, None, AuditOperation::Put, ctx);
+        db.snapshots().precheck.answer(job)
+    })
+    .await?;
+    Ok(
+        gated.map(|row: FencedRow| match row.outcome(token, |_| ()) {
+            WriteOutcome::Refused(refusal) => Some(refusal),
+            WriteOutcome::Accepted(()) | WriteOutcome::PreconditionFailed => None,
+        }),
+    )
+}
+
+/// A fenced delete: one short transaction of its own. The first statement (`FENCED.delete_head`, a
+/// batch of one) checks, clears the head or refuses and audits, under the key's row lock, and
+/// records the answer under the Idempotency-Key. The second removes the key's versions; it runs
+/// with a snapshot taken after the lock was granted, so it sees every version committed before,
+/// and no writer can add one until this commits.
+#[tracing::instrument(level = "debug", skip_all, fields(key = %key, token = %token))]
+pub async fn delete(
+    pool: &PgPool,
+    key: &Key,
+    token: FencingToken,
+    if_match: Option<&EntityTagCondition>,
+    ctx: &RequestContext,
+) -> Result<Gated<WriteOutcome<()>>> {
+    let job = bodiless(key, token, if_match, AuditOperation::Delete, ctx);
+    idempotency::gated(ctx, || async {
+        let mut tx = pool.begin().bounded(pool).await?;
+        let row = fenced()
+            .delete_head
+            .query::<Indexed<GatedRow<FencedRow>>>(&[&job])
+            .fetch_one(&mut *tx)
+            .bounded(pool)
+            .await?
+            .row;
+        if row.ran()?.is_some_and(|r| r.outcome == "accepted") {
+            sqlx::query(include_str!("sql/delete_versions.sql"))
+                .bind(key.as_str())
+                .execute(&mut *tx)
+                .bounded(pool)
+                .await?;
+        }
+        tx.commit().bounded_change(pool).await?;
+        Ok(row)
+    })
+    .await
+    .map(|gated| gated.map(|row| row.outcome(token, |_| ())))
+}
+
+/// A stored snapshot version with its body.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// Its metadata.
+    pub meta: SnapshotMeta,
+    /// Its bytes, exactly as written; `None` when they were not read ([`Read`]).
+    pub body: Option<Bytes>,
+}
+
+/// What a read takes of a snapshot version besides its head.
+#[derive(Debug, Clone, Copy)]
+pub enum Read<'a> {
+    /// The head only (a `HEAD`).
+    Head,
+    /// The bytes too, unless the version's ETag matches this `If-None-Match` (weakly): the
+    /// answer is then `304`, which sends none.
+    Body(Option<&'a EntityTagCondition>),
+}
+
+#[derive(Debug, FromRow)]
+struct VersionRow {
+    version: i64,
+    token: i64,
+    etag: String,
+    size: i64,
+    content_type: String,
+    updated_at: DateTime<Utc>,
+}
+
+impl VersionRow {
+    fn into_meta(self, key: Option<&Key>) -> SnapshotMeta {
+        SnapshotMeta {
+            key: key.cloned(),
+            version: Version::from_stored(self.version),
+            token: FencingToken::new(self.token).expect("stored tokens are positive"),
+            etag: ETag::from_stored(self.etag),
+            size: self.size,
+            content_type: self.content_type,
+            updated_at: self.updated_at,
+        }
+    }
+}
+
+#[derive(Debug, FromRow)]
+pub(crate) struct BodyRow {
+    #[sqlx(flatten)]
+    meta: VersionRow,
+    body: Option<Vec<u8>>,
+}
+
+#[derive(Debug, FromRow)]
+struct ListedRow {
+    has_snapshot: bool,
+    #[sqlx(flatten)]
+    version: ListedVersion,
+}
+
+/// A version row of a list, all NULL when the page is empty.
+#[derive(Debug, FromRow)]
+struct ListedVersion {
+    version: Option<i64>,
+    token: Option<i64>,
+    etag: Option<String>,
+    size: Option<i64>,
+    content_type: Option<String>,
+    updated_at: Option<DateTime<Utc>>,
+}
+
+impl ListedVersion {
+    fn into_row(self) -> Option<VersionRow> {
+        Some(VersionRow {
+            version: self.version?,
+            token: self.token?,
+            etag: self.etag?,
+            size: self.size?,
+            content_type: self.content_type?,
+            updated_at: self.updated_at?,
+        })
+    }
+}
+
+/// The snapshot read statement over a batch ([`get`]).
+pub(crate) static GET: LazyLock<Batched<GetJob>> = LazyLock::new(|| {
+    Batched::builder([
+        column!(GetJob, "key": "text" = |j| j.key.as_str()),
+        column!(GetJob, "version": "bigint" = |j| j.version.map(Version::get)),
+        column!(GetJob, "with_body": "boolean" = |j| j.with_body),
+        column!(GetJob, "keep": "bigint" = |j| j.keep_versions),
+        column!(GetJob, "unless": "jsonb" = |j| j.unless.as_ref()),
+    ])
+    .part(include_str!("sql/get.sql"))
+    .build()
+});
+
+/// One read of a batch.
+#[derive(Debug)]
+pub(crate) struct GetJob {
+    key: Key,
+    version: Option<Version>,
+    keep_versions: i64,
+    with_body: bool,
+    /// The If-None-Match tags, as get.sql takes them.
+    unless: Option<serde_json::Value>,
+}
+
+impl Job for GetJob {
+    fn key(&self) -> &Key {
+        &self.key
+    }
+}
+
+/// Snapshot reads, gathered into batches ([`super::engine::batch`]). Reads claim nothing: two of one
+/// key share a batch.
+#[derive(Debug)]
+pub(crate) struct GetBatch;
+
+impl Kind for GetBatch {
+    type Job = GetJob;
+    type Row = BodyRow;
+    const EFFECT: Effect = Effect::Reads;
+
+    fn query<'q>(jobs: &[&'q GetJob]) -> QueryAs<'q, Indexed<BodyRow>> {
+        GET.query(jobs)
+    }
+}
+
+/// Reads the current snapshot (`version` = `None`) or one retained version, in the next batch
+/// of reads: only versions of a key that has a current snapshot, within the retention window,
+/// so a version that a later write pruned, or that a delete removed, is gone even if its row
+/// lingers. One statement, so the head and the body it points at are from one committed state.
+/// A body that is not wanted ([`Read`]) is not even read from storage.
+pub async fn get(
+    db: &Db,
+    key: &Key,
+    version: Option<Version>,
+    keep_versions: i64,
+    read: Read<'_>,
+) -> Result<Option<Snapshot>> {
+    let job = GetJob {
+        key: key.clone(),
+        version,
+        keep_versions,
+        with_body: matches!(read, Read::Body(_)),
+        unless: match read {
+            Read::Body(Some(condition)) => Some(serde_json::json!(condition.weak_tags())),
+            Read::Body(None) | Read::Head => None,
+        },
+    };
+    let row = db.snapshots().get.submit(job).await?;
+    Ok(row.map(|r| Snapshot {
+        meta: r.meta.into_meta(None),
+        body: r.body.map(Bytes::from),
+    }))
+}
+
+/// Lists the retained versions (by the same rule as [`get`]), newest first, below the cursor's
+/// version; `None` when the key has no current snapshot. One statement: the lateral join reads
+/// the versions of the head row it joins, from one committed state.
+pub async fn versions(
+    pool: &PgPool,
+    key: &Key,
+    keep_versions: i64,
+    limit: PageLimit,
+    before: Option<i64>,
+) -> Result<Option<Page<SnapshotMeta>>> {
+    let rows: Vec<ListedRow> = sqlx::query_as(include_str!("sql/versions.sql"))
+        .bind(key.as_str())
+        .bind(keep_versions)
+        .bind(before)
+        .bind(limit.get() + 1)
+        .fetch_all(pool)
+        .bounded(pool)
+        .await?;
+    if !rows.first().is_some_and(|r| r.has_snapshot) {
+        return Ok(None);
+    }
+    let items = rows
+        .into_iter()
+        .filter_map(|r| r.version.into_row())
+        .map(|r| r.into_meta(None))
+        .collect();
+    Ok(Some(Page::from_rows(items, limit, |m: &SnapshotMeta| {
+        Cursor::after_id(m.version.get())
+    })))
+}
