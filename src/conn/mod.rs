@@ -354,8 +354,12 @@ impl<S: Transport> Watched<S> {
         self.observe();
         let inner = &self.inner;
         let len = self.records.next(bufs, || inner.record_bytes());
-        let record = record::prefix(bufs, len);
-        let written = ready!(self.inner.poll_write_record(cx, &record))?;
+        let written = if len == bufs.iter().map(|b| b.len()).sum::<usize>() {
+            ready!(self.inner.poll_write_record(cx, bufs))?
+        } else {
+            let record = record::prefix(bufs, len);
+            ready!(self.inner.poll_write_record(cx, &record))?
+        };
         self.records.wrote(bufs, written);
         self.deadlines.sent();
         Poll::Ready(Ok(written))
