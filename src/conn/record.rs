@@ -105,21 +105,36 @@ impl Records {
         let mut cap = usize::MAX;
         let mut last = None;
         let mut matched = self.matched;
-        for (at, byte) in bytes(bufs).take(SCAN_BYTES).enumerate() {
-            matched = step(matched, byte);
-            if matched == EVENT_END.len() {
-                matched = step(0, byte);
-                let end = at + 1;
-                if let Some(limit) = limit.take() {
-                    cap = limit();
+        let mut offset = 0;
+        for buf in bufs {
+            let scan = &buf[..buf.len().min(SCAN_BYTES.saturating_sub(offset))];
+            let mut at = 0;
+            while at < scan.len() {
+                if matched == 0 {
+                    // Only a newline begins an event end: the bytes up to the next are skipped
+                    // whole, so that a body with few newlines costs little.
+                    match memchr::memchr(b'\n', &scan[at..]) {
+                        Some(skip) => at += skip,
+                        None => break,
+                    }
                 }
-                if end > cap {
-                    return last.unwrap_or(end);
+                matched = step(matched, scan[at]);
+                at += 1;
+                if matched == EVENT_END.len() {
+                    matched = step(0, b'\n');
+                    let end = offset + at;
+                    if let Some(limit) = limit.take() {
+                        cap = limit();
+                    }
+                    if end > cap {
+                        return last.unwrap_or(end);
+                    }
+                    last = Some(end);
                 }
-                last = Some(end);
             }
+            offset += buf.len();
         }
-        last.unwrap_or_else(|| bufs.iter().map(|b| b.len()).sum())
+        last.unwrap_or(offset)
     }
 
     /// Takes note that the first `written` bytes of `bufs` were written.
@@ -132,14 +147,19 @@ impl Records {
         } else {
             (0, self.matched)
         };
-        self.matched =
-            bytes(bufs)
-                .take(written)
-                .skip(from)
-                .fold(start, |matched, byte| match step(matched, byte) {
+        let mut matched = start;
+        let mut offset = 0;
+        for buf in bufs {
+            let within = |at: usize| at.saturating_sub(offset).min(buf.len());
+            for &byte in &buf[within(from)..within(written)] {
+                matched = match step(matched, byte) {
                     4 => step(0, byte),
                     m => m,
-                });
+                };
+            }
+            offset += buf.len();
+        }
+        self.matched = matched;
     }
 }
 
@@ -155,10 +175,6 @@ pub(super) fn prefix<'a>(bufs: &'a [IoSlice<'a>], mut len: usize) -> Vec<IoSlice
         len -= take;
     }
     out
-}
-
-fn bytes<'a>(bufs: &'a [IoSlice<'a>]) -> impl Iterator<Item = u8> + 'a {
-    bufs.iter().flat_map(|b| b.iter().copied())
 }
 
 /// How much of [`EVENT_END`] is matched after `byte`, given `matched` before it.
@@ -206,6 +222,14 @@ mod tests {
         let records = Records::default();
         let events: &[&[u8]] = &[b"7\r\nid: 1\n\n\r\n7\r\nid: 2\n\n\r\n"];
         assert_eq!(record(&records, events, 4), 12);
+    }
+
+    #[test]
+    fn an_event_end_past_the_scanned_bytes_is_not_looked_for() {
+        let records = Records::default();
+        let body = vec![b'x'; SCAN_BYTES];
+        let events: &[&[u8]] = &[&body, b"\n\n\r\n"];
+        assert_eq!(record(&records, events, 100), SCAN_BYTES + 4);
     }
 
     #[test]
