@@ -1,7 +1,8 @@
 //! Watch (`GET /v1/watch`): every change seen once and in order through another instance than
 //! the writer's, resumption with `Last-Event-ID` after a cut with no gap and no duplicate,
 //! prefixes and their scopes, `410 compacted`, heartbeats, expiries by the database clock, the
-//! end of a stream after `--max-watch`, and a relay that dies.
+//! end of a stream after `--max-watch`, a relay that dies, and the idle cut of a stream whose
+//! client stopped reading, which falls between two events.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
