@@ -156,7 +156,8 @@ pub struct ServeConfig {
     pub head_timeout: Duration,
 
     /// How long a keep-alive connection may idle (no request in flight, nothing sent or
-    /// received) before it is closed.
+    /// received) before it is closed; also how long a watch stream whose client stopped reading
+    /// is kept with nothing sent before it is closed, between two events.
     #[arg(long, env = "SNAPFENCE_IDLE_TIMEOUT", value_parser = positive_duration, default_value = "60s")]
     pub idle_timeout: Duration,
 

@@ -6,11 +6,13 @@
 //! `netutil.LimitListener` or nginx at `worker_connections`, rather than being accepted and
 //! closed: a client that waits is served, one that is closed must retry); [`Acceptor`] wraps
 //! the stream (after the TLS handshake, when there is one) in a [`Watched`] that runs the
-//! clocks of `deadline.rs` and replaces hyper's bare answers (`answer.rs`), and the service in
-//! a [`Tracked`] that tells the stream when requests are in flight.
+//! clocks of `deadline.rs`, replaces hyper's bare answers (`answer.rs`) and writes in records
+//! that end between the events of a stream (`record.rs`), and the service in a [`Tracked`] that
+//! tells the stream when requests are in flight.
 
 mod answer;
 mod deadline;
+mod record;
 
 use std::io;
 use std::net::SocketAddr;
@@ -33,6 +35,8 @@ use tokio::time::Instant;
 use crate::http::MAX_URI_BYTES;
 use crate::state::Rules;
 use deadline::Deadlines;
+use record::Records;
+pub use record::Transport;
 
 /// A client's address, as the [`Listener`] hands it over (a type of its own, since axum-server
 /// names a listener by the address type it yields).
@@ -254,7 +258,7 @@ impl<A, S> Accept<Admitted, S> for Acceptor<A>
 where
     A: Accept<TcpStream, S>,
     A::Future: Send + 'static,
-    A::Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    A::Stream: Transport + Send + 'static,
     A::Service: Send + 'static,
 {
     type Stream = Watched<A::Stream>;
@@ -279,6 +283,7 @@ where
                 http2: None,
                 head: limits.head,
                 replacing: None,
+                records: Records::default(),
                 _slot: slot,
             };
             let tracked = Tracked {
@@ -291,7 +296,8 @@ where
 }
 
 /// A connection's stream: closes it when its head or idle clock passes (`deadline.rs`),
-/// replaces hyper's own answers (`answer.rs`), and holds the connection's slot under the cap.
+/// replaces hyper's own answers (`answer.rs`), writes in records (`record.rs`), and holds the
+/// connection's slot under the cap.
 pub struct Watched<S> {
     inner: S,
     activity: Arc<Activity>,
@@ -301,6 +307,7 @@ pub struct Watched<S> {
     head: HeadLimits,
     /// The answer written in place of hyper's, and how much of it is sent.
     replacing: Option<(Vec<u8>, usize)>,
+    records: Records,
     _slot: OwnedSemaphorePermit,
 }
 
@@ -308,7 +315,7 @@ pub struct Watched<S> {
 /// well as in the clear).
 const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
-impl<S: AsyncWrite + Unpin> Watched<S> {
+impl<S: Transport> Watched<S> {
     fn busy(&self) -> bool {
         self.activity.in_flight.load(Ordering::Acquire) > 0
     }
@@ -338,6 +345,26 @@ impl<S: AsyncWrite + Unpin> Watched<S> {
         Poll::Ready(Ok(()))
     }
 
+    /// Writes the next record of `bufs` (`record.rs`).
+    fn poll_write_records(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.observe();
+        let inner = &self.inner;
+        let len = self.records.next(bufs, || inner.record_bytes());
+        let written = if len == bufs.iter().map(|b| b.len()).sum::<usize>() {
+            ready!(self.inner.poll_write_record(cx, bufs))?
+        } else {
+            let record = record::prefix(bufs, len);
+            ready!(self.inner.poll_write_record(cx, &record))?
+        };
+        self.records.wrote(bufs, written);
+        self.deadlines.sent();
+        Poll::Ready(Ok(written))
+    }
+
     /// Takes `bytes` as written when they are hyper's own answer to a head it refused, and
     /// starts sending the service's answer in their place.
     fn replace(&mut self, cx: &mut Context<'_>, bytes: &[u8]) -> Option<io::Result<usize>> {
@@ -355,7 +382,7 @@ impl<S: AsyncWrite + Unpin> Watched<S> {
     }
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Watched<S> {
+impl<S: Transport> AsyncRead for Watched<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -386,7 +413,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Watched<S> {
     }
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+impl<S: Transport> AsyncWrite for Watched<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -397,10 +424,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         if let Some(replaced) = this.replace(cx, buf) {
             return Poll::Ready(replaced);
         }
-        this.observe();
-        let written = ready!(Pin::new(&mut this.inner).poll_write(cx, buf))?;
-        this.deadlines.sent();
-        Poll::Ready(Ok(written))
+        this.poll_write_records(cx, &[io::IoSlice::new(buf)])
     }
 
     fn poll_write_vectored(
@@ -417,10 +441,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<S> {
                 return Poll::Ready(replaced);
             }
         }
-        this.observe();
-        let written = ready!(Pin::new(&mut this.inner).poll_write_vectored(cx, bufs))?;
-        this.deadlines.sent();
-        Poll::Ready(Ok(written))
+        this.poll_write_records(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {

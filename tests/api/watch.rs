@@ -1,7 +1,8 @@
 //! Watch (`GET /v1/watch`): every change seen once and in order through another instance than
 //! the writer's, resumption with `Last-Event-ID` after a cut with no gap and no duplicate,
 //! prefixes and their scopes, `410 compacted`, heartbeats, expiries by the database clock, the
-//! end of a stream after `--max-watch`, and a relay that dies.
+//! end of a stream after `--max-watch`, a relay that dies, and the idle cut of a stream whose
+//! client stopped reading, which falls between two events.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -9,6 +10,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
 use crate::harness::{self, Instance, TestApp, enc, problem, rules, token};
@@ -1100,6 +1102,114 @@ async fn writes_with_64_streams_catching_up_keep_about_four_fifths_of_their_rate
     assert!(
         ratio >= 0.65,
         "{catching_up} writes with the streams catching up, {alone} without ({ratio:.2} x)"
+    );
+    app.stop().await;
+}
+
+/// The blocks of an HTTP/1.1 chunked body as far as it came: the data of each whole chunk, and
+/// whatever followed the last whole one (empty when the body was cut between chunks).
+fn dechunk(mut body: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let mut data = Vec::new();
+    loop {
+        let Some(line) = body.windows(2).position(|w| w == b"\r\n") else {
+            return (data, body.to_vec());
+        };
+        let size = std::str::from_utf8(&body[..line]).unwrap();
+        let size = usize::from_str_radix(size, 16).unwrap();
+        let whole = line + 2 + size + 2;
+        if body.len() < whole {
+            return (data, body.to_vec());
+        }
+        assert_eq!(&body[whole - 2..whole], b"\r\n", "a chunk ends with CRLF");
+        data.extend_from_slice(&body[line + 2..line + 2 + size]);
+        body = &body[whole..];
+    }
+}
+
+#[tokio::test]
+async fn a_stream_whose_client_stops_reading_is_cut_between_events() {
+    let mut quick = rules();
+    quick.idle_timeout = Duration::from_secs(2);
+    let app = TestApp::spawn_with(quick).await;
+    let addr = app
+        .instance
+        .base
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    // A small receive window, so that the server's send buffer fills with fewer changes.
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut conn = socket.connect(addr).await.unwrap();
+    conn.write_all(b"GET /v1/watch HTTP/1.1\r\nHost: snapfence\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let head_end = loop {
+        let mut buf = [0; 4096];
+        let n = tokio::time::timeout(CEILING, conn.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "the head came");
+        got.extend_from_slice(&buf[..n]);
+        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            break end + 4;
+        }
+    };
+    assert!(
+        got.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&got)
+    );
+    // Changes of a long key and owner (about 900 bytes an event), written under the API as the
+    // triggers write them, many more than the socket buffers on both sides hold; the client
+    // reads none of them until the server has had `--idle-timeout` with nothing it could send.
+    let changes = 12_000;
+    sqlx::query(
+        "INSERT INTO change_log (kind, key, token, at, owner, expires_at) \
+         SELECT 'lease.granted', repeat('k', 500) || n, n, now(), repeat('o', 256), now() \
+         FROM generate_series(1, $1) n",
+    )
+    .bind(changes)
+    .execute(app.db())
+    .await
+    .unwrap();
+    tokio::time::sleep(app.rules.idle_timeout * 4).await;
+    let read_all = async {
+        let mut buf = vec![0; 1 << 16];
+        loop {
+            match conn.read(&mut buf).await.unwrap() {
+                0 => break,
+                n => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(CEILING, read_all)
+        .await
+        .expect("the server ended the stream its client stopped reading");
+    let (data, torn) = dechunk(&got[head_end..]);
+    assert!(
+        torn.is_empty(),
+        "the stream was cut inside a chunk: {:?}",
+        String::from_utf8_lossy(&torn[..torn.len().min(120)])
+    );
+    let text = String::from_utf8(data).unwrap();
+    assert!(text.ends_with("\n\n"), "the last event is whole");
+    let events = text
+        .trim_end_matches('\n')
+        .split("\n\n")
+        .collect::<Vec<_>>();
+    for event in &events {
+        for line in event.lines() {
+            if let Some(json) = line.strip_prefix("data: ") {
+                serde_json::from_str::<Value>(json).unwrap();
+            }
+        }
+    }
+    assert!(
+        events.len() < changes as usize,
+        "the stream was cut before the end of the changes, not ended by them"
     );
     app.stop().await;
 }

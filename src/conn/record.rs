@@ -1,0 +1,253 @@
+//! Writes the kernel takes whole or not at all, one event of a watch stream each, so that the
+//! idle cut of a stream whose client stopped reading (`deadline.rs`) ends it between two events,
+//! never inside one.
+//!
+//! Linux's TCP copies a write onto the tail of its send queue and checks for room only before it
+//! starts another segment buffer: a plain write into a nearly full queue is taken in part, and a
+//! connection closed then leaves half an event queued, which its client reads once it reads
+//! again. A write sent with `MSG_EOR` ends its segment buffer, so the next write starts a new
+//! one and is refused whole (`EAGAIN`) when the queue has no room; one of at most a segment
+//! (the MSS, less the options a segment may carry) goes into that one buffer whole. [`Records`]
+//! cuts what hyper writes into such records, each ending where an event ends.
+
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use socket2::SockRef;
+use tokio::io::{AsyncRead, AsyncWrite, Interest};
+use tokio::net::TcpStream;
+
+/// Where an event of a stream ends, as hyper writes it over HTTP/1.1: the blank line that ends
+/// its SSE block, then the CRLF that ends its chunk (each event is one chunk). A body that is
+/// no stream may hold these bytes too; cutting it there costs it only a segment boundary.
+const EVENT_END: &[u8; 4] = b"\n\n\r\n";
+
+/// How far into a write event ends are looked for: far enough for any event (at most about
+/// 1.2 KB: a 512-byte key, a 256-byte owner), so that a large body with none is not read twice.
+const SCAN_BYTES: usize = 64 * 1024;
+
+/// A connection's byte stream, able to write a record that its client gets whole or not at all
+/// when the connection is closed before the client reads it.
+pub trait Transport: AsyncRead + AsyncWrite + Unpin {
+    /// Writes a prefix of `bufs`, at most [`Transport::record_bytes`] long unless the first
+    /// buffer's bytes up to the first event end are longer, as one record.
+    fn poll_write_record(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>>;
+
+    /// The most bytes a record may hold and still be taken whole.
+    fn record_bytes(&self) -> usize;
+}
+
+impl Transport for TcpStream {
+    fn poll_write_record(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            ready!(self.poll_write_ready(cx))?;
+            let sent = self.try_io(Interest::WRITABLE, || {
+                SockRef::from(&*self).send_vectored_with_flags(bufs, libc::MSG_EOR)
+            });
+            match sent {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                sent => return Poll::Ready(sent),
+            }
+        }
+    }
+
+    fn record_bytes(&self) -> usize {
+        // A segment's own options (SACK blocks) take up to 40 bytes of the MSS the socket
+        // reports, which leaves that much less for data.
+        const OPTIONS: usize = 40;
+        const MIN_MSS: usize = 536;
+        let mss = SockRef::from(self)
+            .tcp_mss()
+            .map_or(MIN_MSS, |mss| mss as usize);
+        mss.saturating_sub(OPTIONS).max(1)
+    }
+}
+
+/// Over TLS each write is sealed in records of its own, and a record cut short is never
+/// decrypted; but rustls takes part of a write when its own buffer is nearly full, so a stream
+/// over TLS may still be cut inside an event (which an SSE reader discards).
+impl Transport for tokio_rustls::server::TlsStream<TcpStream> {
+    fn poll_write_record(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(self).poll_write_vectored(cx, bufs)
+    }
+
+    fn record_bytes(&self) -> usize {
+        // The most plaintext one TLS record holds.
+        16 * 1024
+    }
+}
+
+/// The event ends in the bytes written so far: how much of [`EVENT_END`] their last bytes are.
+#[derive(Debug, Default)]
+pub(super) struct Records {
+    matched: usize,
+}
+
+impl Records {
+    /// How many bytes of `bufs` the next record holds: up to the last event end within
+    /// `record_bytes` (asked only when there is one), or to the first one when even that is
+    /// further; all of them when they hold no event end (the rest of a record, or no stream).
+    pub(super) fn next(&self, bufs: &[IoSlice<'_>], record_bytes: impl FnOnce() -> usize) -> usize {
+        let mut limit = Some(record_bytes);
+        let mut cap = usize::MAX;
+        let mut last = None;
+        let mut matched = self.matched;
+        let mut offset = 0;
+        for buf in bufs {
+            let scan = &buf[..buf.len().min(SCAN_BYTES.saturating_sub(offset))];
+            let mut at = 0;
+            while at < scan.len() {
+                if matched == 0 {
+                    // Only a newline begins an event end: the bytes up to the next are skipped
+                    // whole, so that a body with few newlines costs little.
+                    match memchr::memchr(b'\n', &scan[at..]) {
+                        Some(skip) => at += skip,
+                        None => break,
+                    }
+                }
+                matched = step(matched, scan[at]);
+                at += 1;
+                if matched == EVENT_END.len() {
+                    matched = step(0, b'\n');
+                    let end = offset + at;
+                    if let Some(limit) = limit.take() {
+                        cap = limit();
+                    }
+                    if end > cap {
+                        return last.unwrap_or(end);
+                    }
+                    last = Some(end);
+                }
+            }
+            offset += buf.len();
+        }
+        last.unwrap_or(offset)
+    }
+
+    /// Takes note that the first `written` bytes of `bufs` were written.
+    pub(super) fn wrote(&mut self, bufs: &[IoSlice<'_>], written: usize) {
+        // Only the last bytes decide how much of an event end they are, as long as there are
+        // as many as a match short of a whole end.
+        let tail = EVENT_END.len() - 1;
+        let (from, start) = if written >= tail {
+            (written - tail, 0)
+        } else {
+            (0, self.matched)
+        };
+        let mut matched = start;
+        let mut offset = 0;
+        for buf in bufs {
+            let within = |at: usize| at.saturating_sub(offset).min(buf.len());
+            for &byte in &buf[within(from)..within(written)] {
+                matched = match step(matched, byte) {
+                    4 => step(0, byte),
+                    m => m,
+                };
+            }
+            offset += buf.len();
+        }
+        self.matched = matched;
+    }
+}
+
+/// The first `len` bytes of `bufs`.
+pub(super) fn prefix<'a>(bufs: &'a [IoSlice<'a>], mut len: usize) -> Vec<IoSlice<'a>> {
+    let mut out = Vec::new();
+    for buf in bufs {
+        if len == 0 {
+            break;
+        }
+        let take = buf.len().min(len);
+        out.push(IoSlice::new(&buf[..take]));
+        len -= take;
+    }
+    out
+}
+
+/// How much of [`EVENT_END`] is matched after `byte`, given `matched` before it.
+fn step(matched: usize, byte: u8) -> usize {
+    match (matched, byte) {
+        (0 | 1, b'\n') => matched + 1,
+        // "\n\n\n": the last two still begin an end.
+        (2, b'\n') => 2,
+        (2, b'\r') => 3,
+        (3, b'\n') => 4,
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(records: &Records, bytes: &[&[u8]], limit: usize) -> usize {
+        let bufs: Vec<IoSlice<'_>> = bytes.iter().map(|b| IoSlice::new(b)).collect();
+        records.next(&bufs, || limit)
+    }
+
+    const HEAD: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n";
+
+    #[test]
+    fn a_write_without_an_event_end_is_one_record() {
+        let records = Records::default();
+        assert_eq!(record(&records, &[HEAD], 10), HEAD.len());
+        assert_eq!(record(&records, &[b"0\r\n\r\n"], 10), 5);
+    }
+
+    #[test]
+    fn a_record_ends_at_the_last_event_end_within_the_limit() {
+        let records = Records::default();
+        let events: &[&[u8]] = &[
+            b"7\r\n", b"id: 1", b"\n\n", b"\r\n", b"7\r\n", b"id: 2", b"\n\n", b"\r\n", b"3\r\n",
+        ];
+        assert_eq!(record(&records, events, 100), 24);
+        assert_eq!(record(&records, events, 23), 12);
+    }
+
+    #[test]
+    fn an_event_longer_than_the_limit_is_a_record_of_its_own() {
+        let records = Records::default();
+        let events: &[&[u8]] = &[b"7\r\nid: 1\n\n\r\n7\r\nid: 2\n\n\r\n"];
+        assert_eq!(record(&records, events, 4), 12);
+    }
+
+    #[test]
+    fn an_event_end_past_the_scanned_bytes_is_not_looked_for() {
+        let records = Records::default();
+        let body = vec![b'x'; SCAN_BYTES];
+        let events: &[&[u8]] = &[&body, b"\n\n\r\n"];
+        assert_eq!(record(&records, events, 100), SCAN_BYTES + 4);
+    }
+
+    #[test]
+    fn an_event_end_begun_by_the_last_write_is_finished_by_the_next() {
+        let mut records = Records::default();
+        let first = [IoSlice::new(b"7\r\nid: 1\n\n")];
+        records.wrote(&first, 10);
+        assert_eq!(record(&records, &[b"\r\n7\r\nid: 2\n\n\r\n"], 100), 14);
+        assert_eq!(record(&records, &[b"\r\n7\r\nid: 2\n\n\r\n"], 10), 2);
+    }
+
+    #[test]
+    fn a_write_taken_in_part_leaves_what_its_last_bytes_began() {
+        let mut records = Records::default();
+        let bufs = [IoSlice::new(b"id: 1\n"), IoSlice::new(b"\n\r\nid")];
+        records.wrote(&bufs, 8);
+        assert_eq!(records.matched, 3);
+        records.wrote(&[IoSlice::new(b"\nx")], 1);
+        assert_eq!(records.matched, 1);
+    }
+}
