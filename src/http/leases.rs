@@ -1,5 +1,5 @@
 //! `/v1/leases`: acquire, renew, release, abandon, require-recovery, reconciled (v1.2), get and
-//! list.
+//! list, and (beyond the contract) a key's queue of waiting acquires.
 
 use axum::Json;
 use axum::extract::{FromRequestParts, State};
@@ -15,10 +15,10 @@ use super::extract::{ApiJson, ApiQuery, Context, FencingTokenHeader, KeyPath};
 use super::idempotency::IdempotencyHeader;
 use crate::domain::{
     AcquireRequest, Cursor, FencingToken, Grant, Holder, Key, KeyPrefix, KeyStatus, LeaseState,
-    Page, PageLimit, RenewRequest, TtlMs,
+    Page, PageLimit, RenewRequest, TtlMs, Waiter,
 };
 use crate::state::AppState;
-use crate::store::RequestContext;
+use crate::store::{RequestContext, queues};
 use crate::store::idempotency::Gated;
 use crate::store::leases::{self, AcquireOutcome, Ending, LeaseChange, ListQuery, NewLease};
 
@@ -34,6 +34,7 @@ pub(super) fn routes() -> Routes {
         .route_without_query("/v1/leases/{key}/abandon", post(abandon))
         .route_without_query("/v1/leases/{key}/require-recovery", post(require_recovery))
         .route_without_query("/v1/leases/{key}/reconciled", post(reconciled))
+        .route("/v1/leases/{key}/waiters", get(waiters))
 }
 
 async fn acquire(
@@ -231,4 +232,29 @@ async fn list(
         after: params.cursor.as_deref().map(Cursor::decode).transpose()?,
     };
     Ok(Json(leases::list(&state.db, &q).await?))
+}
+
+/// The query of a key's queue: a page of it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WaitersParams {
+    #[serde(default)]
+    limit: Option<i64>,
+    #[serde(default)]
+    cursor: Option<String>,
+}
+
+/// Beyond the contract: who waits for the key, in the order they will be granted it.
+async fn waiters(
+    State(state): State<AppState>,
+    KeyPath(key): KeyPath,
+    ApiQuery(params): ApiQuery<WaitersParams>,
+) -> Result<Json<Page<Waiter>>, ApiError> {
+    let limit = PageLimit::new(params.limit)?;
+    let after = params
+        .cursor
+        .as_deref()
+        .map(Cursor::decode_number)
+        .transpose()?;
+    Ok(Json(queues::waiters(&state.db, &key, limit, after).await?))
 }

@@ -1,4 +1,5 @@
-//! `/v1/snapshots`: fenced writes and deletes, reads, and retained versions.
+//! `/v1/snapshots`: fenced writes and deletes, reads, retained versions, and (beyond the
+//! contract) the keys that have a snapshot, by prefix.
 
 use axum::Json;
 use axum::body::Body;
@@ -18,10 +19,11 @@ use super::extract::{
     KeyVersionPath, SNAPSHOT_VERSION, content_length, read_limited,
 };
 use crate::domain::{
-    Cursor, ETag, EntityTagCondition, Key, Page, PageLimit, SnapshotMeta, Version,
+    Cursor, ETag, EntityTagCondition, Key, KeyPrefix, Page, PageLimit, SnapshotMeta, Version,
 };
 use crate::state::AppState;
 use crate::store::idempotency::Gated;
+use crate::store::snapshot_keys::{self, SnapshotKeysQuery};
 use crate::store::snapshots::{self, PutRequest, Read, Snapshot, WriteOutcome, Written};
 
 const SNAPSHOT_TOO_LARGE: &str =
@@ -33,6 +35,7 @@ const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
 /// The snapshot routes. `GET` routes answer `HEAD` too, with the same headers and no body.
 pub(super) fn routes() -> Routes {
     Routes::new()
+        .route("/v1/snapshots", get(list))
         .route_without_query("/v1/snapshots/{key}", get(read).put(write).delete(delete))
         .route("/v1/snapshots/{key}/versions", get(versions))
         .route_without_query("/v1/snapshots/{key}/versions/{version}", get(read_version))
@@ -305,4 +308,30 @@ async fn versions(
         .await?
         .ok_or_else(|| no_snapshot(&key))?;
     Ok(Json(page))
+}
+
+/// The query of a list of snapshot keys.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListParams {
+    #[serde(default)]
+    prefix: Option<String>,
+    #[serde(default)]
+    limit: Option<i64>,
+    #[serde(default)]
+    cursor: Option<String>,
+}
+
+/// Beyond the contract: the keys with a current snapshot, in byte order, each with that
+/// snapshot's metadata.
+async fn list(
+    State(state): State<AppState>,
+    ApiQuery(params): ApiQuery<ListParams>,
+) -> Result<Json<Page<SnapshotMeta>>, ApiError> {
+    let q = SnapshotKeysQuery {
+        prefix: KeyPrefix::parse(params.prefix.unwrap_or_default())?,
+        limit: PageLimit::new(params.limit)?,
+        after: params.cursor.as_deref().map(Cursor::decode).transpose()?,
+    };
+    Ok(Json(snapshot_keys::list(&state.db, &q).await?))
 }

@@ -115,6 +115,10 @@ struct StatusRow {
     kept_ended_at: Option<DateTime<Utc>>,
     #[serde(default)]
     kept_metadata: Option<serde_json::Value>,
+    /// How many acquires wait in the key's queue; status.sql and list.sql count them, a
+    /// statement's JSON answer does not.
+    #[serde(default)]
+    waiters: i64,
 }
 
 impl LeaseRow {
@@ -174,6 +178,7 @@ impl StatusRow {
             newest_token: lease.token,
             lease,
             recovery,
+            waiters: self.waiters,
         }
     }
 }

@@ -23,6 +23,8 @@ mod db;
 pub mod idempotency;
 pub mod keys;
 pub mod leases;
+pub mod queues;
+pub mod snapshot_keys;
 pub mod snapshots;
 pub mod timeline;
 pub mod waiters;

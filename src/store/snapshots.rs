@@ -488,8 +488,9 @@ pub enum Read<'a> {
     Body(Option<&'a EntityTagCondition>),
 }
 
+/// A version's metadata as the statements read it.
 #[derive(Debug, FromRow)]
-struct VersionRow {
+pub(super) struct VersionRow {
     version: i64,
     token: i64,
     etag: String,
@@ -499,7 +500,7 @@ struct VersionRow {
 }
 
 impl VersionRow {
-    fn into_meta(self, key: Option<&Key>) -> SnapshotMeta {
+    pub(super) fn into_meta(self, key: Option<&Key>) -> SnapshotMeta {
         SnapshotMeta {
             key: key.cloned(),
             version: Version::from_stored(self.version),
