@@ -18,9 +18,9 @@ use crate::domain::{
     Page, PageLimit, RenewRequest, TtlMs, Waiter,
 };
 use crate::state::AppState;
-use crate::store::{RequestContext, queues};
 use crate::store::idempotency::Gated;
 use crate::store::leases::{self, AcquireOutcome, Ending, LeaseChange, ListQuery, NewLease};
+use crate::store::{RequestContext, queues};
 
 /// The lease routes.
 pub(super) fn routes() -> Routes {

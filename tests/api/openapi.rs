@@ -322,10 +322,18 @@ async fn answers_conform_to_the_spec_across_every_operation_and_error_code() {
         app.get("/v1/snapshots/none/versions").await,
     )
     .await;
-    c.check("get", "/v1/snapshots", app.get("/v1/snapshots?limit=1").await)
-        .await;
-    c.check("get", "/v1/snapshots", app.get("/v1/snapshots?limit=0").await)
-        .await;
+    c.check(
+        "get",
+        "/v1/snapshots",
+        app.get("/v1/snapshots?limit=1").await,
+    )
+    .await;
+    c.check(
+        "get",
+        "/v1/snapshots",
+        app.get("/v1/snapshots?limit=0").await,
+    )
+    .await;
     let queue = "/v1/leases/{key}/waiters";
     app.acquire("queued", "holder", 30000).await;
     let waiter = {

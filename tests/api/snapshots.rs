@@ -836,7 +836,12 @@ async fn a_stale_token_that_asked_to_continue_is_refused_instead_of_told_to_send
 async fn write_each(app: &TestApp, keys: &[&str]) {
     for key in keys {
         let t = token(&app.acquire(key, "a", 30000).await);
-        assert!(app.put(key, t, format!("body of {key}")).await.status().is_success());
+        assert!(
+            app.put(key, t, format!("body of {key}"))
+                .await
+                .status()
+                .is_success()
+        );
     }
 }
 

@@ -666,7 +666,12 @@ fn queue(page: &Value) -> Vec<(i64, &str)> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|w| (w["position"].as_i64().unwrap(), w["owner"].as_str().unwrap()))
+        .map(|w| {
+            (
+                w["position"].as_i64().unwrap(),
+                w["owner"].as_str().unwrap(),
+            )
+        })
         .collect()
 }
 
@@ -726,7 +731,11 @@ async fn a_keys_queue_pages_through_next_cursor_keeping_each_waiters_position() 
     let page = read(&app, "/v1/leases/k/waiters?limit=2").await;
     assert_eq!(queue(&page), [(1, "w1"), (2, "w2")]);
     let cursor = page["next_cursor"].as_str().unwrap();
-    let rest = read(&app, &format!("/v1/leases/k/waiters?limit=2&cursor={cursor}")).await;
+    let rest = read(
+        &app,
+        &format!("/v1/leases/k/waiters?limit=2&cursor={cursor}"),
+    )
+    .await;
     assert_eq!(queue(&rest), [(3, "w3")]);
     assert_eq!(rest["next_cursor"], Value::Null);
     waiters.iter().for_each(tokio::task::JoinHandle::abort);
