@@ -11,11 +11,13 @@ use serde::Deserialize;
 
 use super::Routes;
 use super::error::ApiError;
-use super::extract::{ApiJson, ApiQuery, Context, FencingTokenHeader, KeyPath};
+use super::extract::{
+    ApiJson, ApiQuery, Context, FencingTokenHeader, KeyPath, PageParams, key_page,
+};
 use super::idempotency::IdempotencyHeader;
 use crate::domain::{
-    AcquireRequest, Cursor, FencingToken, Grant, Holder, Key, KeyPrefix, KeyStatus, LeaseState,
-    Page, PageLimit, RenewRequest, TtlMs, Waiter,
+    AcquireRequest, FencingToken, Grant, Holder, Key, KeyStatus, LeaseState, Page, RenewRequest,
+    TtlMs, Waiter,
 };
 use crate::state::AppState;
 use crate::store::idempotency::Gated;
@@ -225,36 +227,22 @@ async fn list(
     State(state): State<AppState>,
     ApiQuery(params): ApiQuery<ListParams>,
 ) -> Result<Json<Page<KeyStatus>>, ApiError> {
+    let (prefix, limit, after) = key_page(params.prefix, params.limit, params.cursor.as_deref())?;
     let q = ListQuery {
-        prefix: KeyPrefix::parse(params.prefix.unwrap_or_default())?,
+        prefix,
         state: params.state,
-        limit: PageLimit::new(params.limit)?,
-        after: params.cursor.as_deref().map(Cursor::decode).transpose()?,
+        limit,
+        after,
     };
     Ok(Json(leases::list(&state.db, &q).await?))
-}
-
-/// The query of a key's queue: a page of it.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WaitersParams {
-    #[serde(default)]
-    limit: Option<i64>,
-    #[serde(default)]
-    cursor: Option<String>,
 }
 
 /// Beyond the contract: who waits for the key, in the order they will be granted it.
 async fn waiters(
     State(state): State<AppState>,
     KeyPath(key): KeyPath,
-    ApiQuery(params): ApiQuery<WaitersParams>,
+    ApiQuery(params): ApiQuery<PageParams>,
 ) -> Result<Json<Page<Waiter>>, ApiError> {
-    let limit = PageLimit::new(params.limit)?;
-    let after = params
-        .cursor
-        .as_deref()
-        .map(Cursor::decode_number)
-        .transpose()?;
+    let (limit, after) = params.checked()?;
     Ok(Json(queues::waiters(&state.db, &key, limit, after).await?))
 }

@@ -16,11 +16,9 @@ use super::Routes;
 use super::error::ApiError;
 use super::extract::{
     ApiQuery, BodyLimit, Context, FENCING_TOKEN, FencingTokenHeader, IfMatch, IfNoneMatch, KeyPath,
-    KeyVersionPath, SNAPSHOT_VERSION, content_length, read_limited,
+    KeyVersionPath, PageParams, SNAPSHOT_VERSION, content_length, key_page, read_limited,
 };
-use crate::domain::{
-    Cursor, ETag, EntityTagCondition, Key, KeyPrefix, Page, PageLimit, SnapshotMeta, Version,
-};
+use crate::domain::{ETag, EntityTagCondition, Key, Page, SnapshotMeta, Version};
 use crate::state::AppState;
 use crate::store::idempotency::Gated;
 use crate::store::snapshot_keys::{self, SnapshotKeysQuery};
@@ -283,27 +281,12 @@ async fn read_version(
     Ok(snapshot_response(snapshot, read, if_none_match.as_ref()))
 }
 
-/// The query of a versions list.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct VersionsParams {
-    #[serde(default)]
-    limit: Option<i64>,
-    #[serde(default)]
-    cursor: Option<String>,
-}
-
 async fn versions(
     State(state): State<AppState>,
     KeyPath(key): KeyPath,
-    ApiQuery(params): ApiQuery<VersionsParams>,
+    ApiQuery(params): ApiQuery<PageParams>,
 ) -> Result<Json<Page<SnapshotMeta>>, ApiError> {
-    let limit = PageLimit::new(params.limit)?;
-    let before = params
-        .cursor
-        .as_deref()
-        .map(Cursor::decode_number)
-        .transpose()?;
+    let (limit, before) = params.checked()?;
     let page = snapshots::versions(&state.db, &key, state.rules.keep_versions, limit, before)
         .await?
         .ok_or_else(|| no_snapshot(&key))?;
@@ -328,10 +311,11 @@ async fn list(
     State(state): State<AppState>,
     ApiQuery(params): ApiQuery<ListParams>,
 ) -> Result<Json<Page<SnapshotMeta>>, ApiError> {
+    let (prefix, limit, after) = key_page(params.prefix, params.limit, params.cursor.as_deref())?;
     let q = SnapshotKeysQuery {
-        prefix: KeyPrefix::parse(params.prefix.unwrap_or_default())?,
-        limit: PageLimit::new(params.limit)?,
-        after: params.cursor.as_deref().map(Cursor::decode).transpose()?,
+        prefix,
+        limit,
+        after,
     };
     Ok(Json(snapshot_keys::list(&state.db, &q).await?))
 }
