@@ -5,11 +5,16 @@
 // `Authorization: Bearer`. The API decides what the key may see; the page only hides what the key
 // could not do. Everything is drawn with textContent and DOM calls, never from markup, so nothing
 // the API returns is ever read as HTML. The open view is read again whenever GET /v1/watch says
-// something changed; only while that stream fails is it read every few seconds instead.
+// something changed; only while that stream fails is it read every few seconds instead. A waiting
+// acquire changes nothing until it is granted, so the stream says nothing of it: while a lease on
+// screen is held (the only kind a request waits for), the lease list is read every few seconds
+// for its queues.
 'use strict';
 
 (() => {
   const REFRESH_MS = 5000;
+  // The owners shown of each key's queue; the cell counts the rest.
+  const QUEUE_SHOWN = 3;
   // After the change stream fails: polling, and a new try at the stream this much later (doubling
   // up to a minute while it keeps failing).
   const WATCH_RETRY_MS = 15e3;
@@ -36,6 +41,7 @@
     access: 'unknown', // admin | reader | none | unknown
     skewMs: 0, // server clock minus this browser's, from the Date header
     busy: false,
+    queueReads: 0, // reads of the lease list for its queues while the stream is live
     again: false,
     probedFor: null, // the key the access was learned for, and when
     probedAt: 0,
@@ -43,7 +49,7 @@
     recovery: { cursors: [null], page: 0, next: null, confirm: null },
     audit: { filters: {}, limit: 50, cursors: [null], page: 0, next: null },
     chart: { window: '1h', prefix: '', principal: '*', principals: new Set(), items: [], truncated: false },
-    snapshots: { key: '', prefix: null, more: false },
+    snapshots: { key: '', prefix: null, cursors: [null], page: 0, next: null },
     // The change stream: `live` while GET /v1/watch streams, `polling` while it fails.
     watch: { mode: 'connecting', lastId: null, abort: null, retryMs: WATCH_RETRY_MS, batch: null, events: 0, polls: 0 },
   };
@@ -285,9 +291,10 @@
     const current = ticket('leases');
     try {
       const page = await api(`v1/leases${query({ prefix: s.prefix, state: s.state, limit: 100, cursor: s.cursors[s.page] })}`);
+      const queues = await Promise.all(page.items.map(queueOf));
       if (!current()) return;
       s.next = page.next_cursor;
-      renderLeases(page.items);
+      renderLeases(page.items, queues);
       setError($('.error', card), null);
       $('#view-leases').dataset.loaded = String(Date.now());
     } catch (e) {
@@ -296,14 +303,26 @@
     pager('leases', s);
   }
 
-  function renderLeases(items) {
+  // The first waiters of a key that has any (each key's status counts them); null when none
+  // wait, or when its queue could not be read (the count still shows).
+  async function queueOf(item) {
+    if (!item.waiters) return null;
+    try {
+      return (await api(`v1/leases/${seg(item.key)}/waiters?limit=${QUEUE_SHOWN}`)).items;
+    } catch (_) {
+      return null;
+    }
+  }
+
+  function renderLeases(items, queues) {
     const admin = state.access === 'admin';
-    const rows = items.map((item) => {
+    const rows = items.map((item, i) => {
       const lease = item.lease;
-      return h('tr', { 'data-key': item.key, 'data-state': item.state },
+      return h('tr', { 'data-key': item.key, 'data-state': item.state, 'data-waiters': item.waiters || 0 },
         h('td', { class: 'key' }, h('a', { href: `#snapshots/${seg(item.key)}`, title: 'Show the snapshot versions of this key' }, item.key)),
         h('td', {}, h('span', { class: `badge ${item.state}` }, item.state)),
         h('td', { class: 'holder' }, lease.owner),
+        waitersCell(item.waiters || 0, queues[i]),
         h('td', { class: 'num mono' }, String(lease.token)),
         h('td', {}, expiryCell(item)),
         metadataCell(lease.metadata, false),
@@ -312,6 +331,19 @@
     $('#lease-table tbody').replaceChildren(...rows);
     $('#view-leases .empty').hidden = items.length > 0;
     tick();
+  }
+
+  // How many wait for the key, and who first: `2 · worker-8, worker-9`, each owner's wait in its
+  // title.
+  function waitersCell(count, queue) {
+    if (!count) return h('td', { class: 'waiters muted' }, '—');
+    const shown = queue || [];
+    const names = shown.map((w, i) => h('li', { title: `#${w.position}, waiting since ${utc(w.since)}` },
+      w.owner === null ? '(unnamed)' : w.owner, i < shown.length - 1 ? ', ' : null));
+    const rest = count - shown.length;
+    return h('td', { class: 'waiters', title: `${count} waiting, first to be granted first` },
+      h('b', { class: 'count' }, String(count)),
+      names.length ? [' ', h('ol', { class: 'queue' }, names, rest > 0 ? h('li', { class: 'muted' }, ` +${rest}`) : null)] : null);
   }
 
   function expiryCell(item) {
@@ -628,63 +660,38 @@
     await loadAudit();
   }
 
-  // The keys under a prefix that hold a snapshot. No call lists snapshots, but every snapshot was
-  // written under a lease of its key, so the keys come from the lease list (its first page of 100)
-  // and a HEAD of each says whether it holds a snapshot, and which.
-  const HEADS_AT_ONCE = 6;
-
+  // The keys under a prefix that hold a snapshot (GET /v1/snapshots), a page of 100 at a time.
   async function loadSnapshotKeys() {
     const s = state.snapshots;
     const card = $('#snapshot-keys-card');
     const body = $('#snapshot-keys-table tbody');
+    const pagerEl = $('.pager[data-for="snapshot-keys"]');
     if (s.prefix === null) {
       $('.empty', card).hidden = true;
+      pagerEl.hidden = true;
       return;
     }
     const current = ticket('snapshot-keys');
     try {
-      const page = await api(`v1/leases${query({ prefix: s.prefix, limit: 100 })}`);
-      const keys = page.items.map((item) => item.key);
-      const found = [];
-      for (let i = 0; i < keys.length; i += HEADS_AT_ONCE) {
-        const heads = await Promise.all(keys.slice(i, i + HEADS_AT_ONCE).map(headSnapshot));
-        found.push(...heads.filter(Boolean));
-      }
+      const page = await api(`v1/snapshots${query({ prefix: s.prefix, limit: 100, cursor: s.cursors[s.page] })}`);
       if (!current()) return;
-      const rows = found.map((f) => h('tr', { 'data-key': f.key },
-        h('td', { class: 'key' }, h('a', { href: `#snapshots/${seg(f.key)}`, title: 'Show its versions' }, f.key)),
-        h('td', { class: 'num mono' }, f.version),
-        h('td', { class: 'num', title: `${f.size} bytes` }, bytes(Number(f.size))),
-        h('td', { class: 'num mono' }, f.token),
-        h('td', { class: 'mono' }, f.type),
-        h('td', { class: 'nowrap' }, utc(f.modified))));
+      s.next = page.next_cursor;
+      const rows = page.items.map((m) => h('tr', { 'data-key': m.key },
+        h('td', { class: 'key' }, h('a', { href: `#snapshots/${seg(m.key)}`, title: 'Show its versions' }, m.key)),
+        h('td', { class: 'num mono' }, String(m.version)),
+        h('td', { class: 'num', title: `${m.size} bytes` }, bytes(m.size)),
+        h('td', { class: 'num mono' }, String(m.token)),
+        h('td', { class: 'mono' }, m.content_type),
+        h('td', { class: 'nowrap' }, utc(m.updated_at))));
       body.replaceChildren(...rows);
       $('.empty', card).hidden = rows.length > 0;
-      $('.more', card).hidden = !page.next_cursor;
       setError($('.error', card), null);
       card.dataset.loaded = String(Date.now());
     } catch (e) {
       if (current()) setError($('.error', card), e);
     }
-  }
-
-  // The current snapshot of `key`, from its headers; null when it holds none.
-  async function headSnapshot(key) {
-    try {
-      const response = await api(`v1/snapshots/${seg(key)}`, { method: 'HEAD', raw: true });
-      const header = (name) => response.headers.get(name) || '';
-      return {
-        key,
-        version: header('Snapshot-Version'),
-        size: header('Content-Length'),
-        token: header('Fencing-Token'),
-        type: header('Content-Type'),
-        modified: header('Last-Modified'),
-      };
-    } catch (e) {
-      if (e.status === 404) return null;
-      throw e;
-    }
+    pagerEl.hidden = false;
+    pager('snapshot-keys', s);
   }
 
   // Snapshot versions, each downloadable: fetched with the key, handed over as a blob URL.
@@ -942,7 +949,7 @@
 
     $('#snapshot-keys-form').addEventListener('submit', (ev) => {
       ev.preventDefault();
-      state.snapshots.prefix = ev.target.elements.prefix.value;
+      Object.assign(state.snapshots, { prefix: ev.target.elements.prefix.value, cursors: [null], page: 0 });
       loadSnapshotKeys();
     });
 
@@ -952,7 +959,12 @@
       location.hash = `snapshots/${seg(key)}`;
     });
 
-    const paged = { leases: [state.leases, loadLeases], refused: [state.audit, loadAudit], recovery: [state.recovery, loadRecovery] };
+    const paged = {
+      leases: [state.leases, loadLeases],
+      refused: [state.audit, loadAudit],
+      recovery: [state.recovery, loadRecovery],
+      'snapshot-keys': [state.snapshots, loadSnapshotKeys],
+    };
     for (const el of $$('.pager')) {
       const [s, load] = paged[el.dataset.for];
       el.querySelector('[data-page="first"]').addEventListener('click', () => { s.page = 0; s.cursors = [null]; load(); });
@@ -977,6 +989,14 @@
       state.watch.polls += 1;
       document.body.dataset.polls = String(state.watch.polls);
       refresh();
+    }, REFRESH_MS);
+    // The queues of held keys, which the stream says nothing of (see the top of this file).
+    setInterval(() => {
+      if (document.hidden || state.watch.mode !== 'live' || state.view !== 'leases') return;
+      if (!$('#lease-table tr[data-state="held"]')) return;
+      state.queueReads += 1;
+      document.body.dataset.queueReads = String(state.queueReads);
+      loadLeases();
     }, REFRESH_MS);
     setInterval(tick, 1000);
   }

@@ -8,7 +8,7 @@ use super::output::{self, fields, metadata, opt, time};
 use super::{Ctx, Exit, parse};
 use crate::domain::{
     Cursor, FencingToken, Key, KeyPrefix, KeyStatus, Lease, LeaseState, Metadata, Owner, PageLimit,
-    RecoveryRecord,
+    RecoveryRecord, Waiter,
 };
 use snapfence_client::{AcquireRequest, Grant, LeaseFilter, PageRequest};
 
@@ -71,6 +71,17 @@ pub enum LeaseCommand {
     Show {
         /// The key.
         key: Key,
+    },
+    /// List the acquires waiting for a key (--wait), first to be granted first.
+    Waiters {
+        /// The key.
+        key: Key,
+        /// Waiters per page (1..=1000) [default: 100].
+        #[arg(long)]
+        limit: Option<PageLimit>,
+        /// The cursor a previous page printed.
+        #[arg(long, value_parser = output::cursor)]
+        cursor: Option<Cursor>,
     },
     /// List keys in key order, a page at a time.
     List {
@@ -162,6 +173,26 @@ pub async fn main(ctx: &Ctx, command: LeaseCommand) -> Exit {
             }
             Err(e) => ctx.fail(&e, None),
         },
+        LeaseCommand::Waiters { key, limit, cursor } => {
+            match ctx
+                .client
+                .lease_waiters(&key, &PageRequest { limit, cursor })
+                .await
+            {
+                Ok(page) => {
+                    ctx.output
+                        .print_page(&page, &["POSITION", "OWNER", "SINCE"], |w: &Waiter| {
+                            vec![
+                                w.position.to_string(),
+                                opt(w.owner.as_ref()),
+                                time(&w.since),
+                            ]
+                        });
+                    Exit::Success
+                }
+                Err(e) => ctx.fail(&e, None),
+            }
+        }
         LeaseCommand::List {
             prefix,
             state,
@@ -284,6 +315,7 @@ fn status_table(s: &KeyStatus) -> String {
     let mut rows = vec![
         ("state".to_owned(), s.state.as_str().to_owned()),
         ("newest_token".to_owned(), s.newest_token.to_string()),
+        ("waiters".to_owned(), s.waiters.to_string()),
     ];
     rows.extend(prefixed("lease.", lease_fields(&s.lease)));
     with_recovery(rows, "recovery", s.recovery.as_ref())

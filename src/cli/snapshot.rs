@@ -9,8 +9,8 @@ use clap::Subcommand;
 use super::lease::Fenced;
 use super::output::{self, fields, time};
 use super::{Ctx, Exit, parse};
-use crate::domain::{Cursor, EntityTagCondition, Key, PageLimit, SnapshotMeta, Version};
-use snapfence_client::{PageRequest, PutOptions, SnapshotHead, Written};
+use crate::domain::{Cursor, EntityTagCondition, Key, KeyPrefix, PageLimit, SnapshotMeta, Version};
+use snapfence_client::{PageRequest, PutOptions, SnapshotFilter, SnapshotHead, Written};
 
 /// The snapshot subcommands.
 #[derive(Debug, Subcommand)]
@@ -46,6 +46,18 @@ pub enum SnapshotCommand {
         /// The key.
         key: Key,
         /// Versions per page (1..=1000) [default: 100].
+        #[arg(long)]
+        limit: Option<PageLimit>,
+        /// The cursor a previous page printed.
+        #[arg(long, value_parser = output::cursor)]
+        cursor: Option<Cursor>,
+    },
+    /// List the keys that have a snapshot, in key order, each with its current version.
+    List {
+        /// Only keys starting with this.
+        #[arg(long, value_parser = parse::prefix)]
+        prefix: Option<KeyPrefix>,
+        /// Keys per page (1..=1000) [default: 100].
         #[arg(long)]
         limit: Option<PageLimit>,
         /// The cursor a previous page printed.
@@ -145,6 +157,43 @@ pub async fn main(ctx: &Ctx, command: SnapshotCommand) -> Exit {
                                 v.content_type.clone(),
                                 time(&v.updated_at),
                                 v.etag.to_string(),
+                            ]
+                        },
+                    );
+                    Exit::Success
+                }
+                Err(e) => ctx.fail(&e, None),
+            }
+        }
+        SnapshotCommand::List {
+            prefix,
+            limit,
+            cursor,
+        } => {
+            let filter = SnapshotFilter {
+                prefix,
+                page: PageRequest { limit, cursor },
+            };
+            match ctx.client.list_snapshots(&filter).await {
+                Ok(page) => {
+                    ctx.output.print_page(
+                        &page,
+                        &[
+                            "KEY",
+                            "VERSION",
+                            "TOKEN",
+                            "SIZE",
+                            "CONTENT_TYPE",
+                            "UPDATED_AT",
+                        ],
+                        |m: &SnapshotMeta| {
+                            vec![
+                                output::opt(m.key.as_ref()),
+                                m.version.to_string(),
+                                m.token.to_string(),
+                                m.size.to_string(),
+                                m.content_type.clone(),
+                                time(&m.updated_at),
                             ]
                         },
                     );

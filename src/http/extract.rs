@@ -15,12 +15,15 @@ use axum::response::Response;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use memmap2::MmapMut;
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use super::error::{ApiError, Unavailability};
 use super::idempotency::IdempotencyHeader;
 use super::limits::BodyBudget;
-use crate::domain::{EntityTagCondition, FencingToken, Key, Principal};
+use crate::domain::{
+    Cursor, EntityTagCondition, FencingToken, Key, KeyPrefix, PageLimit, Principal,
+};
 use crate::state::AppState;
 use crate::store::RequestContext;
 
@@ -85,6 +88,43 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
             .map(|Query(q)| ApiQuery(q))
             .map_err(|e: QueryRejection| ApiError::InvalidRequest(e.body_text()))
     }
+}
+
+/// The query of a list paged by id or version: `limit` and `cursor`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PageParams {
+    #[serde(default)]
+    limit: Option<i64>,
+    #[serde(default)]
+    cursor: Option<String>,
+}
+
+impl PageParams {
+    /// The page size, and the id or version the page resumes after.
+    pub fn checked(&self) -> Result<(PageLimit, Option<i64>), ApiError> {
+        let limit = PageLimit::new(self.limit)?;
+        let after = self
+            .cursor
+            .as_deref()
+            .map(Cursor::decode_number)
+            .transpose()?;
+        Ok((limit, after))
+    }
+}
+
+/// A page of a list of keys as its query gives it: the keys under `prefix` (every key without
+/// one), `limit` of them, after the key the cursor names.
+pub fn key_page(
+    prefix: Option<String>,
+    limit: Option<i64>,
+    cursor: Option<&str>,
+) -> Result<(KeyPrefix, PageLimit, Option<String>), ApiError> {
+    Ok((
+        KeyPrefix::parse(prefix.unwrap_or_default())?,
+        PageLimit::new(limit)?,
+        cursor.map(Cursor::decode).transpose()?,
+    ))
 }
 
 /// Middleware for the calls that take no query parameters: a query string is refused like an

@@ -1,5 +1,5 @@
 //! `/v1/leases`: acquire, renew, release, abandon, require-recovery, reconciled (v1.2), get and
-//! list.
+//! list, and (beyond the contract) a key's queue of waiting acquires.
 
 use axum::Json;
 use axum::extract::{FromRequestParts, State};
@@ -11,15 +11,18 @@ use serde::Deserialize;
 
 use super::Routes;
 use super::error::ApiError;
-use super::extract::{ApiJson, ApiQuery, Context, FencingTokenHeader, KeyPath};
+use super::extract::{
+    ApiJson, ApiQuery, Context, FencingTokenHeader, KeyPath, PageParams, key_page,
+};
 use super::idempotency::IdempotencyHeader;
 use crate::domain::{
-    AcquireRequest, Cursor, FencingToken, Grant, Holder, Key, KeyPrefix, KeyStatus, LeaseState,
-    Page, PageLimit, RenewRequest, TtlMs,
+    AcquireRequest, FencingToken, Grant, Holder, Key, KeyStatus, LeaseState, Page, RenewRequest,
+    TtlMs, Waiter,
 };
 use crate::state::AppState;
 use crate::store::RequestContext;
 use crate::store::idempotency::Gated;
+use crate::store::leases::queue;
 use crate::store::leases::{self, AcquireOutcome, Ending, LeaseChange, ListQuery, NewLease};
 
 /// The lease routes.
@@ -34,6 +37,7 @@ pub(super) fn routes() -> Routes {
         .route_without_query("/v1/leases/{key}/abandon", post(abandon))
         .route_without_query("/v1/leases/{key}/require-recovery", post(require_recovery))
         .route_without_query("/v1/leases/{key}/reconciled", post(reconciled))
+        .route("/v1/leases/{key}/waiters", get(waiters))
 }
 
 async fn acquire(
@@ -224,11 +228,22 @@ async fn list(
     State(state): State<AppState>,
     ApiQuery(params): ApiQuery<ListParams>,
 ) -> Result<Json<Page<KeyStatus>>, ApiError> {
+    let (prefix, limit, after) = key_page(params.prefix, params.limit, params.cursor.as_deref())?;
     let q = ListQuery {
-        prefix: KeyPrefix::parse(params.prefix.unwrap_or_default())?,
+        prefix,
         state: params.state,
-        limit: PageLimit::new(params.limit)?,
-        after: params.cursor.as_deref().map(Cursor::decode).transpose()?,
+        limit,
+        after,
     };
     Ok(Json(leases::list(&state.db, &q).await?))
+}
+
+/// Beyond the contract: who waits for the key, in the order they will be granted it.
+async fn waiters(
+    State(state): State<AppState>,
+    KeyPath(key): KeyPath,
+    ApiQuery(params): ApiQuery<PageParams>,
+) -> Result<Json<Page<Waiter>>, ApiError> {
+    let (limit, after) = params.checked()?;
+    Ok(Json(queue::waiters(&state.db, &key, limit, after).await?))
 }

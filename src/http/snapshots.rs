@@ -1,4 +1,5 @@
-//! `/v1/snapshots`: fenced writes and deletes, reads, and retained versions.
+//! `/v1/snapshots`: fenced writes and deletes, reads, retained versions, and (beyond the
+//! contract) the keys that have a snapshot, by prefix.
 
 use axum::Json;
 use axum::body::Body;
@@ -15,13 +16,12 @@ use super::Routes;
 use super::error::ApiError;
 use super::extract::{
     ApiQuery, BodyLimit, Context, FENCING_TOKEN, FencingTokenHeader, IfMatch, IfNoneMatch, KeyPath,
-    KeyVersionPath, SNAPSHOT_VERSION, content_length, read_limited,
+    KeyVersionPath, PageParams, SNAPSHOT_VERSION, content_length, key_page, read_limited,
 };
-use crate::domain::{
-    Cursor, ETag, EntityTagCondition, Key, Page, PageLimit, SnapshotMeta, Version,
-};
+use crate::domain::{ETag, EntityTagCondition, Key, Page, SnapshotMeta, Version};
 use crate::state::AppState;
 use crate::store::idempotency::Gated;
+use crate::store::snapshots::list::{self, SnapshotKeysQuery};
 use crate::store::snapshots::{self, PutRequest, Read, Snapshot, WriteOutcome, Written};
 
 const SNAPSHOT_TOO_LARGE: &str =
@@ -33,6 +33,7 @@ const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
 /// The snapshot routes. `GET` routes answer `HEAD` too, with the same headers and no body.
 pub(super) fn routes() -> Routes {
     Routes::new()
+        .route("/v1/snapshots", get(list))
         .route_without_query("/v1/snapshots/{key}", get(read).put(write).delete(delete))
         .route("/v1/snapshots/{key}/versions", get(versions))
         .route_without_query("/v1/snapshots/{key}/versions/{version}", get(read_version))
@@ -280,29 +281,41 @@ async fn read_version(
     Ok(snapshot_response(snapshot, read, if_none_match.as_ref()))
 }
 
-/// The query of a versions list.
+async fn versions(
+    State(state): State<AppState>,
+    KeyPath(key): KeyPath,
+    ApiQuery(params): ApiQuery<PageParams>,
+) -> Result<Json<Page<SnapshotMeta>>, ApiError> {
+    let (limit, before) = params.checked()?;
+    let page = snapshots::versions(&state.db, &key, state.rules.keep_versions, limit, before)
+        .await?
+        .ok_or_else(|| no_snapshot(&key))?;
+    Ok(Json(page))
+}
+
+/// The query of a list of snapshot keys.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct VersionsParams {
+pub struct ListParams {
+    #[serde(default)]
+    prefix: Option<String>,
     #[serde(default)]
     limit: Option<i64>,
     #[serde(default)]
     cursor: Option<String>,
 }
 
-async fn versions(
+/// Beyond the contract: the keys with a current snapshot, in byte order, each with that
+/// snapshot's metadata.
+async fn list(
     State(state): State<AppState>,
-    KeyPath(key): KeyPath,
-    ApiQuery(params): ApiQuery<VersionsParams>,
+    ApiQuery(params): ApiQuery<ListParams>,
 ) -> Result<Json<Page<SnapshotMeta>>, ApiError> {
-    let limit = PageLimit::new(params.limit)?;
-    let before = params
-        .cursor
-        .as_deref()
-        .map(Cursor::decode_number)
-        .transpose()?;
-    let page = snapshots::versions(&state.db, &key, state.rules.keep_versions, limit, before)
-        .await?
-        .ok_or_else(|| no_snapshot(&key))?;
-    Ok(Json(page))
+    let (prefix, limit, after) = key_page(params.prefix, params.limit, params.cursor.as_deref())?;
+    let q = SnapshotKeysQuery {
+        prefix,
+        limit,
+        after,
+    };
+    Ok(Json(list::list(&state.db, &q).await?))
 }

@@ -322,6 +322,42 @@ async fn answers_conform_to_the_spec_across_every_operation_and_error_code() {
         app.get("/v1/snapshots/none/versions").await,
     )
     .await;
+    c.check(
+        "get",
+        "/v1/snapshots",
+        app.get("/v1/snapshots?limit=1").await,
+    )
+    .await;
+    c.check(
+        "get",
+        "/v1/snapshots",
+        app.get("/v1/snapshots?limit=0").await,
+    )
+    .await;
+    let queue = "/v1/leases/{key}/waiters";
+    app.acquire("queued", "holder", 30000).await;
+    let waiter = {
+        let waiting = send(Method::POST, "/v1/leases/queued")
+            .json(&json!({"owner": "w", "ttl_ms": 30000, "wait_ms": 60000}));
+        tokio::spawn(waiting.send())
+    };
+    // A queue with its waiter in it, within a ceiling generous for a loaded machine.
+    let listed = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        loop {
+            let r = app.get("/v1/leases/queued/waiters").await;
+            let page: Value = r.json().await.unwrap();
+            if !page["items"].as_array().unwrap().is_empty() {
+                break app.get("/v1/leases/queued/waiters").await;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the waiter is queued");
+    c.check("get", queue, listed).await;
+    waiter.abort();
+    c.check("get", queue, app.get("/v1/leases/k/waiters?cursor=x").await)
+        .await;
     let version = "/v1/snapshots/{key}/versions/{version}";
     c.check("get", version, app.get("/v1/snapshots/k/versions/1").await)
         .await;

@@ -831,3 +831,137 @@ async fn a_stale_token_that_asked_to_continue_is_refused_instead_of_told_to_send
     assert_eq!(rejection_count(&app).await, 1);
     app.stop().await;
 }
+
+/// Writes a snapshot of each of `keys`, each under a lease of its own.
+async fn write_each(app: &TestApp, keys: &[&str]) {
+    for key in keys {
+        let t = token(&app.acquire(key, "a", 30000).await);
+        assert!(
+            app.put(key, t, format!("body of {key}"))
+                .await
+                .status()
+                .is_success()
+        );
+    }
+}
+
+/// The keys of a list of snapshots.
+fn listed_keys(page: &Value) -> Vec<&str> {
+    page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["key"].as_str().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn listing_snapshots_answers_the_keys_with_a_current_snapshot_in_byte_order() {
+    let app = TestApp::spawn().await;
+    write_each(&app, &["b", "a", "Z"]).await;
+    let t = token(&app.acquire("deleted", "a", 30000).await);
+    app.put("deleted", t, "gone soon").await;
+    let deleted = app
+        .request(Method::DELETE, "/v1/snapshots/deleted")
+        .header("Fencing-Token", t.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), StatusCode::NO_CONTENT);
+    app.acquire("leased-only", "a", 30000).await;
+    let page: Value = app.get("/v1/snapshots").await.json().await.unwrap();
+    assert_eq!(listed_keys(&page), ["Z", "a", "b"]);
+    assert_eq!(page["next_cursor"], Value::Null);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_listed_snapshot_has_the_metadata_of_its_current_version() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("k", "a", 30000).await);
+    app.put("k", t, "one").await;
+    let written: Value = app.put("k", t, "second").await.json().await.unwrap();
+    let page: Value = app.get("/v1/snapshots").await.json().await.unwrap();
+    assert_eq!(page["items"], serde_json::json!([written]));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn listing_snapshots_pages_through_next_cursor_without_gap_or_repeat() {
+    let app = TestApp::spawn().await;
+    write_each(&app, &["k1", "k2", "k3", "k4", "k5"]).await;
+    let mut seen = Vec::new();
+    let mut path = "/v1/snapshots?limit=2".to_owned();
+    loop {
+        let page: Value = app.get(&path).await.json().await.unwrap();
+        assert!(page["items"].as_array().unwrap().len() <= 2);
+        seen.extend(listed_keys(&page).into_iter().map(str::to_owned));
+        match page["next_cursor"].as_str() {
+            Some(cursor) => path = format!("/v1/snapshots?limit=2&cursor={cursor}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["k1", "k2", "k3", "k4", "k5"]);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn listing_snapshots_by_prefix_answers_only_the_keys_that_start_with_it() {
+    let app = TestApp::spawn().await;
+    write_each(&app, &["jobs/1", "jobs/2", "jobsx", "other"]).await;
+    let page: Value = app
+        .get("/v1/snapshots?prefix=jobs%2F")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed_keys(&page), ["jobs/1", "jobs/2"]);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_prefixed_api_key_lists_snapshots_only_under_its_prefix() {
+    let app = TestApp::spawn().await;
+    write_each(&app, &["jobs/1", "other"]).await;
+    let jobs = app
+        .make_key("jobs", snapfence::domain::Scope::Read, "jobs/")
+        .await;
+    let list = |path: &str| {
+        app.request(Method::GET, path)
+            .header("Authorization", format!("Bearer {jobs}"))
+            .send()
+    };
+    for outside in ["/v1/snapshots", "/v1/snapshots?prefix=j"] {
+        problem(
+            list(outside).await.unwrap(),
+            StatusCode::FORBIDDEN,
+            "forbidden",
+        )
+        .await;
+    }
+    let page: Value = list("/v1/snapshots?prefix=jobs%2F")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed_keys(&page), ["jobs/1"]);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn listing_snapshots_with_a_bad_limit_cursor_prefix_or_parameter_is_invalid_request() {
+    let app = TestApp::spawn().await;
+    for query in [
+        "limit=0",
+        "limit=1001",
+        "limit=ten",
+        "cursor=%21%21",
+        "prefix=a%01",
+        "after=a",
+    ] {
+        let r = app.get(&format!("/v1/snapshots?{query}")).await;
+        problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
+    }
+    app.stop().await;
+}

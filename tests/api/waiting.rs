@@ -652,3 +652,113 @@ async fn a_key_released_while_its_first_waiters_instance_is_frozen_goes_to_the_n
     frozen.close().await.unwrap();
     app.stop().await;
 }
+
+/// `GET path` through `app`'s instance, answered 200 with its body.
+async fn read(app: &TestApp, path: &str) -> Value {
+    let r = app.get(path).await;
+    assert_eq!(r.status(), StatusCode::OK, "{path}");
+    r.json().await.unwrap()
+}
+
+/// The owners of a page of a key's queue, with their positions.
+fn queue(page: &Value) -> Vec<(i64, &str)> {
+    page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["position"].as_i64().unwrap(),
+                w["owner"].as_str().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_keys_queue_lists_its_waiters_owners_in_grant_order() {
+    let app = TestApp::spawn().await;
+    let holder = app.acquire("k", "holder", 30000).await;
+    let first = spawn_waiter(&app, "k", "first", 60_000);
+    until_queued(app.db(), "k", 1).await;
+    let second = spawn_waiter(&app, "k", "second", 60_000);
+    until_queued(app.db(), "k", 2).await;
+    let page = read(&app, "/v1/leases/k/waiters").await;
+    assert_eq!(queue(&page), [(1, "first"), (2, "second")]);
+    assert!(page["items"][0]["since"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(page["next_cursor"], Value::Null);
+    assert_eq!(app.release("k", token(&holder)).await.status(), 204);
+    let (status, _) = tokio::time::timeout(CEILING, first).await.unwrap().unwrap();
+    assert_eq!(status, StatusCode::CREATED);
+    let page = read(&app, "/v1/leases/k/waiters").await;
+    assert_eq!(queue(&page), [(1, "second")]);
+    second.abort();
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_keys_status_and_the_list_count_its_waiters() {
+    let app = TestApp::spawn().await;
+    app.acquire("k", "holder", 30000).await;
+    app.acquire("free", "other", 30000).await;
+    let waiters: Vec<_> = (0..3)
+        .map(|_| spawn_waiter(&app, "k", "w", 60_000))
+        .collect();
+    until_queued(app.db(), "k", 3).await;
+    assert_eq!(read(&app, "/v1/leases/k").await["waiters"], 3);
+    let list = read(&app, "/v1/leases").await;
+    let counts: Vec<(&str, i64)> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["key"].as_str().unwrap(), s["waiters"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(counts, [("free", 0), ("k", 3)]);
+    waiters.iter().for_each(tokio::task::JoinHandle::abort);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_keys_queue_pages_through_next_cursor_keeping_each_waiters_position() {
+    let app = TestApp::spawn().await;
+    app.acquire("k", "holder", 30000).await;
+    let owners = ["w1", "w2", "w3"];
+    let mut waiters = Vec::new();
+    for (i, owner) in owners.into_iter().enumerate() {
+        waiters.push(spawn_waiter(&app, "k", owner, 60_000));
+        until_queued(app.db(), "k", i as i64 + 1).await;
+    }
+    let page = read(&app, "/v1/leases/k/waiters?limit=2").await;
+    assert_eq!(queue(&page), [(1, "w1"), (2, "w2")]);
+    let cursor = page["next_cursor"].as_str().unwrap();
+    let rest = read(
+        &app,
+        &format!("/v1/leases/k/waiters?limit=2&cursor={cursor}"),
+    )
+    .await;
+    assert_eq!(queue(&rest), [(3, "w3")]);
+    assert_eq!(rest["next_cursor"], Value::Null);
+    waiters.iter().for_each(tokio::task::JoinHandle::abort);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_key_no_one_waits_for_has_an_empty_queue_leased_or_not() {
+    let app = TestApp::spawn().await;
+    app.acquire("held", "holder", 30000).await;
+    for key in ["held", "never-leased"] {
+        let page = read(&app, &format!("/v1/leases/{key}/waiters")).await;
+        assert_eq!(page, json!({"items": [], "next_cursor": null}));
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn reading_a_queue_with_a_bad_limit_or_cursor_is_invalid_request() {
+    let app = TestApp::spawn().await;
+    for query in ["limit=0", "limit=1001", "cursor=x", "prefix=k"] {
+        let r = app.get(&format!("/v1/leases/k/waiters?{query}")).await;
+        problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
+    }
+    app.stop().await;
+}

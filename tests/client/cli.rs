@@ -707,3 +707,46 @@ async fn a_token_that_is_not_a_number_is_a_usage_error_naming_the_flag() {
         ran.stderr
     );
 }
+
+#[tokio::test]
+async fn snapshot_list_prints_the_keys_under_the_prefix_that_have_a_snapshot() {
+    let app = TestApp::spawn().await;
+    let c = client(&app.instance.base);
+    for k in ["jobs/1", "jobs/2", "other"] {
+        let t = grant(&c, &key(k), "w", TTL).await.lease.token;
+        c.put_snapshot(&key(k), t, "body", &PutOptions::default())
+            .await
+            .unwrap();
+    }
+    grant(&c, &key("jobs/3"), "w", TTL).await;
+    let args = ["snapshot", "list", "--prefix", "jobs/"];
+    let page = json_golden(&app.instance.base, &args, b"", "snapshot-list").await;
+    assert_eq!(page["items"].as_array().unwrap().len(), 2);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn lease_waiters_prints_the_keys_queue_in_grant_order() {
+    let app = TestApp::spawn().await;
+    let c = client(&app.instance.base);
+    let held = grant(&c, &key("jobs/42"), "worker-7", TTL).await;
+    let base = app.instance.base.clone();
+    let waiting = tokio::spawn(async move {
+        let args = ["lease", "acquire", "jobs/42", "--owner", "worker-8"];
+        cli(&base, &[&args[..], &["--wait", "30s"]].concat()).await
+    });
+    let until = tokio::time::Instant::now() + Duration::from_secs(20);
+    while c.lease_status(&key("jobs/42")).await.unwrap().waiters != 1 {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the CLI never waited in the queue"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let args = ["lease", "waiters", "jobs/42"];
+    let page = json_golden(&app.instance.base, &args, b"", "lease-waiters").await;
+    assert_eq!(page["items"][0]["owner"], "worker-8");
+    c.release(&key("jobs/42"), held.lease.token).await.unwrap();
+    assert_eq!(waiting.await.unwrap().code, 0);
+    app.stop().await;
+}

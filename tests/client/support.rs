@@ -201,7 +201,7 @@ impl Normaliser {
             }
             (
                 Some(
-                    "acquired_at" | "expires_at" | "ended_at" | "updated_at" | "at"
+                    "acquired_at" | "expires_at" | "ended_at" | "updated_at" | "at" | "since"
                     | "last_modified",
                 ),
                 Value::String(_),

@@ -718,6 +718,39 @@ const OVERFLOW: &str = "
     const box = scroll.getBoundingClientRect();
     return Math.max(0, scroll.scrollWidth - scroll.clientWidth, Math.ceil(last.right - box.right));";
 
+/// A waiting acquire of `key` by `owner` (for a minute), in a task of its own.
+fn wait_for_lease(app: &TestApp, key: &str, owner: &str) -> tokio::task::JoinHandle<StatusCode> {
+    let waiting = app
+        .request(Method::POST, &format!("/v1/leases/{}", enc(key)))
+        .json(&json!({"owner": owner, "ttl_ms": 60_000, "wait_ms": 60_000}));
+    tokio::spawn(async move { waiting.send().await.unwrap().status() })
+}
+
+/// Waits until `n` acquires wait for `key`, as its status counts them.
+async fn until_waiting(app: &TestApp, key: &str, n: i64) {
+    let deadline = Instant::now() + CEILING;
+    loop {
+        let status: Value = app
+            .get(&format!("/v1/leases/{}", enc(key)))
+            .await
+            .json()
+            .await
+            .unwrap();
+        if status["waiters"] == n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{n} never waited for {key}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The text of the Waiting cell of the lease row of `arguments[0]`, once it names a waiter.
+const WAITING_CELL: &str = "
+    const row = [...document.querySelectorAll('#lease-table tbody tr')]
+        .find((r) => r.dataset.key === arguments[0]);
+    const cell = row && row.querySelector('td.waiters');
+    return cell && cell.querySelector('.queue') ? cell.innerText : null;";
+
 /// The footer's state and text once it says the view was read.
 const FOOTER_UPDATED: &str = "
     const el = document.querySelector('#updated');
@@ -740,6 +773,25 @@ async fn at_800_px_every_lease_column_fits_and_the_footer_says_when_the_data_was
     app.acquire_with(
         "jobs/8",
         json!({"owner": "worker-8", "ttl_ms": 90_000, "metadata": {"pid": 17}}),
+    )
+    .await;
+    // The Waiting column with a queue in it fits too.
+    let waiters = [
+        wait_for_lease(
+            &app,
+            "jobs/long-running-nightly-build-of-the-main-branch",
+            "worker-9@build-host-4.example",
+        ),
+        wait_for_lease(
+            &app,
+            "jobs/long-running-nightly-build-of-the-main-branch",
+            "worker-10@build-host-5.example",
+        ),
+    ];
+    until_waiting(
+        &app,
+        "jobs/long-running-nightly-build-of-the-main-branch",
+        2,
     )
     .await;
 
@@ -781,7 +833,19 @@ async fn at_800_px_every_lease_column_fits_and_the_footer_says_when_the_data_was
         )
         .await;
     assert_eq!(actions, true, "an action button is on screen");
+    let queue = browser
+        .wait_for(
+            "the queue is shown",
+            WAITING_CELL,
+            json!(["jobs/long-running-nightly-build-of-the-main-branch"]),
+        )
+        .await;
+    assert!(
+        queue.as_str().unwrap().starts_with('2'),
+        "two waiting: {queue}"
+    );
     browser.screenshot("leases-800px").await;
+    waiters.iter().for_each(tokio::task::JoinHandle::abort);
 
     // The server goes away: the footer says the data on screen is from the last good read.
     let read = footer
@@ -1111,6 +1175,119 @@ async fn the_keys_under_a_prefix_that_hold_a_snapshot_are_listed_and_lead_to_the
             json!([]),
         )
         .await;
+    browser.assert_no_console_errors().await;
+    browser.close().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_held_keys_waiting_acquires_appear_in_grant_order_and_move_up_when_it_is_released() {
+    let _turn = ONE_BROWSER.lock().await;
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let app = TestApp::spawn().await;
+    let holder = app
+        .acquire_with(
+            "jobs/build",
+            json!({"owner": "worker-7", "ttl_ms": 600_000}),
+        )
+        .await
+        .json::<Value>()
+        .await
+        .unwrap();
+    browser.goto(&ui(&app, "leases")).await;
+    browser
+        .wait_for(
+            "the page follows the change stream",
+            WATCH_MODE,
+            json!(["live"]),
+        )
+        .await;
+    browser
+        .wait_for("the holder", LEASE_ROW, json!(["jobs/build", "worker-7"]))
+        .await;
+
+    // Queued one after the other, so the queue's order is known; no change event announces them.
+    let first = wait_for_lease(&app, "jobs/build", "worker-8");
+    until_waiting(&app, "jobs/build", 1).await;
+    let second = wait_for_lease(&app, "jobs/build", "worker-9");
+    until_waiting(&app, "jobs/build", 2).await;
+    let queue = browser
+        .wait_for(
+            "both waiters shown in order",
+            "const row = document.querySelector('#lease-table tr[data-key=\"jobs/build\"]');
+             const cell = row && row.querySelector('td.waiters');
+             return cell && row.dataset.waiters === '2' && cell.querySelectorAll('.queue li').length === 2
+                 ? cell.innerText : null;",
+            json!([]),
+        )
+        .await;
+    assert_eq!(queue, "2 worker-8, worker-9", "{queue}");
+    browser.screenshot("leases-waiters").await;
+
+    app.release("jobs/build", token(&holder)).await;
+    let granted = tokio::time::timeout(CEILING, first).await.unwrap().unwrap();
+    assert_eq!(granted, StatusCode::CREATED);
+    let moved_up = browser
+        .wait_for(
+            "the first waiter holds the key and the second is next",
+            "const row = document.querySelector('#lease-table tr[data-key=\"jobs/build\"]');
+             return row && row.querySelector('.holder').textContent === 'worker-8'
+                 && row.dataset.waiters === '1' ? row.querySelector('td.waiters').innerText : null;",
+            json!([]),
+        )
+        .await;
+    assert_eq!(moved_up, "1 worker-9");
+    second.abort();
+    browser.assert_no_console_errors().await;
+    browser.close().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_snapshot_keys_under_a_prefix_page_a_hundred_at_a_time() {
+    let _turn = ONE_BROWSER.lock().await;
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let app = TestApp::spawn().await;
+    for i in 0..101 {
+        let key = format!("jobs/{i:03}");
+        let grant = app.acquire(&key, "writer", 60_000).await;
+        let r = app.put(&key, token(&grant), "x").await;
+        assert!(r.status().is_success(), "put {key}");
+    }
+    browser.goto(&ui(&app, "snapshots")).await;
+    browser
+        .type_into("#snapshot-keys-form input[name=\"prefix\"]", "jobs/")
+        .await;
+    browser
+        .click("#snapshot-keys-form button[type=\"submit\"]")
+        .await;
+    const KEYS_SHOWN: &str = "
+        const rows = [...document.querySelectorAll('#snapshot-keys-table tbody tr')];
+        return rows.length && rows[0].dataset.key === arguments[0]
+            ? [rows.length, rows[rows.length - 1].dataset.key] : null;";
+    let first = browser
+        .wait_for("the first page", KEYS_SHOWN, json!(["jobs/000"]))
+        .await;
+    assert_eq!(first, json!([100, "jobs/099"]));
+    browser
+        .click(".pager[data-for=\"snapshot-keys\"] [data-page=\"next\"]")
+        .await;
+    let second = browser
+        .wait_for("the second page", KEYS_SHOWN, json!(["jobs/100"]))
+        .await;
+    assert_eq!(second, json!([1, "jobs/100"]));
+    let next_disabled = browser
+        .eval(
+            "return document.querySelector('.pager[data-for=\"snapshot-keys\"] [data-page=\"next\"]').disabled;",
+            json!([]),
+        )
+        .await;
+    assert_eq!(next_disabled, true, "the last page");
+    browser.screenshot("snapshot-keys-page-2").await;
     browser.assert_no_console_errors().await;
     browser.close().await;
     app.stop().await;

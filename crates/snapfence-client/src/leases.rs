@@ -6,14 +6,14 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use snapfence_types::headers::FENCING_TOKEN;
 use snapfence_types::{
-    AcquireRequest, FencingToken, Grant, Key, KeyStatus, Lease, Page, RenewRequest,
+    AcquireRequest, FencingToken, Grant, Key, KeyStatus, Lease, Page, RenewRequest, Waiter,
 };
 
 #[cfg(doc)]
 use crate::Error;
 use crate::retry::CallKind;
 use crate::transport::{Call, segment};
-use crate::{Client, LeaseFilter, Result};
+use crate::{Client, LeaseFilter, PageRequest, Result};
 
 impl Client {
     /// `POST /v1/leases/{key}`: acquire. Without a wait ([`AcquireRequest::wait`]) a live
@@ -125,5 +125,12 @@ impl Client {
     /// `GET /v1/leases`: one page of keys, in key order.
     pub async fn list_leases(&self, filter: &LeaseFilter) -> Result<Page<KeyStatus>> {
         self.get_json("/v1/leases", |r| r.query(filter)).await
+    }
+
+    /// `GET /v1/leases/{key}/waiters` (beyond the contract): one page of the key's queue of
+    /// waiting acquires, first to be granted first; empty when no one waits.
+    pub async fn lease_waiters(&self, key: &Key, page: &PageRequest) -> Result<Page<Waiter>> {
+        let path = format!("/v1/leases/{}/waiters", segment(key)?);
+        self.get_json(&path, |r| r.query(page)).await
     }
 }

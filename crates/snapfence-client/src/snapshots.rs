@@ -12,7 +12,9 @@ use snapfence_types::{ETag, EntityTagCondition, FencingToken, Key, Page, Snapsho
 
 use crate::retry::CallKind;
 use crate::transport::{Answer, Call, header_text, segment};
-use crate::{Client, Error, PageRequest, PutOptions, Result, Snapshot, SnapshotHead, Written};
+use crate::{
+    Client, Error, PageRequest, PutOptions, Result, Snapshot, SnapshotFilter, SnapshotHead, Written,
+};
 
 impl Client {
     /// `PUT /v1/snapshots/{key}`: a fenced write. Accepted only when `token` is the key's newest
@@ -138,6 +140,12 @@ impl Client {
     pub async fn list_versions(&self, key: &Key, page: &PageRequest) -> Result<Page<SnapshotMeta>> {
         let path = format!("/v1/snapshots/{}/versions", segment(key)?);
         self.get_json(&path, |r| r.query(page)).await
+    }
+
+    /// `GET /v1/snapshots` (beyond the contract): one page of the keys that have a current
+    /// snapshot, in key order, each with that snapshot's metadata (`key` set).
+    pub async fn list_snapshots(&self, filter: &SnapshotFilter) -> Result<Page<SnapshotMeta>> {
+        self.get_json("/v1/snapshots", |r| r.query(filter)).await
     }
 
     /// Resolves a put whose outcome is unknown ([`Error::is_indeterminate`]): the retained

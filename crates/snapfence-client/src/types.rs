@@ -36,6 +36,17 @@ pub struct LeaseFilter {
     pub page: PageRequest,
 }
 
+/// Which snapshot keys `GET /v1/snapshots` lists (beyond the contract).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SnapshotFilter {
+    /// Only keys starting with this.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<KeyPrefix>,
+    /// The page.
+    #[serde(flatten)]
+    pub page: PageRequest,
+}
+
 /// Which rows an audit log lists. `R` is the log's reason: [`RefusalReason`](snapfence_types::RefusalReason) for rejections,
 /// [`RecoveryReason`](snapfence_types::RecoveryReason) for recoveries.
 #[derive(Debug, Clone, PartialEq, Serialize)]

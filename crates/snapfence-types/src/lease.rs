@@ -133,4 +133,20 @@ pub struct KeyStatus {
     pub recovery: Option<RecoveryRecord>,
     /// The key's newest token (the newest lease's token), the one fenced writes must present.
     pub newest_token: FencingToken,
+    /// How many waiting acquires (`wait_ms`) are in the key's queue; beyond the contract. 0 from
+    /// a server that does not say.
+    #[serde(default)]
+    pub waiters: i64,
+}
+
+/// One waiting acquire in a key's queue (`GET /v1/leases/{key}/waiters`, beyond the contract).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Waiter {
+    /// Its place in the queue, from 1 (the next to be granted).
+    pub position: i64,
+    /// The `owner` it asked for; `None` for one queued by a server that did not keep it.
+    pub owner: Option<String>,
+    /// When it took its place (database clock).
+    #[serde(with = "rfc3339_millis")]
+    pub since: DateTime<Utc>,
 }

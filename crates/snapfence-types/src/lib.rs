@@ -19,7 +19,7 @@ mod wire;
 
 pub use audit::{AuditId, AuditOperation, Recovery, RefusalReason, Rejection};
 pub use error::{ErrorCode, Problem, RefusalFields};
-pub use lease::{KeyStatus, Lease, LeaseState, RecoveryReason, RecoveryRecord};
+pub use lease::{KeyStatus, Lease, LeaseState, RecoveryReason, RecoveryRecord, Waiter};
 pub use snapshot::{ETag, EntityTagCondition, SnapshotMeta};
 pub use values::{
     Cursor, FencingToken, IdempotencyKey, Key, KeyPrefix, MAX_IDEMPOTENCY_KEY_LEN, MAX_KEY_BYTES,

@@ -7,6 +7,7 @@
 //! that is current when it holds the lock, and two statements on one key, from any instances,
 //! take effect one after the other.
 
+pub mod queue;
 pub mod timeline;
 pub mod waiters;
 
@@ -118,6 +119,10 @@ struct StatusRow {
     kept_ended_at: Option<DateTime<Utc>>,
     #[serde(default)]
     kept_metadata: Option<serde_json::Value>,
+    /// How many acquires wait in the key's queue; status.sql and list.sql count them, a
+    /// statement's JSON answer does not.
+    #[serde(default)]
+    waiters: i64,
 }
 
 impl LeaseRow {
@@ -177,6 +182,7 @@ impl StatusRow {
             newest_token: lease.token,
             lease,
             recovery,
+            waiters: self.waiters,
         }
     }
 }

@@ -179,7 +179,7 @@ impl Waiters {
         let until = Instant::now() + wait;
         // A request whose Idempotency-Key already waits in a queue, on any instance, is still
         // running: answered at once, it takes no second place.
-        let Some((mut place, heard)) = self.enqueue(&req.key, ctx, until).await? else {
+        let Some((mut place, heard)) = self.enqueue(req, ctx, until).await? else {
             return Ok(Gated::InProgress);
         };
         let mut last_try = !heard || *self.inner.stopping.borrow();
@@ -212,17 +212,18 @@ impl Waiters {
         }
     }
 
-    /// Takes a place at the end of `key`'s queue, once this instance listens (so that a
+    /// Takes a place at the end of `req`'s key's queue, under its owner, once this instance listens (so that a
     /// release is heard from the moment the place is taken); whether it listens. An instance
     /// that does not listen by `until` (its database connection for it is slow to come, or
     /// away) takes the place anyway, for one try that is the last. `None` when a waiter with
     /// the request's Idempotency-Key (and API key) holds a place already, on any instance.
     async fn enqueue(
         &self,
-        key: &Key,
+        req: &NewLease,
         ctx: &RequestContext,
         until: Instant,
     ) -> Result<Option<(Place, bool)>> {
+        let key = &req.key;
         let mut listening = self.inner.listening.subscribe();
         let mut stopping = self.inner.stopping.subscribe();
         let heard = tokio::select! {
@@ -252,6 +253,7 @@ impl Waiters {
                     instance,
                     principal: principal.clone(),
                     idem: idem.clone(),
+                    owner: req.owner.as_str().to_owned(),
                 })
                 .await;
             match (queued, &idem) {
@@ -339,6 +341,8 @@ struct Enqueue {
     /// The request's principal ('' without authentication) and Idempotency-Key, if it sent one.
     principal: String,
     idem: Option<String>,
+    /// Who asks, as the key's queue shows it.
+    owner: String,
 }
 
 impl Job for Enqueue {
@@ -383,6 +387,7 @@ impl Kind for EnqueueBatch {
             .bind(jobs.first().map_or(0, |j| j.instance))
             .bind(column(jobs, |j| j.principal.as_str()))
             .bind(column(jobs, |j| j.idem.as_deref()))
+            .bind(column(jobs, |j| j.owner.as_str()))
     }
 }
 

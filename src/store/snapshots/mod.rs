@@ -6,6 +6,8 @@
 //! a grant on one key, from any instances, are ordered: a write that commits before a grant was
 //! made with the then-newest token, and a write after it sees the new token and is refused.
 
+pub mod list;
+
 use std::sync::LazyLock;
 
 use bytes::Bytes;
@@ -499,8 +501,9 @@ pub enum Read<'a> {
     Body(Option<&'a EntityTagCondition>),
 }
 
+/// A version's metadata as the statements read it.
 #[derive(Debug, FromRow)]
-struct VersionRow {
+pub(super) struct VersionRow {
     version: i64,
     token: i64,
     etag: String,
@@ -510,7 +513,7 @@ struct VersionRow {
 }
 
 impl VersionRow {
-    fn into_meta(self, key: Option<&Key>) -> SnapshotMeta {
+    pub(super) fn into_meta(self, key: Option<&Key>) -> SnapshotMeta {
         SnapshotMeta {
             key: key.cloned(),
             version: Version::from_stored(self.version),

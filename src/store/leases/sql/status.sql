@@ -1,5 +1,6 @@
 -- A key's newest lease with its recovery reason and state (by the migrations' functions, at the
--- statement's now()), and the record a reconciling lease keeps (v1.2), if any. A plain read: the latest committed state, no lock.
+-- statement's now()), the record a reconciling lease keeps (v1.2), if any, and how many
+-- acquires wait in its queue (an index probe of lease_waiters_key_id; an empty range mostly). A plain read: the latest committed state, no lock.
 -- Parameters: $1 key.
 SELECT l.key, l.token, l.owner, l.ttl_ms, l.metadata, l.crash_recovery, l.recovery_required,
     l.acquired_at, l.expires_at, l.ended_at,
@@ -7,5 +8,6 @@ SELECT l.key, l.token, l.owner, l.ttl_ms, l.metadata, l.crash_recovery, l.recove
     key_recovery_reason(l.kept_reason, l.end_reason, l.expires_at, l.crash_recovery,
         l.recovery_required, now()) AS recovery_reason,
     key_state(l.kept_reason, l.end_reason, l.expires_at, l.crash_recovery, l.recovery_required,
-        now()) AS state
+        now()) AS state,
+    (SELECT count(*) FROM lease_waiters w WHERE w.key = l.key) AS waiters
 FROM leases l WHERE l.key = $1

@@ -1,0 +1,47 @@
+//! Reading the waiting acquires' queues (`lease_waiters`, kept by [`super::waiters`]): who
+//! waits for a key, in grant order, for operators (`GET /v1/leases/{key}/waiters`).
+
+use chrono::{DateTime, Utc};
+use sqlx::{FromRow, PgPool};
+
+use crate::domain::{Cursor, Key, Page, PageLimit, Waiter};
+use crate::store::{Bounded, Result};
+
+#[derive(Debug, FromRow)]
+struct WaiterRow {
+    id: i64,
+    position: i64,
+    owner: Option<String>,
+    since: DateTime<Utc>,
+}
+
+/// A page of `key`'s queue in grant order, after the waiter `after` (a cursor's id): one plain
+/// read (`sql/waiters_list.sql`), no lock. A key no one waits for has an empty queue, whether or
+/// not it was ever leased.
+pub async fn waiters(
+    pool: &PgPool,
+    key: &Key,
+    limit: PageLimit,
+    after: Option<i64>,
+) -> Result<Page<Waiter>> {
+    let rows: Vec<WaiterRow> = sqlx::query_as(include_str!("sql/waiters_list.sql"))
+        .bind(key.as_str())
+        .bind(after.unwrap_or(0))
+        .bind(limit.get() + 1)
+        .fetch_all(pool)
+        .bounded(pool)
+        .await?;
+    let page = Page::from_rows(rows, limit, |r: &WaiterRow| Cursor::after_id(r.id));
+    Ok(Page {
+        items: page
+            .items
+            .into_iter()
+            .map(|r| Waiter {
+                position: r.position,
+                owner: r.owner,
+                since: r.since,
+            })
+            .collect(),
+        next_cursor: page.next_cursor,
+    })
+}

@@ -1,0 +1,50 @@
+//! Listing the keys that have a snapshot, by prefix, each with its current snapshot's metadata
+//! (`GET /v1/snapshots`, beyond the contract, as S3's ListObjectsV2 lists objects).
+
+use sqlx::{FromRow, PgPool};
+
+use super::VersionRow;
+use crate::domain::{Cursor, Key, KeyPrefix, Page, PageLimit, SnapshotMeta};
+use crate::store::{Bounded, Result};
+
+/// A page of snapshot keys in key order, after `after`, under `prefix`.
+#[derive(Debug, Clone)]
+pub struct SnapshotKeysQuery {
+    /// Only keys that start with this.
+    pub prefix: KeyPrefix,
+    /// Page size.
+    pub limit: PageLimit,
+    /// Resume after this key.
+    pub after: Option<String>,
+}
+
+#[derive(Debug, FromRow)]
+struct KeyedVersionRow {
+    key: String,
+    #[sqlx(flatten)]
+    version: VersionRow,
+}
+
+/// Lists the keys with a current snapshot: one plain read (`sql/list.sql`), no lock,
+/// so a page is one committed state; a key written or deleted between two pages is listed by
+/// the state its page saw.
+pub async fn list(pool: &PgPool, q: &SnapshotKeysQuery) -> Result<Page<SnapshotMeta>> {
+    let rows: Vec<KeyedVersionRow> = sqlx::query_as(include_str!("sql/list.sql"))
+        .bind(q.prefix.as_str())
+        .bind(q.prefix.upper_bound())
+        .bind(q.after.as_deref().unwrap_or(""))
+        .bind(q.limit.get() + 1)
+        .fetch_all(pool)
+        .bounded(pool)
+        .await?;
+    let items = rows
+        .into_iter()
+        .map(|r| {
+            let key = Key::parse(r.key).expect("stored keys are valid");
+            r.version.into_meta(Some(&key))
+        })
+        .collect();
+    Ok(Page::from_rows(items, q.limit, |m: &SnapshotMeta| {
+        Cursor::after(m.key.as_ref().expect("listed with its key").as_str())
+    }))
+}
