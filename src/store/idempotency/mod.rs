@@ -17,6 +17,7 @@ use sqlx::postgres::PgRow;
 use sqlx::types::Json;
 use sqlx::{FromRow, PgPool, Row};
 
+use super::engine::batch::Job;
 use super::engine::rolled_back_race;
 use super::engine::statement::{Batched, Column, column};
 use super::{RequestContext, Result, StoreError};
@@ -163,16 +164,22 @@ pub(crate) fn changing<J: Change>(
     b.build()
 }
 
-/// What a change of `job`'s key with its Idempotency-Key claims in its batch: the key, whose
-/// row its statement locks, and the Idempotency-Key with its principal.
-pub(crate) fn change_claims(job: &impl Change) -> Vec<String> {
-    let mut claims = vec![format!("key\0{}", job.key().as_str())];
-    claims.extend(claim(job.ctx()));
-    claims
+/// A change in a batch claims its key, whose row its statement locks, and its Idempotency-Key
+/// with its principal: no other request of its batch may share either.
+impl<J: Change> Job for J {
+    fn key(&self) -> &Key {
+        Change::key(self)
+    }
+
+    fn claims(&self) -> Vec<String> {
+        let mut claims = vec![format!("key\0{}", Change::key(self).as_str())];
+        claims.extend(claim(self.ctx()));
+        claims
+    }
 }
 
 /// What a batch of changing requests must not share: the Idempotency-Key with its principal
-/// (see [`change_claims`]); none without a key.
+/// (see [`Change`]'s impl of `Job`); none without a key.
 pub(crate) fn claim(ctx: &RequestContext) -> Option<String> {
     ctx.idempotency.as_ref().map(|i| {
         format!(

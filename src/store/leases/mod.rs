@@ -17,7 +17,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use sqlx::{FromRow, PgPool};
 
-use super::engine::batch::{Batcher, Indexed, Job, Kind};
+use super::engine::batch::{Batcher, Indexed, Kind};
 use super::engine::conns::{Conns, Effect};
 use super::engine::statement::{Batched, Column, QueryAs, column};
 use super::idempotency::{self, Change, Gated, GatedRow};
@@ -350,16 +350,6 @@ impl Change for AcquireJob {
     }
 }
 
-impl Job for AcquireJob {
-    fn key(&self) -> &Key {
-        &self.req.key
-    }
-
-    fn claims(&self) -> Vec<String> {
-        idempotency::change_claims(self)
-    }
-}
-
 impl Kind for AcquireBatch {
     type Job = AcquireJob;
     type Row = GatedRow<AcquireAnswer>;
@@ -451,16 +441,6 @@ impl<C> Change for ChangeJob<C> {
 
     fn ctx(&self) -> &RequestContext {
         &self.ctx
-    }
-}
-
-impl<C> Job for ChangeJob<C> {
-    fn key(&self) -> &Key {
-        &self.key
-    }
-
-    fn claims(&self) -> Vec<String> {
-        idempotency::change_claims(self)
     }
 }
 

@@ -276,16 +276,6 @@ impl Change for FencedJob {
     }
 }
 
-impl Job for FencedJob {
-    fn key(&self) -> &Key {
-        &self.key
-    }
-
-    fn claims(&self) -> Vec<String> {
-        idempotency::change_claims(self)
-    }
-}
-
 /// The dispatchers of the snapshot calls' batches ([`super::engine::batch`]); each ends when
 /// this is dropped.
 #[derive(Debug)]

@@ -2,7 +2,7 @@
 -- grant order (the waiter id: sql/acquire.sql grants a free key only to its first live waiter),
 -- after the cursor's waiter. `position` counts from 1 over the whole queue, so it stays right on
 -- every page. A waiter of a dead instance is listed until a sweep
--- takes its row out (within a second: src/store/waiters.rs). A plain read of the
+-- takes its row out (within a second: src/store/leases/waiters.rs). A plain read of the
 -- lease_waiters_key_id range and a primary key probe of lease_waiter_owners per row, no lock.
 -- Parameters: $1 key, $2 the cursor's waiter id (0 for the first page), $3 page size + 1.
 SELECT q.id, q.position, o.owner, q.at AS since
