@@ -6,25 +6,23 @@
 //! a grant on one key, from any instances, are ordered: a write that commits before a grant was
 //! made with the then-newest token, and a write after it sees the new token and is refused.
 
+mod batches;
 pub mod list;
 
-use std::sync::LazyLock;
+pub(crate) use batches::{Batches, FENCED, GET};
+use batches::{FencedJob, GetJob, Write, fenced};
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use sqlx::{FromRow, PgPool};
 
-use crate::domain::{AuditOperation, RefusalReason};
-
-use super::engine::batch::{Batcher, Indexed, Job, Kind};
-use super::engine::conns::{Conns, Effect};
-use super::engine::statement::{Batched, Column, QueryAs, column};
-use super::idempotency::{self, Change, Gated, GatedRow};
+use super::engine::batch::Indexed;
+use super::idempotency::{self, Gated, GatedRow};
 use super::{Bounded, Db, RequestContext, Result};
-use crate::domain::Page;
 use crate::domain::{
-    Cursor, ETag, EntityTagCondition, FencingToken, Key, PageLimit, SnapshotMeta, Version,
+    AuditOperation, Cursor, ETag, EntityTagCondition, FencingToken, Key, Page, PageLimit,
+    RefusalReason, SnapshotMeta, Version,
 };
 
 /// A refused fenced write, already on record in the audit log.
@@ -78,69 +76,6 @@ pub struct PutRequest {
     pub content_type: String,
 }
 
-/// The fenced statements over a batch: each is its requests, the gate, the fencing rule and the
-/// refusals' audit rows (`sql/fenced.sql`), then its own part, then the record. What each part
-/// locks and why the whole is race-free is written beside it in those files.
-pub(crate) struct Fenced {
-    /// The write, its body bound (`sql/put.sql`).
-    pub(crate) put: Batched<FencedJob>,
-    /// The write of a body uploaded beforehand into the connection's upload table (a batch of
-    /// one, see `Conns::fetch_one_uploading`) rather than bound (bound NULL, unused); the same
-    /// checks, locks and audit otherwise.
-    pub(crate) put_uploaded: Batched<FencedJob>,
-    /// The check before a body is read (`sql/precheck.sql`).
-    pub(crate) precheck: Batched<FencedJob>,
-    /// The delete's first statement (`sql/delete_head.sql`); its versions are removed by a
-    /// second statement in the same transaction (see [`delete`]).
-    pub(crate) delete_head: Batched<FencedJob>,
-}
-
-/// In `sql/fenced.sql`, what a lower token is stale against: the key's newest granted token.
-const STALE_BELOW_NEWEST_GRANT: &str = "r.token < c.token OR";
-
-impl Fenced {
-    /// The statements, with `stale_below` deciding what a lower token is stale against.
-    fn build(stale_below: &'static str) -> Self {
-        let fenced = |part: &'static str, body: Option<&'static str>| {
-            let mut fills = vec![("stale_below", stale_below)];
-            fills.extend(body.map(|b| ("body", b)));
-            idempotency::changing(
-                FencedJob::columns(),
-                &[(
-                    "tags",
-                    "CASE WHEN r.tags IS NOT NULL \
-                     THEN ARRAY(SELECT json_array_elements_text(r.tags::json)) END",
-                )],
-                &[include_str!("sql/fenced.sql"), part],
-                &fills,
-            )
-        };
-        let put = include_str!("sql/put.sql");
-        Self {
-            put: fenced(put, Some("r.body")),
-            put_uploaded: fenced(put, Some("(SELECT body FROM pg_temp.snapfence_upload)")),
-            precheck: fenced(include_str!("sql/precheck.sql"), None),
-            delete_head: fenced(include_str!("sql/delete_head.sql"), None),
-        }
-    }
-}
-
-/// The fenced statements the service runs.
-pub(crate) static FENCED: LazyLock<Fenced> =
-    LazyLock::new(|| Fenced::build(STALE_BELOW_NEWEST_GRANT));
-
-/// The negative control of the fault tests, compiled only with the `fault-controls` feature:
-/// the fenced statements with the classic fencing bug of checking a token against the highest
-/// token *written* to the key instead of its newest *granted* one, which lets a superseded
-/// holder write until its successor first writes. The history checker must find that; see
-/// `tests/faults`.
-#[cfg(feature = "fault-controls")]
-static BROKEN: LazyLock<Fenced> = LazyLock::new(|| {
-    Fenced::build(
-        "r.token < coalesce((SELECT max(w.token) FROM snapshot_versions w WHERE w.key = r.key), 0) OR",
-    )
-});
-
 /// Bodies of this size and more are uploaded before the fenced write instead of being bound
 /// to it. A bound body is copied twice on its way out (into the statement's arguments and into
 /// the connection's send buffer); an uploaded one streams from the request's buffer in small
@@ -157,16 +92,6 @@ pub fn fencing_broken() -> bool {
     *BROKEN.get_or_init(|| {
         std::env::var("SNAPFENCE_BREAK_FENCING").is_ok_and(|v| v == "written-token")
     })
-}
-
-/// The fenced statements this process runs (broken, under the negative control, for the check
-/// before a body too, so that the control is not caught early instead).
-fn fenced() -> &'static Fenced {
-    #[cfg(feature = "fault-controls")]
-    if fencing_broken() {
-        return &BROKEN;
-    }
-    &FENCED
 }
 
 /// What a fenced statement did (`result` in `sql/put.sql` and `sql/delete_head.sql`).
@@ -196,143 +121,6 @@ impl FencedRow {
                 audit_id: self.audit_id.expect("a refusal has its audit row"),
             }),
         }
-    }
-}
-
-/// One fenced request of a batch (a write, a check before a body, a delete): what
-/// [`FencedJob::columns`] binds.
-#[derive(Debug)]
-pub(crate) struct FencedJob {
-    key: Key,
-    token: FencingToken,
-    if_match: Option<EntityTagCondition>,
-    operation: AuditOperation,
-    /// For a write, what it stores.
-    write: Option<Write>,
-    ctx: RequestContext,
-}
-
-/// What a fenced write stores, and the versions its key keeps.
-#[derive(Debug)]
-struct Write {
-    body: Bytes,
-    etag: ETag,
-    content_type: String,
-    /// Whether the body is uploaded beforehand rather than bound ([`UPLOAD_FROM`]).
-    uploaded: bool,
-    keep_versions: i64,
-}
-
-impl FencedJob {
-    /// The requests' columns of every fenced statement.
-    fn columns() -> Vec<Column<Self>> {
-        vec![
-            column!(Self, "key": "text" = |j| j.key.as_str()),
-            column!(Self, "token": "bigint" = |j| j.token.get()),
-            column!(Self, "has_if_match": "boolean" = |j| j.if_match.is_some()),
-            // The strong tags as a JSON array, NULL for `*` (req makes it an array).
-            column!(Self, "tags": "text" = |j| {
-                let tags = j.if_match.as_ref().and_then(EntityTagCondition::strong_tags);
-                tags.map(|t| serde_json::Value::from(t).to_string())
-            }),
-            column!(Self, "request_id": "text" = |j| j.ctx.request_id.as_deref()),
-            column!(Self, "remote_addr": "text" = |j| j.ctx.remote_addr.as_deref()),
-            column!(Self, "operation": "text" = |j| j.operation.as_str()),
-            column!(Self, "etag": "text" = |j| j.write.as_ref().map(|w| w.etag.as_str())),
-            column!(Self, "size": "bigint" = |j| {
-                j.write.as_ref().map(|w| i64::try_from(w.body.len()).unwrap_or(i64::MAX))
-            }),
-            column!(Self, "content_type": "text" = |j| {
-                j.write.as_ref().map(|w| w.content_type.as_str())
-            }),
-            column!(Self, "body": "bytea" = |j| {
-                j.write.as_ref().filter(|w| !w.uploaded).map(|w| w.body.as_ref())
-            }),
-            column!(Self, "keep": "bigint" = |j| j.write.as_ref().map_or(0, |w| w.keep_versions)),
-        ]
-    }
-
-    /// The write statement over `jobs`, for a bound or an uploaded body.
-    fn put<'q>(jobs: &[&'q Self]) -> QueryAs<'q, Indexed<GatedRow<FencedRow>>> {
-        let uploaded = jobs
-            .iter()
-            .any(|j| j.write.as_ref().is_some_and(|w| w.uploaded));
-        let statements = fenced();
-        if uploaded {
-            statements.put_uploaded.query(jobs)
-        } else {
-            statements.put.query(jobs)
-        }
-    }
-}
-
-impl Change for FencedJob {
-    fn key(&self) -> &Key {
-        &self.key
-    }
-
-    fn ctx(&self) -> &RequestContext {
-        &self.ctx
-    }
-}
-
-/// The dispatchers of the snapshot calls' batches ([`super::engine::batch`]); each ends when
-/// this is dropped.
-#[derive(Debug)]
-pub(crate) struct Batches {
-    /// Fenced writes with their body bound.
-    pub(crate) put: Batcher<PutBatch>,
-    /// Checks of a fenced write before its body is read.
-    pub(crate) precheck: Batcher<PrecheckBatch>,
-    /// Snapshot reads.
-    pub(crate) get: Batcher<GetBatch>,
-}
-
-impl Batches {
-    /// Starts the dispatchers on `conns`.
-    pub(crate) fn start(conns: &Conns) -> Self {
-        Self {
-            put: Batcher::start(conns.clone()),
-            precheck: Batcher::start(conns.clone()),
-            get: Batcher::start(conns.clone()),
-        }
-    }
-
-    /// The requests waiting in batches to be sent.
-    pub(crate) fn queued(&self) -> usize {
-        self.put.queued() + self.precheck.queued() + self.get.queued()
-    }
-}
-
-/// Fenced writes with their body bound, gathered into batches ([`super::engine::batch`]).
-#[derive(Debug)]
-pub(crate) struct PutBatch;
-
-impl Kind for PutBatch {
-    type Job = FencedJob;
-    type Row = GatedRow<FencedRow>;
-    const EFFECT: Effect = Effect::Changes;
-
-    fn bytes(job: &FencedJob) -> usize {
-        job.write.as_ref().map_or(0, |w| w.body.len())
-    }
-
-    fn query<'q>(jobs: &[&'q FencedJob]) -> QueryAs<'q, Indexed<Self::Row>> {
-        FencedJob::put(jobs)
-    }
-}
-
-/// Checks of fenced writes before their bodies are read, gathered into batches.
-#[derive(Debug)]
-pub(crate) struct PrecheckBatch;
-
-impl Kind for PrecheckBatch {
-    type Job = FencedJob;
-    type Row = GatedRow<FencedRow>;
-    const EFFECT: Effect = Effect::Changes;
-
-    fn query<'q>(jobs: &[&'q FencedJob]) -> QueryAs<'q, Indexed<Self::Row>> {
-        fenced().precheck.query(jobs)
     }
 }
 
@@ -551,51 +339,6 @@ impl ListedVersion {
             content_type: self.content_type?,
             updated_at: self.updated_at?,
         })
-    }
-}
-
-/// The snapshot read statement over a batch ([`get`]).
-pub(crate) static GET: LazyLock<Batched<GetJob>> = LazyLock::new(|| {
-    Batched::builder([
-        column!(GetJob, "key": "text" = |j| j.key.as_str()),
-        column!(GetJob, "version": "bigint" = |j| j.version.map(Version::get)),
-        column!(GetJob, "with_body": "boolean" = |j| j.with_body),
-        column!(GetJob, "keep": "bigint" = |j| j.keep_versions),
-        column!(GetJob, "unless": "jsonb" = |j| j.unless.as_ref()),
-    ])
-    .part(include_str!("sql/get.sql"))
-    .build()
-});
-
-/// One read of a batch.
-#[derive(Debug)]
-pub(crate) struct GetJob {
-    key: Key,
-    version: Option<Version>,
-    keep_versions: i64,
-    with_body: bool,
-    /// The If-None-Match tags, as get.sql takes them.
-    unless: Option<serde_json::Value>,
-}
-
-impl Job for GetJob {
-    fn key(&self) -> &Key {
-        &self.key
-    }
-}
-
-/// Snapshot reads, gathered into batches ([`super::engine::batch`]). Reads claim nothing: two of one
-/// key share a batch.
-#[derive(Debug)]
-pub(crate) struct GetBatch;
-
-impl Kind for GetBatch {
-    type Job = GetJob;
-    type Row = BodyRow;
-    const EFFECT: Effect = Effect::Reads;
-
-    fn query<'q>(jobs: &[&'q GetJob]) -> QueryAs<'q, Indexed<BodyRow>> {
-        GET.query(jobs)
     }
 }
 

@@ -1,0 +1,239 @@
+//! The lease calls' batched statements: their requests' columns (assembled by the engine's
+//! builder with the gate and the record of `idempotency`), their batch kinds, and the
+//! dispatchers that gather them.
+
+use std::sync::LazyLock;
+
+use super::NewLease;
+use super::rows::{AcquireAnswer, ChangeAnswer};
+use crate::domain::{FencingToken, Key, TtlMs};
+use crate::store::RequestContext;
+use crate::store::engine::batch::{Batcher, Indexed, Kind};
+use crate::store::engine::conns::{Conns, Effect};
+use crate::store::engine::statement::{Batched, Column, QueryAs, column};
+use crate::store::idempotency::{self, Change, GatedRow};
+
+/// The acquire statement over a batch: its requests, the gate, the grants, the records of their
+/// Idempotency-Keys. What it locks and why it is race-free, also on a key's first grant, is
+/// written beside it in `sql/acquire.sql`. A waiting acquire's try ([`waiters`]) is the same
+/// statement, with its row in the key's queue and whether it is its last try.
+pub(crate) static ACQUIRE: LazyLock<Batched<AcquireJob>> = LazyLock::new(|| {
+    idempotency::changing(
+        [
+            column!(AcquireJob, "key": "text" = |j| j.req.key.as_str()),
+            column!(AcquireJob, "owner": "text" = |j| j.req.owner.as_str()),
+            column!(AcquireJob, "ttl_ms": "bigint" = |j| j.req.ttl.get()),
+            column!(AcquireJob, "metadata": "text" = |j| {
+                j.req.metadata.as_ref().map(|m| m.as_json().to_string())
+            }),
+            column!(AcquireJob, "crash_recovery": "boolean" = |j| j.req.crash_recovery),
+            column!(AcquireJob, "reconciled": "boolean" = |j| j.req.reconciled),
+            column!(AcquireJob, "request_id": "text" = |j| j.ctx.request_id.as_deref()),
+            column!(AcquireJob, "remote_addr": "text" = |j| j.ctx.remote_addr.as_deref()),
+            column!(AcquireJob, "reconciling": "boolean" = |j| j.req.reconciling),
+            column!(AcquireJob, "waiter": "bigint" = |j| j.waiter),
+            column!(AcquireJob, "last_try": "boolean" = |j| j.last_try),
+        ],
+        &[],
+        &[include_str!("sql/acquire.sql")],
+        &[],
+    )
+});
+
+/// The dispatchers of the lease calls' batches ([`super::engine::batch`]); each ends when this
+/// is dropped.
+#[derive(Debug)]
+pub(crate) struct Batches {
+    /// Acquires.
+    pub(crate) acquire: Batcher<AcquireBatch>,
+    /// Renewals.
+    pub(crate) renew: Batcher<RenewBatch>,
+    /// Releases, abandons and require-recovery marks.
+    pub(crate) end: Batcher<EndBatch>,
+    /// Confirmations of reconciliations (v1.2).
+    pub(crate) reconciled: Batcher<ReconciledBatch>,
+}
+
+impl Batches {
+    /// Starts the dispatchers on `conns`.
+    pub(crate) fn start(conns: &Conns) -> Self {
+        Self {
+            acquire: Batcher::start(conns.clone()),
+            renew: Batcher::start(conns.clone()),
+            end: Batcher::start(conns.clone()),
+            reconciled: Batcher::start(conns.clone()),
+        }
+    }
+
+    /// The requests waiting in batches to be sent.
+    pub(crate) fn queued(&self) -> usize {
+        self.acquire.queued() + self.renew.queued() + self.end.queued() + self.reconciled.queued()
+    }
+}
+
+/// Acquires, gathered into batches ([`super::engine::batch`]).
+#[derive(Debug)]
+pub(crate) struct AcquireBatch;
+
+/// One acquire of a batch: the request and, for a waiter's try ([`waiters`]), its row in the
+/// key's queue and whether its wait is over (a plain acquire is its own last try, from no
+/// queue: a `held` verdict is its answer).
+#[derive(Debug)]
+pub(crate) struct AcquireJob {
+    pub(super) req: NewLease,
+    pub(super) ctx: RequestContext,
+    pub(super) waiter: Option<i64>,
+    pub(super) last_try: bool,
+}
+
+impl AcquireJob {
+    /// A try of `req` by the waiter queued as `waiter`.
+    pub(super) fn waiting(
+        req: &NewLease,
+        ctx: &RequestContext,
+        waiter: i64,
+        last_try: bool,
+    ) -> Self {
+        Self {
+            req: req.clone(),
+            ctx: ctx.clone(),
+            waiter: Some(waiter),
+            last_try,
+        }
+    }
+}
+
+impl Change for AcquireJob {
+    fn key(&self) -> &Key {
+        &self.req.key
+    }
+
+    fn ctx(&self) -> &RequestContext {
+        &self.ctx
+    }
+}
+
+impl Kind for AcquireBatch {
+    type Job = AcquireJob;
+    type Row = GatedRow<AcquireAnswer>;
+    const EFFECT: Effect = Effect::Changes;
+
+    fn query<'q>(jobs: &[&'q AcquireJob]) -> QueryAs<'q, Indexed<Self::Row>> {
+        ACQUIRE.query(jobs)
+    }
+}
+
+/// The renew statement over a batch ([`renew`]), between the gate and the record; its
+/// race-freedom argument is in `sql/renew.sql`.
+pub(crate) static RENEW: LazyLock<Batched<ChangeJob<Option<TtlMs>>>> = LazyLock::new(|| {
+    let [key, token] = ChangeJob::lease_columns();
+    let ttl = column!(ChangeJob<Option<TtlMs>>, "ttl_ms": "bigint" = |j| j.change.map(TtlMs::get));
+    idempotency::changing(
+        [key, token, ttl],
+        &[],
+        &[include_str!("sql/renew.sql")],
+        &[],
+    )
+});
+
+/// A change of a live lease in a batch: the key, the token that must be its live lease, and
+/// what the change is (the new TTL of a renewal, the ending of an ending).
+#[derive(Debug)]
+pub(crate) struct ChangeJob<C> {
+    pub(super) key: Key,
+    pub(super) token: FencingToken,
+    pub(super) change: C,
+    pub(super) ctx: RequestContext,
+}
+
+impl<C> ChangeJob<C> {
+    /// The columns every change of a live lease has: the key, and the token that must be its
+    /// live lease.
+    fn lease_columns() -> [Column<Self>; 2] {
+        [
+            column!(Self, "key": "text" = |j| j.key.as_str()),
+            column!(Self, "token": "bigint" = |j| j.token.get()),
+        ]
+    }
+}
+
+impl<C> Change for ChangeJob<C> {
+    fn key(&self) -> &Key {
+        &self.key
+    }
+
+    fn ctx(&self) -> &RequestContext {
+        &self.ctx
+    }
+}
+
+/// Renewals, gathered into batches ([`super::engine::batch`]).
+#[derive(Debug)]
+pub(crate) struct RenewBatch;
+
+impl Kind for RenewBatch {
+    type Job = ChangeJob<Option<TtlMs>>;
+    type Row = GatedRow<ChangeAnswer>;
+    const EFFECT: Effect = Effect::Changes;
+
+    fn query<'q>(jobs: &[&'q Self::Job]) -> QueryAs<'q, Indexed<Self::Row>> {
+        RENEW.query(jobs)
+    }
+}
+
+/// Endings, gathered into batches ([`super::engine::batch`]).
+#[derive(Debug)]
+pub(crate) struct EndBatch;
+
+impl Kind for EndBatch {
+    type Job = ChangeJob<&'static str>;
+    type Row = GatedRow<ChangeAnswer>;
+    const EFFECT: Effect = Effect::Changes;
+
+    fn query<'q>(jobs: &[&'q Self::Job]) -> QueryAs<'q, Indexed<Self::Row>> {
+        END.query(jobs)
+    }
+}
+
+/// The ending statement over a batch ([`end`]), between the gate and the record.
+pub(crate) static END: LazyLock<Batched<ChangeJob<&'static str>>> = LazyLock::new(|| {
+    let [key, token] = ChangeJob::lease_columns();
+    let ending = column!(ChangeJob<&'static str>, "ending": "text" = |j| j.change);
+    idempotency::changing(
+        [key, token, ending],
+        &[],
+        &[include_str!("sql/end.sql")],
+        &[],
+    )
+});
+
+/// The confirmation statement over a batch ([`reconciled`]), between the gate and the record;
+/// its race-freedom argument is in `sql/reconciled.sql`.
+pub(crate) static RECONCILED: LazyLock<Batched<ChangeJob<()>>> = LazyLock::new(|| {
+    let [key, token] = ChangeJob::lease_columns();
+    let audit = [
+        column!(ChangeJob<()>, "request_id": "text" = |j| j.ctx.request_id.as_deref()),
+        column!(ChangeJob<()>, "remote_addr": "text" = |j| j.ctx.remote_addr.as_deref()),
+    ];
+    idempotency::changing(
+        [key, token].into_iter().chain(audit),
+        &[],
+        &[include_str!("sql/reconciled.sql")],
+        &[],
+    )
+});
+
+/// Confirmations of reconciliations, gathered into batches ([`super::engine::batch`]). A job's change
+/// is its request's context, which the audit row of the moved record names.
+#[derive(Debug)]
+pub(crate) struct ReconciledBatch;
+
+impl Kind for ReconciledBatch {
+    type Job = ChangeJob<()>;
+    type Row = GatedRow<ChangeAnswer>;
+    const EFFECT: Effect = Effect::Changes;
+
+    fn query<'q>(jobs: &[&'q Self::Job]) -> QueryAs<'q, Indexed<Self::Row>> {
+        RECONCILED.query(jobs)
+    }
+}
