@@ -197,8 +197,23 @@ granted_noted AS (
 -- recovery record a grant replaced or kept (`keeps`), or a refusal names). A waiter's `held`
 -- that is not its last try is not settled: it waits on (`req.waiter`, `req.last_try`). `clock` is the
 -- statement's now(), so that a waiter sleeps until the holder's expires_at by the database clock.
+-- `current` holds what the answer is made of and no more (it is also what an Idempotency-Key's
+-- record stores): the key's lease, its state and recovery reason, and the record a reconciling
+-- lease keeps, except for `held`, whose answer names the holder alone. Not `to_json(c)`: `cur`
+-- also carries the recovery record's copy of the metadata (`rec_*`), which doubled a refusal's
+-- record.
 result AS (
-    SELECT d.i, d.verdict, to_json(n) AS granted, to_json(c) AS current,
+    SELECT d.i, d.verdict, to_json(n) AS granted,
+        CASE WHEN c.i IS NOT NULL THEN json_build_object(
+            'key', c.key, 'token', c.token, 'owner', c.owner, 'ttl_ms', c.ttl_ms,
+            'metadata', c.metadata, 'crash_recovery', c.crash_recovery,
+            'recovery_required', c.recovery_required, 'acquired_at', c.acquired_at,
+            'expires_at', c.expires_at, 'ended_at', c.ended_at,
+            'recovery_reason', c.recovery_reason, 'state', c.state,
+            'kept_owner', c.kept_owner, 'kept_token', c.kept_token,
+            'kept_acquired_at', c.kept_acquired_at, 'kept_ended_at', c.kept_ended_at,
+            'kept_metadata', CASE WHEN d.verdict <> 'held' THEN c.kept_metadata END)
+        END AS current,
         coalesce(n.keeps, false) AS keeps,
         (d.verdict <> 'insert' OR n.key IS NOT NULL) AND (r.last_try OR d.verdict <> 'held')
             AS settled,
