@@ -34,24 +34,22 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sqlx::PgPool;
-use sqlx::postgres::PgListener;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use super::{AcquireAnswer, AcquireBatch, AcquireJob, AcquireOutcome, NewLease};
 use crate::domain::Key;
+use tasks::{heartbeat, listen, sweep};
+
+mod tasks;
 use crate::store::engine::batch::{Batcher, Indexed, Job, Kind, column};
 use crate::store::engine::conns::Effect;
 use crate::store::engine::statement::QueryAs;
 use crate::store::idempotency::{self, Gated};
-use crate::store::{
-    Bounded, Db, RequestContext, Result, StoreError, Tasks, listening_pool, restart_deadline,
-};
+use crate::store::{Bounded, Db, RequestContext, Result, StoreError, Tasks, restart_deadline};
 
 /// The channel the triggers notify a key on when its waiters should look again.
 const CHANNEL: &str = "snapfence_waiters";
-/// The pause before listening again after the listening connection failed.
-const RELISTEN_AFTER: Duration = Duration::from_millis(250);
 /// How often an instance with waiters drops the rows of dead instances: twice within the
 /// contract's second.
 const SWEEP_EVERY: Duration = Duration::from_millis(500);
@@ -535,139 +533,5 @@ impl Drop for Place {
                 inner.left_behind();
             }
         });
-    }
-}
-
-/// Listens for wake-ups on a connection of its own, which also holds this instance's liveness
-/// lock; on any failure says so and starts again.
-async fn listen(inner: std::sync::Weak<Inner>) {
-    let Some(pool) = inner.upgrade().map(|i| i.pool.clone()) else {
-        return;
-    };
-    let own = listening_pool(&pool);
-    loop {
-        let failure = async {
-            let mut listener = PgListener::connect_with(&own).await?;
-            listener.listen(CHANNEL).await?;
-            let Some(i) = inner.upgrade() else {
-                return Ok(());
-            };
-            let mut instance = i.instance.load(Ordering::Relaxed);
-            if instance == 0 {
-                instance = sqlx::query_scalar(include_str!("sql/wait_instance_id.sql"))
-                    .fetch_one(&mut listener)
-                    .await?;
-                i.instance.store(instance, Ordering::Relaxed);
-            }
-            let bound = i64::try_from(i.stall_bound.as_millis()).unwrap_or(i64::MAX);
-            drop(i);
-            sqlx::query(include_str!("sql/wait_instance.sql"))
-                .bind(instance)
-                .execute(&mut listener)
-                .await?;
-            // A first word of life before any waiter of this instance is queued: one that froze
-            // before its first heartbeat would otherwise be judged by its lock alone.
-            sqlx::query(include_str!("sql/wait_heartbeat.sql"))
-                .bind(instance)
-                .bind(bound)
-                .execute(&mut listener)
-                .await?;
-            match inner.upgrade() {
-                Some(i) => {
-                    i.listening.send_replace(true);
-                    // A release may have come while no one listened.
-                    i.wake_all();
-                }
-                None => return Ok(()),
-            }
-            // `None`: the connection was lost, and notifications with it.
-            while let Some(n) = listener.try_recv().await? {
-                match inner.upgrade() {
-                    Some(i) => i.wake(n.payload()),
-                    None => return Ok(()),
-                }
-            }
-            Ok::<(), sqlx::Error>(())
-        }
-        .await;
-        let Some(i) = inner.upgrade() else {
-            return;
-        };
-        i.listening.send_replace(false);
-        if let Err(e) = failure {
-            tracing::warn!(error = %e, "cannot hear waiters' wake-ups; taking no waiters until this recovers");
-        }
-        drop(i);
-        tokio::time::sleep(RELISTEN_AFTER).await;
-    }
-}
-
-/// How often an instance says it is alive (`sql/wait_heartbeat.sql`): four times within the
-/// default `--waiter-stall-bound`.
-const HEARTBEAT_EVERY: Duration = Duration::from_millis(250);
-
-/// Says this instance is alive every [`HEARTBEAT_EVERY`] (at most a quarter of its stall bound),
-/// once it has an id: while it does not (frozen, or its database calls stall), its waiters are
-/// passed over once its bound has passed.
-async fn heartbeat(inner: std::sync::Weak<Inner>) {
-    let every = inner
-        .upgrade()
-        .map_or(HEARTBEAT_EVERY, |i| HEARTBEAT_EVERY.min(i.stall_bound / 4));
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let Some(i) = inner.upgrade() else {
-            return;
-        };
-        let instance = i.instance.load(Ordering::Relaxed);
-        if instance == 0 {
-            continue;
-        }
-        let bound = i64::try_from(i.stall_bound.as_millis()).unwrap_or(i64::MAX);
-        let said = sqlx::query(include_str!("sql/wait_heartbeat.sql"))
-            .bind(instance)
-            .bind(bound)
-            .execute(&i.pool)
-            .bounded(&i.pool)
-            .await;
-        if let Err(e) = said {
-            tracing::debug!(error = %e, "could not say this instance is alive to the waiters' queues");
-        }
-    }
-}
-
-/// Twice a second, while this instance has waiters (or may have left a row behind), deletes the
-/// rows that no one waits in any more (`sql/wait_sweep.sql`).
-async fn sweep(inner: std::sync::Weak<Inner>) {
-    let mut tick = tokio::time::interval(SWEEP_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let Some(i) = inner.upgrade() else {
-            return;
-        };
-        let held: Vec<i64> = {
-            let queues = i.queues.lock().expect("never poisoned");
-            queues.values().flat_map(|q| q.keys().copied()).collect()
-        };
-        let stale = i
-            .stale_until
-            .lock()
-            .expect("never poisoned")
-            .is_some_and(|until| Instant::now() < until);
-        if held.is_empty() && !stale {
-            continue;
-        }
-        let swept: Result<Vec<i64>> = sqlx::query_scalar(include_str!("sql/wait_sweep.sql"))
-            .bind(i.instance.load(Ordering::Relaxed))
-            .bind(&held)
-            .fetch_all(&i.pool)
-            .bounded(&i.pool)
-            .await;
-        match swept {
-            Ok(gone) => i.passed_over(gone),
-            Err(e) => tracing::debug!(error = %e, "could not sweep the waiters' queues"),
-        }
     }
 }
