@@ -108,10 +108,6 @@ pub(crate) trait Kind: Send + Sync + 'static {
     type Row: Send + Unpin + for<'r> FromRow<'r, PgRow> + 'static;
     /// Whether the statement changes something (which decides what a lost answer means).
     const EFFECT: Effect;
-    /// What two requests of one batch must not share ([`Job::claims`]).
-    fn claims(job: &Self::Job) -> Vec<String> {
-        job.claims()
-    }
     /// The order a batch's requests are sent in: their keys, the order rows are locked in.
     fn order(job: &Self::Job) -> &str {
         job.key().as_str()
@@ -304,7 +300,7 @@ impl<K: Kind> Open<K> {
             p.leave(GIVEN_UP);
             return;
         }
-        let claims = K::claims(&p.job);
+        let claims = p.job.claims();
         let bytes = K::bytes(&p.job);
         let too_large = !self.jobs.is_empty() && self.bytes + bytes > MAX_BYTES;
         let shared = {

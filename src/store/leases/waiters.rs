@@ -343,6 +343,7 @@ struct Enqueue {
     owner: String,
 }
 
+/// A place claims nothing: places of one key share a batch, each a row of its own.
 impl Job for Enqueue {
     fn key(&self) -> &Key {
         &self.key
@@ -369,10 +370,6 @@ impl Kind for EnqueueBatch {
     type Job = Enqueue;
     type Row = Queued;
     const EFFECT: Effect = Effect::Changes;
-
-    fn claims(_job: &Enqueue) -> Vec<String> {
-        Vec::new()
-    }
 
     /// Arrival order: the batch's order is the queue's.
     fn order(_job: &Enqueue) -> &str {
