@@ -110,15 +110,29 @@ reconciled AS (
     WHERE c.recovery_reason IS NOT NULL),
 -- The watch's changes of the grants (migrations/20261205000000_change_log.sql), each drawing its
 -- seq after the row lock: the expiry of an unended lease a grant replaced, unless the relay
--- reported it (`expired`: the upsert waits for the relay's, then changes and returns nothing);
--- the reconciliation of a record a grant replaced (not of one a reconciling grant keeps: that
--- comes at its confirmation, reconciled.sql); the grant.
-expired AS (
-    INSERT INTO expiry_reports AS x (key, token)
-    SELECT c.key, c.token FROM cur c JOIN granted g ON g.i = c.i WHERE c.ended_at IS NULL
-    ORDER BY c.key
-    ON CONFLICT (key) DO UPDATE SET token = excluded.token WHERE x.token < excluded.token
+-- reported it (`expired`); the reconciliation of a record a grant replaced (not of one a
+-- reconciling grant keeps: that comes at its confirmation, reconciled.sql); the grant.
+--
+-- `expired` marks the report in expiry_reports, a key's row updated in place when this
+-- statement's snapshot sees one (a report committed since is met again at its newest version:
+-- READ COMMITTED rechecks `token < ...` there, and leaves it), upserted otherwise. Not an upsert
+-- for every key: it locks the report row even when it changes nothing, a WAL record per grant
+-- over an expiry the relay already reported, which is most of them. The relay's report of the
+-- same lease holds a share lock on the lease row (watch/sql/expire.sql) that `cur` waited for.
+expired_update AS (
+    UPDATE expiry_reports x SET token = c.token
+    FROM cur c JOIN granted g ON g.i = c.i
+    WHERE x.key = c.key AND x.token < c.token AND c.ended_at IS NULL
     RETURNING x.key),
+expired_insert AS (
+    INSERT INTO expiry_reports (key, token)
+    SELECT c.key, c.token FROM cur c JOIN granted g ON g.i = c.i
+    WHERE c.ended_at IS NULL AND NOT EXISTS (SELECT FROM expiry_reports x WHERE x.key = c.key)
+    ORDER BY c.key
+    ON CONFLICT (key) DO UPDATE SET token = excluded.token WHERE expiry_reports.token < excluded.token
+    RETURNING key),
+expired AS (
+    SELECT key FROM expired_update UNION ALL SELECT key FROM expired_insert),
 granted_noted AS (
     INSERT INTO change_log (kind, key, token, at, owner, expires_at, reason, record_token)
     SELECT e.kind, n.key, e.token, e.at, e.owner, e.expires_at, e.reason, e.record_token
