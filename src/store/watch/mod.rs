@@ -38,8 +38,9 @@ const CHANNEL: &str = "snapfence_changes";
 const READ_EVERY: Duration = Duration::from_secs(1);
 /// The pause before listening again after the listening connection failed.
 const RELISTEN_AFTER: Duration = Duration::from_millis(250);
-/// How many changes a read takes from one epoch at most, and from how many epochs.
-const PAGE: i64 = 500;
+/// How many changes one read takes: the epochs that begin within this many of its first change
+/// (at least one, read whole), and at most [`EPOCHS`] of them.
+const PAGE: i64 = 4000;
 const EPOCHS: i64 = 32;
 /// How many changes this instance's watchers may fall behind the newest before each catches
 /// up from the table instead.
@@ -290,9 +291,8 @@ struct Page {
     complete: bool,
 }
 
-/// The changes after `after` of keys under `prefix`: up to [`PAGE`] from each of up to
-/// [`EPOCHS`] epochs. An epoch that gave [`PAGE`] may have more: the page ends at its last
-/// change read, and what was read of later epochs is left for the next read.
+/// The changes after `after` of keys under `prefix`, from the whole epochs that begin within
+/// [`PAGE`] changes of the first (at least one), [`EPOCHS`] at most.
 async fn read(pool: &PgPool, after: i64, prefix: &str) -> Result<Page> {
     let rows: Vec<ReadRow> = sqlx::query_as(include_str!("sql/read.sql"))
         .bind(after)
@@ -307,28 +307,13 @@ async fn read(pool: &PgPool, after: i64, prefix: &str) -> Result<Page> {
         through: None,
         complete: true,
     };
-    let (mut epochs, mut epoch, mut in_epoch) = (0, None, 0);
     for row in rows {
-        if epoch != Some(row.through) {
-            if in_epoch == PAGE {
-                // The epoch before may have more changes than were read.
-                page.complete = false;
-                return Ok(page);
-            }
-            epochs += 1;
-            epoch = Some(row.through);
-            in_epoch = 0;
-            page.through = Some(row.through);
-        }
+        page.through = Some(row.through);
+        page.complete = row.newest.is_none_or(|newest| row.through >= newest);
         if let Some(change) = row.change {
-            in_epoch += 1;
-            if in_epoch == PAGE {
-                page.through = Some(change.id);
-            }
             page.changes.push(Arc::new(change.into_event()));
         }
     }
-    page.complete = in_epoch < PAGE && epochs < EPOCHS;
     Ok(page)
 }
 
@@ -336,6 +321,7 @@ async fn read(pool: &PgPool, after: i64, prefix: &str) -> Result<Page> {
 /// the keys asked for).
 struct ReadRow {
     through: i64,
+    newest: Option<i64>,
     change: Option<ChangeRow>,
 }
 
@@ -344,6 +330,7 @@ impl<'r> FromRow<'r, PgRow> for ReadRow {
         let id: Option<i64> = row.try_get("id")?;
         Ok(Self {
             through: row.try_get("through")?,
+            newest: row.try_get("newest")?,
             change: id.map(|_| ChangeRow::from_row(row)).transpose()?,
         })
     }
