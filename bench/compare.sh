@@ -5,7 +5,8 @@
 # throwaway PostgreSQL this script starts itself. Prints one table; see bench/README.md.
 #
 #   bench/compare.sh [--duration 10s] [--clients "1 8 32"] [--keys 10000] [--ops "acquire renew put get"]
-#                    [--baseline REV] [--with-etcd] [--with-watcher] [--install] [--memory] [--growth] [--profile]
+#                    [--baseline REV] [--with-etcd] [--with-watcher] [--install] [--memory] [--catch-up]
+#                    [--growth] [--profile]
 #                    [--dev] [--clean] [--rounds 200] [--expiry-rounds 40] [--rates "200 2000"]
 #
 #   Lists (--clients, --ops, --rates) are separated by spaces or commas.
@@ -28,6 +29,9 @@
 #                 (`GET /v1/watch`, read to the end by curl): the watched/s column, and x-watch
 #                 (watched / unwatched), the watch's cost as its users pay it
 #   --memory      peak server RSS through the 1 KiB put runs, then with 32 concurrent 8 MiB puts
+#   --catch-up    the 32-client put again while 64 watchers read a backlog of 400,000 changes from
+#                 `since=0` (a prefix none of it is under, so they deliver nothing and read it all),
+#                 against the same put just before and just after (issue 34: target >= 0.80 x)
 #   --growth      the 32-client acquire and put again with 1,000,000 keys and 10,000,000 audit rows
 #   --profile     perf record the server through a 32-client put run; summary in the work dir
 #   --dev         build with the dev profile (quick to build, slow to run: a smoke test of this
@@ -41,7 +45,7 @@ set -euo pipefail
 
 duration=10s clients="1 8 32" keys=10000 ops="acquire renew put get"
 rounds=200 expiry_rounds=40 rates="200 2000"
-with_etcd=0 with_watcher=0 install=0 memory=0 growth=0 profile=0 baseline= profile_dir=release clean=0
+with_etcd=0 with_watcher=0 install=0 memory=0 catch_up=0 growth=0 profile=0 baseline= profile_dir=release clean=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --duration) duration=$2; shift ;;
@@ -56,6 +60,7 @@ while [ $# -gt 0 ]; do
     --with-watcher) with_watcher=1 ;;
     --install) install=1 ;;
     --memory) memory=1 ;;
+    --catch-up) catch_up=1 ;;
     --growth) growth=1 ;;
     --profile) profile=1 ;;
     --dev) profile_dir=debug ;;
@@ -425,6 +430,40 @@ if [ "$memory" = 1 ]; then
     big=$(run_keys=32 run_for=5s bench put 32 --body-bytes 8388608)
     note "peak RSS through the 1 KiB put runs: ${put_rss:-?} MiB (target < 64)"
     note "peak RSS with 32 concurrent 8 MiB puts: $(rss_peak) MiB (target < 384), $(field ops_per_sec <<<"$big") puts/s, errors $(errors <<<"$big")"
+fi
+if [ "$catch_up" = 1 ]; then
+    backlog=400000 streams=64
+    say "catch-up: writing a backlog of $backlog changes, then the put x32 alone, with $streams watchers reading it from since=0, and alone again"
+    # Written as the hot statements write them (so that it is cheap to make), a thousand to a
+    # transaction; the last change's key is the one a stream that has read everything receives.
+    for from in $(seq 1 1000 "$backlog"); do
+        echo "INSERT INTO change_log (kind, key, token, at, owner, expires_at)
+              SELECT 'lease.granted', 'backlog/' || n, n, now(), 'w', now() FROM generate_series($from, $((from + 999))) n;"
+    done | psql >/dev/null
+    xid=$(psql -c "INSERT INTO change_log (kind, key, token, at, owner, expires_at)
+                   VALUES ('lease.granted', 'backlog-end', 0, now(), 'w', now()) RETURNING xid")
+    # Numbered once the relay's newest epoch sees the transaction that wrote the last.
+    until [ "$(psql -c "SELECT pg_visible_in_snapshot('$xid'::xid8, snap) FROM change_epochs ORDER BY last_id DESC LIMIT 1")" = t ]; do
+        sleep 0.5
+    done
+    alone_1=$(bench put 32)
+    watchers=()
+    for i in $(seq "$streams"); do
+        curl -sN -H "Authorization: Bearer $api_key" "$url/v1/watch?since=0&prefix=backlog-end" >"$work/catch-up.$i" 2>&1 &
+        watchers+=("$!")
+    done
+    with_streams=$(bench put 32)
+    done_by_end=$(grep -l 'backlog-end' "$work"/catch-up.* 2>/dev/null | wc -l)
+    kill "${watchers[@]}" 2>/dev/null || true
+    wait "${watchers[@]}" 2>/dev/null || true
+    alone_2=$(bench put 32)
+    a1=$(field ops_per_sec <<<"$alone_1") w=$(field ops_per_sec <<<"$with_streams") a2=$(field ops_per_sec <<<"$alone_2")
+    alone=$(python3 -c "print(($a1 + $a2) / 2)")
+    for r in "$alone_1" "$with_streams" "$alone_2"; do
+        e=$(errors <<<"$r")
+        [ "$e" = - ] || { note "catch-up run errors: $e"; failed=1; }
+    done
+    note "put x32 with $streams watchers catching up over $backlog changes: $w/s against $a1/s before and $a2/s after ($(ratio "$w" "$alone") x; target >= 0.80); $done_by_end of $streams had read the whole backlog by the end of the run"
 fi
 if [ "$growth" = 1 ]; then
     say "growth: adding 1,000,000 keys and 10,000,000 audit rows"
