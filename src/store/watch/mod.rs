@@ -11,26 +11,26 @@
 //!   `snapfence_changes` at each epoch.
 //! - Every instance reads each new epoch once, on that notification (or every second, should
 //!   one be missed while its listening connection was down), and hands its changes to its
-//!   watchers (`fan_out`). A watcher first catches up from the tables, then follows the live
-//!   changes, and catches up again if it fell behind: it sees every change after its starting
-//!   id once, in id order ([`Watch`]).
+//!   watchers (`fan_out`). A watcher first catches up from the tables (through the epochs the
+//!   instance's watchers share, `history.rs`), then follows the live changes, and catches up
+//!   again if it fell behind: it sees every change after its starting id once, in id order
+//!   ([`Watch`]).
 
+mod history;
 mod relay;
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use sqlx::postgres::{PgListener, PgRow};
-use sqlx::{FromRow, PgPool, Row};
-use tokio::sync::{Notify, Semaphore, broadcast, watch};
+use sqlx::postgres::PgListener;
+use sqlx::{FromRow, PgPool};
+use tokio::sync::{Notify, broadcast, watch};
 
 use super::{Bounded, Db, Result, StoreError, Tasks};
-use crate::domain::{
-    AuditId, AuditOperation, ChangeData, ChangeEvent, ChangeId, ChangeKind, ChangeReason, ETag,
-    FencingToken, Key, KeyPrefix, Owner, RecoveryReason, RefusalReason, Version,
-};
+use crate::domain::{ChangeEvent, ChangeId, KeyPrefix};
+use history::History;
 
 /// The channel the relay notifies at each epoch.
 const CHANNEL: &str = "snapfence_changes";
@@ -38,10 +38,6 @@ const CHANNEL: &str = "snapfence_changes";
 const READ_EVERY: Duration = Duration::from_secs(1);
 /// The pause before listening again after the listening connection failed.
 const RELISTEN_AFTER: Duration = Duration::from_millis(250);
-/// How many changes one read takes: the epochs that begin within this many of its first change
-/// (at least one, read whole), and at most [`EPOCHS`] of them.
-const PAGE: i64 = 4000;
-const EPOCHS: i64 = 32;
 /// How many changes this instance's watchers may fall behind the newest before each catches
 /// up from the table instead.
 const LIVE_BUFFER: usize = 4096;
@@ -67,20 +63,12 @@ struct Inner {
     fresh: Notify,
     /// Set when the instance shuts down: every watch ends.
     stopping: watch::Sender<bool>,
-    /// The catch-up reads that may run at once ([`catch_up_reads`]): a watcher behind the live
-    /// changes waits here for its turn, so that however many catch up, they hold a bounded share
-    /// of the pool that the relay, the reader of new changes and the other requests use.
-    catch_up: Semaphore,
-}
-
-/// How many catch-up reads one instance runs at once: an eighth of its pool, at least one (two
-/// with the default pool of 16), each lane busy a third of the time at most (a read's turn is
-/// held twice as long again as it took, while more history remains). The hot statements run on connections of
-/// their own (`store::db`), so these never take theirs; the bound keeps the rest of the pool
-/// (the relay, each instance's reader of new changes, the audit log, the keys) and the
-/// database's CPU for everything else.
-fn catch_up_reads(pool: &PgPool) -> usize {
-    (pool.options().get_max_connections() as usize / 8).max(1)
+    /// The history as this instance reads it, and the epochs its watchers caught up through.
+    history: History,
+    /// The last id of the newest epoch the reader has begun to hand on (set before it does):
+    /// a watcher subscribed to `live` receives every change above it, so one that has read
+    /// the history up to it has caught up.
+    handed: AtomicI64,
 }
 
 impl std::fmt::Debug for Inner {
@@ -120,7 +108,8 @@ impl Changes {
             live: broadcast::Sender::new(LIVE_BUFFER),
             fresh: Notify::new(),
             stopping: watch::Sender::new(false),
-            catch_up: Semaphore::new(catch_up_reads(db)),
+            history: History::new((**db).clone()),
+            handed: AtomicI64::new(i64::MAX),
         });
         let tasks = vec![
             tokio::spawn(relay::relay(Arc::downgrade(&inner))),
@@ -222,28 +211,35 @@ impl Watch {
                 return Some(Ok(change));
             }
             if !self.caught_up {
-                let page = {
-                    let _turn = tokio::select! {
-                        turn = self.inner.catch_up.acquire() => turn.expect("never closed"),
-                        _ = self.stopping.changed() => return None,
-                    };
-                    let started = tokio::time::Instant::now();
-                    let page = read(&self.inner.pool, self.last, &self.prefix).await;
-                    // Paced: the turn is held twice as long again as the read took, so that
-                    // catching up keeps each of its lanes busy a third of the time at most, and
-                    // the database has the rest for the writes.
-                    if page.as_ref().is_ok_and(|p| !p.complete) {
-                        tokio::time::sleep(started.elapsed() * 2).await;
-                    }
-                    page
+                if self.last >= self.inner.handed.load(Ordering::Acquire) {
+                    self.caught_up = true;
+                    continue;
+                }
+                let epochs = tokio::select! {
+                    read = self.inner.history.catch_up(self.last) => match read {
+                        Ok(epochs) => epochs,
+                        Err(e) => return Some(Err(e)),
+                    },
+                    _ = self.stopping.changed() => return None,
                 };
-                let page = match page {
-                    Ok(page) => page,
-                    Err(e) => return Some(Err(e)),
-                };
-                self.caught_up = page.complete;
-                self.last = page.through.unwrap_or(self.last);
-                self.backlog.extend(page.changes);
+                if epochs.is_empty() {
+                    // Read to the newest epoch, but this instance's reader has not begun to
+                    // hand on changes: it is starting, and soon will.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                for epoch in epochs {
+                    let after = self.last;
+                    self.backlog.extend(
+                        epoch
+                            .changes
+                            .iter()
+                            .filter(|c| {
+                                c.id.get() > after && c.data.key.as_str().starts_with(&self.prefix)
+                            })
+                            .cloned(),
+                    );
+                    self.last = self.last.max(epoch.last_id);
+                }
                 continue;
             }
             tokio::select! {
@@ -278,116 +274,6 @@ impl Top {
             .fetch_one(pool)
             .bounded(pool)
             .await
-    }
-}
-
-/// What one read of the history gave (`sql/read.sql`).
-struct Page {
-    /// The changes of the keys asked for, in id order.
-    changes: Vec<Arc<ChangeEvent>>,
-    /// The id up to which the history has been read (changes of other keys included).
-    through: Option<i64>,
-    /// Whether that is the newest id given so far.
-    complete: bool,
-}
-
-/// The changes after `after` of keys under `prefix`, from the whole epochs that begin within
-/// [`PAGE`] changes of the first (at least one), [`EPOCHS`] at most.
-async fn read(pool: &PgPool, after: i64, prefix: &str) -> Result<Page> {
-    let rows: Vec<ReadRow> = sqlx::query_as(include_str!("sql/read.sql"))
-        .bind(after)
-        .bind(prefix)
-        .bind(PAGE)
-        .bind(EPOCHS)
-        .fetch_all(pool)
-        .bounded(pool)
-        .await?;
-    let mut page = Page {
-        changes: Vec::new(),
-        through: None,
-        complete: true,
-    };
-    for row in rows {
-        page.through = Some(row.through);
-        page.complete = row.newest.is_none_or(|newest| row.through >= newest);
-        if let Some(change) = row.change {
-            page.changes.push(Arc::new(change.into_event()));
-        }
-    }
-    Ok(page)
-}
-
-/// A row of `sql/read.sql`: an epoch read, and one of its changes (none when none of them is of
-/// the keys asked for).
-struct ReadRow {
-    through: i64,
-    newest: Option<i64>,
-    change: Option<ChangeRow>,
-}
-
-impl<'r> FromRow<'r, PgRow> for ReadRow {
-    fn from_row(row: &'r PgRow) -> sqlx::Result<Self> {
-        let id: Option<i64> = row.try_get("id")?;
-        Ok(Self {
-            through: row.try_get("through")?,
-            newest: row.try_get("newest")?,
-            change: id.map(|_| ChangeRow::from_row(row)).transpose()?,
-        })
-    }
-}
-
-/// A change as read, with its id.
-#[derive(FromRow)]
-struct ChangeRow {
-    id: i64,
-    kind: String,
-    key: String,
-    token: i64,
-    at: DateTime<Utc>,
-    owner: Option<String>,
-    expires_at: Option<DateTime<Utc>>,
-    version: Option<i64>,
-    etag: Option<String>,
-    reason: Option<String>,
-    audit_id: Option<i64>,
-    operation: Option<String>,
-    highest_token: Option<i64>,
-    record_token: Option<i64>,
-}
-
-impl ChangeRow {
-    fn into_event(self) -> ChangeEvent {
-        let token = |t: i64| FencingToken::new(t).expect("stored tokens are valid");
-        let reason = self.reason.map(|r| {
-            RefusalReason::parse(&r)
-                .map(ChangeReason::Refusal)
-                .or_else(|| RecoveryReason::parse(&r).map(ChangeReason::Recovery))
-                .expect("stored reasons are valid")
-        });
-        let operation = self.operation.map(|o| match o.as_str() {
-            "put" => AuditOperation::Put,
-            _ => AuditOperation::Delete,
-        });
-        ChangeEvent {
-            id: ChangeId::from_stored(self.id),
-            event: ChangeKind::parse(&self.kind).expect("the table's CHECK names the kinds"),
-            data: ChangeData {
-                key: Key::parse(self.key).expect("stored keys are valid"),
-                token: token(self.token),
-                at: self.at,
-                owner: self
-                    .owner
-                    .map(|o| Owner::parse(o).expect("stored owners are valid")),
-                expires_at: self.expires_at,
-                version: self.version.map(Version::from_stored),
-                etag: self.etag.map(ETag::from_stored),
-                reason,
-                audit_id: self.audit_id.map(AuditId),
-                operation,
-                highest_token: self.highest_token.map(token),
-                record_token: self.record_token.map(token),
-            },
-        }
     }
 }
 
@@ -434,17 +320,26 @@ async fn fan_out(inner: Weak<Inner>) {
         let read_all = async {
             let mut after = match last {
                 Some(after) => after,
-                None => Top::read(&i.pool).await?.top,
+                None => {
+                    // Nothing up to the newest id is handed on: watchers read it themselves.
+                    let top = Top::read(&i.pool).await?.top;
+                    i.handed.store(top, Ordering::Release);
+                    last = Some(top);
+                    top
+                }
             };
             loop {
-                let page = read(&i.pool, after, "").await?;
-                for change in page.changes {
-                    // No watcher: nothing to hand on.
-                    let _ = i.live.send(change);
+                let read = i.history.read(after).await?;
+                for epoch in read.epochs {
+                    i.handed.store(epoch.last_id, Ordering::Release);
+                    for change in epoch.changes.iter().filter(|c| c.id.get() > after) {
+                        // No watcher: nothing to hand on.
+                        let _ = i.live.send(change.clone());
+                    }
+                    after = epoch.last_id;
+                    last = Some(after);
                 }
-                after = page.through.unwrap_or(after);
-                last = Some(after);
-                if page.complete {
+                if read.complete {
                     return Ok::<(), StoreError>(());
                 }
             }

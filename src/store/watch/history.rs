@@ -1,0 +1,256 @@
+//! The numbered history as this instance reads it: whole epochs (`sql/read.sql`), and a cache
+//! of the epochs its watchers caught up through, shared by all of them.
+//!
+//! Watchers behind the live changes (after a restart, a failover, a burst too large for their
+//! buffer, or from `since=0`) mostly catch up from the same place, so each epoch is read from
+//! the database once between them and handed to the rest from memory. What is not cached is
+//! read on one lane of this instance, paced, so that however many watchers catch up, the reads
+//! keep a bounded share of the database: its time goes to the writes.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgRow;
+use sqlx::{FromRow, PgPool, Row};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+use crate::domain::{
+    AuditId, AuditOperation, ChangeData, ChangeEvent, ChangeId, ChangeKind, ChangeReason, ETag,
+    FencingToken, Key, Owner, RecoveryReason, RefusalReason, Version,
+};
+use crate::store::{Bounded, Result};
+
+/// How many changes one read takes: the epochs that begin within this many of its first change
+/// (at least one, read whole), and at most [`EPOCHS`] of them.
+const PAGE: i64 = 4000;
+const EPOCHS: i64 = 32;
+/// How many changes the cache holds (about 250 bytes each), the least recently used epochs
+/// leaving first; an epoch larger than that is kept alone.
+const CACHED: usize = 16_384;
+
+/// One epoch: ids `first_id..=last_id`, and its changes in id order.
+pub(super) struct Epoch {
+    pub first_id: i64,
+    pub last_id: i64,
+    pub changes: Vec<Arc<ChangeEvent>>,
+}
+
+/// What one read from the database gave: whole epochs in order, and whether the last of them
+/// is the newest.
+pub(super) struct Read {
+    pub epochs: Vec<Arc<Epoch>>,
+    pub complete: bool,
+}
+
+/// The history of this instance's watchers.
+pub(super) struct History {
+    pool: PgPool,
+    cache: Mutex<Cache>,
+    /// The watchers' reads from the database: one at a time, each followed by twice its time
+    /// without one, so that catching up keeps one connection busy a third of the time at most,
+    /// however many watchers do.
+    lane: Semaphore,
+}
+
+impl History {
+    pub fn new(pool: PgPool) -> Self {
+        Self {
+            pool,
+            cache: Mutex::new(Cache::default()),
+            lane: Semaphore::new(1),
+        }
+    }
+
+    /// The whole epochs after `after` from the database, [`PAGE`] changes' worth: what the
+    /// reader of new changes reads (not cached: the watchers that follow it have them).
+    pub async fn read(&self, after: i64) -> Result<Read> {
+        let rows: Vec<ReadRow> = sqlx::query_as(include_str!("sql/read.sql"))
+            .bind(after)
+            .bind(PAGE)
+            .bind(EPOCHS)
+            .fetch_all(&self.pool)
+            .bounded(&self.pool)
+            .await?;
+        let mut read = Read {
+            epochs: Vec::new(),
+            complete: true,
+        };
+        let mut epoch: Option<Epoch> = None;
+        for row in rows {
+            if epoch.as_ref().is_none_or(|e| e.last_id != row.last_id) {
+                read.epochs.extend(epoch.take().map(Arc::new));
+                epoch = Some(Epoch {
+                    first_id: row.first_id,
+                    last_id: row.last_id,
+                    changes: Vec::new(),
+                });
+            }
+            read.complete = row.newest.is_none_or(|newest| row.last_id >= newest);
+            if let (Some(e), Some(change)) = (epoch.as_mut(), row.change) {
+                e.changes.push(Arc::new(change.into_event()));
+            }
+        }
+        read.epochs.extend(epoch.map(Arc::new));
+        Ok(read)
+    }
+
+    /// For a watcher catching up from `after`: the cached epochs from there on, or else the next
+    /// ones from the database (through the lane, then cached). Empty when no epoch is newer.
+    pub async fn catch_up(&self, after: i64) -> Result<Vec<Arc<Epoch>>> {
+        let cached = self.cached_from(after);
+        if !cached.is_empty() {
+            return Ok(cached);
+        }
+        let _lane = self.lane.acquire().await.expect("never closed");
+        // Another watcher may have read them while this one waited.
+        let cached = self.cached_from(after);
+        if !cached.is_empty() {
+            return Ok(cached);
+        }
+        let started = Instant::now();
+        let read = self.read(after).await?;
+        {
+            let mut cache = self.cache.lock().expect("never poisoned");
+            for epoch in &read.epochs {
+                cache.put(epoch.clone());
+            }
+        }
+        if !read.complete {
+            tokio::time::sleep(started.elapsed() * 2).await;
+        }
+        Ok(read.epochs)
+    }
+
+    /// The cached epochs that follow each other from the one holding `after + 1`, [`PAGE`]
+    /// changes' worth (at least one epoch).
+    fn cached_from(&self, after: i64) -> Vec<Arc<Epoch>> {
+        let mut cache = self.cache.lock().expect("never poisoned");
+        let mut epochs = Vec::new();
+        let (mut next, mut changes) = (after + 1, 0);
+        while changes < PAGE as usize
+            && let Some(epoch) = cache.get(next)
+        {
+            changes += epoch.changes.len();
+            next = epoch.last_id + 1;
+            epochs.push(epoch);
+        }
+        epochs
+    }
+}
+
+/// The epochs by first id, each with when it was last used.
+#[derive(Default)]
+struct Cache {
+    epochs: BTreeMap<i64, (Arc<Epoch>, u64)>,
+    changes: usize,
+    clock: u64,
+}
+
+impl Cache {
+    /// The epoch holding id `id`, if cached.
+    fn get(&mut self, id: i64) -> Option<Arc<Epoch>> {
+        self.clock += 1;
+        let (_, (epoch, used)) = self.epochs.range_mut(..=id).next_back()?;
+        if epoch.last_id < id {
+            return None;
+        }
+        *used = self.clock;
+        Some(epoch.clone())
+    }
+
+    fn put(&mut self, epoch: Arc<Epoch>) {
+        self.clock += 1;
+        let size = epoch.changes.len();
+        if let Some((old, _)) = self.epochs.insert(epoch.first_id, (epoch, self.clock)) {
+            self.changes -= old.changes.len();
+        }
+        self.changes += size;
+        while self.changes > CACHED && self.epochs.len() > 1 {
+            let oldest = self
+                .epochs
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(first, _)| *first)
+                .expect("not empty");
+            let (gone, _) = self.epochs.remove(&oldest).expect("present");
+            self.changes -= gone.changes.len();
+        }
+    }
+}
+
+/// A row of `sql/read.sql`: an epoch read, and one of its changes (none for an epoch with none).
+struct ReadRow {
+    first_id: i64,
+    last_id: i64,
+    newest: Option<i64>,
+    change: Option<ChangeRow>,
+}
+
+impl<'r> FromRow<'r, PgRow> for ReadRow {
+    fn from_row(row: &'r PgRow) -> sqlx::Result<Self> {
+        let id: Option<i64> = row.try_get("id")?;
+        Ok(Self {
+            first_id: row.try_get("first_id")?,
+            last_id: row.try_get("last_id")?,
+            newest: row.try_get("newest")?,
+            change: id.map(|_| ChangeRow::from_row(row)).transpose()?,
+        })
+    }
+}
+
+/// A change as read, with its id.
+#[derive(FromRow)]
+struct ChangeRow {
+    id: i64,
+    kind: String,
+    key: String,
+    token: i64,
+    at: DateTime<Utc>,
+    owner: Option<String>,
+    expires_at: Option<DateTime<Utc>>,
+    version: Option<i64>,
+    etag: Option<String>,
+    reason: Option<String>,
+    audit_id: Option<i64>,
+    operation: Option<String>,
+    highest_token: Option<i64>,
+    record_token: Option<i64>,
+}
+
+impl ChangeRow {
+    fn into_event(self) -> ChangeEvent {
+        let token = |t: i64| FencingToken::new(t).expect("stored tokens are valid");
+        let reason = self.reason.map(|r| {
+            RefusalReason::parse(&r)
+                .map(ChangeReason::Refusal)
+                .or_else(|| RecoveryReason::parse(&r).map(ChangeReason::Recovery))
+                .expect("stored reasons are valid")
+        });
+        let operation = self.operation.map(|o| match o.as_str() {
+            "put" => AuditOperation::Put,
+            _ => AuditOperation::Delete,
+        });
+        ChangeEvent {
+            id: ChangeId::from_stored(self.id),
+            event: ChangeKind::parse(&self.kind).expect("the table's CHECK names the kinds"),
+            data: ChangeData {
+                key: Key::parse(self.key).expect("stored keys are valid"),
+                token: token(self.token),
+                at: self.at,
+                owner: self
+                    .owner
+                    .map(|o| Owner::parse(o).expect("stored owners are valid")),
+                expires_at: self.expires_at,
+                version: self.version.map(Version::from_stored),
+                etag: self.etag.map(ETag::from_stored),
+                reason,
+                audit_id: self.audit_id.map(AuditId),
+                operation,
+                highest_token: self.highest_token.map(token),
+                record_token: self.record_token.map(token),
+            },
+        }
+    }
+}
