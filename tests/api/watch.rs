@@ -1093,14 +1093,14 @@ async fn writes_with_64_streams_catching_up_keep_about_four_fifths_of_their_rate
     println!(
         "fenced writes in {span:?}: {before} before and {after} after alone, {catching_up} with 64 streams catching up ({ratio:.2} x)"
     );
-    // The bar is 0.8 x. Run alone (debug build, 2 cores shared with other work) this
-    // test measured 0.76 to 0.85 x with the catch-up reads paced; with them in turns of a quarter
-    // of the pool but unpaced, 0.48 to 0.54 x; the attack measured 0.06 to 0.34 x before either.
-    // The database shares the machine's cores with the test and any other tests running, so the
-    // assertion is 0.65 x: below the paced figures' spread, above every unpaced one; the printed
-    // figures say how close to 0.8 a run came.
+    // The bar is 0.8 x, measured on a release build by `bench/compare.sh --catch-up`
+    // (0.89 x). Here (debug build, 2 cores shared with the test and whatever else runs) the
+    // streams sharing what they read gave 0.76 to 1.03 x; with each stream reading on its own,
+    // paced, 0.76 to 0.85 x alone; unpaced, 0.48 to 0.54 x. The assertion, 0.7 x, is below the
+    // spread of the shared reads and above every unpaced figure; the printed figures say how
+    // close to 0.8 a run came.
     assert!(
-        ratio >= 0.65,
+        ratio >= 0.7,
         "{catching_up} writes with the streams catching up, {alone} without ({ratio:.2} x)"
     );
     app.stop().await;
