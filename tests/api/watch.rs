@@ -242,6 +242,60 @@ async fn every_kind_of_change_is_seen_once_in_order_through_another_instance() {
 }
 
 #[tokio::test]
+async fn a_watch_from_the_start_of_an_epoch_gets_all_of_it_after_one_resumed_inside_it() {
+    let app = TestApp::spawn().await;
+    let before: i64 = sqlx::query_scalar("SELECT max(last_id) FROM change_epochs")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    // Ten changes of one transaction: one epoch, whatever the relay's pace.
+    sqlx::query(
+        "INSERT INTO change_log (kind, key, token, at, owner, expires_at) \
+         SELECT 'lease.granted', 'epoch/' || n, n, now(), 'w', now() FROM generate_series(1, 10) n",
+    )
+    .execute(app.db())
+    .await
+    .unwrap();
+    let deadline = Instant::now() + CEILING;
+    let first = loop {
+        let first: Option<i64> = sqlx::query_scalar(
+            "SELECT first_id FROM change_epochs WHERE last_id > $1 ORDER BY last_id LIMIT 1",
+        )
+        .bind(before)
+        .fetch_one(app.db())
+        .await
+        .unwrap_or(None);
+        if let Some(first) = first {
+            break first;
+        }
+        assert!(Instant::now() < deadline, "the changes were never numbered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Resumed after the epoch's fifth change: its last five (what an instance reads of an epoch
+    // for such a watcher is not the whole epoch, and must not stand for it).
+    let mut inside = Stream::open(
+        &app.http,
+        &app.instance.base,
+        "?prefix=epoch/",
+        Some(first + 4),
+    )
+    .await;
+    let tail: Vec<i64> = inside.take(5).await.iter().map(|e| e.id).collect();
+    assert_eq!(tail, (first + 5..first + 10).collect::<Vec<_>>());
+    let mut whole = Stream::open(
+        &app.http,
+        &app.instance.base,
+        "?prefix=epoch/",
+        Some(first - 1),
+    )
+    .await;
+    let all: Vec<i64> = whole.take(10).await.iter().map(|e| e.id).collect();
+    assert_eq!(all, (first..first + 10).collect::<Vec<_>>());
+    whole.nothing_more().await;
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn a_watch_cut_mid_stream_and_resumed_with_last_event_id_misses_nothing_and_repeats_nothing()
 {
     const WRITERS: usize = 8;

@@ -112,8 +112,10 @@ impl History {
         let started = Instant::now();
         let read = self.read(after).await?;
         {
+            // Not the first epoch when `after` is inside it: only its changes after `after` were
+            // read, and the cache holds whole epochs.
             let mut cache = self.cache.lock().expect("never poisoned");
-            for epoch in &read.epochs {
+            for epoch in read.epochs.iter().filter(|e| e.first_id > after) {
                 cache.put(epoch.clone());
             }
         }
