@@ -37,16 +37,18 @@ use sqlx::PgPool;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use super::{AcquireAnswer, AcquireBatch, AcquireJob, AcquireOutcome, NewLease};
-use crate::domain::Key;
-use tasks::{heartbeat, listen, sweep};
-
+mod enqueue;
+mod place;
 mod tasks;
-use crate::store::engine::batch::{Batcher, Indexed, Job, Kind, column};
-use crate::store::engine::conns::Effect;
-use crate::store::engine::statement::QueryAs;
+
+use super::{AcquireAnswer, AcquireBatch, AcquireJob, AcquireOutcome, NewLease};
+use crate::store::engine::batch::Batcher;
 use crate::store::idempotency::{self, Gated};
-use crate::store::{Bounded, Db, RequestContext, Result, StoreError, Tasks, restart_deadline};
+use crate::store::{Db, RequestContext, Result, StoreError, Tasks, restart_deadline};
+pub(crate) use enqueue::ENQUEUE;
+use enqueue::{Enqueue, EnqueueBatch, Queued};
+use place::Place;
+use tasks::{heartbeat, listen, sweep};
 
 /// The channel the triggers notify a key on when its waiters should look again.
 const CHANNEL: &str = "snapfence_waiters";
@@ -331,204 +333,10 @@ impl Waiters {
     }
 }
 
-/// A waiter taking its place in its key's queue, in a batch of [`EnqueueBatch`].
-#[derive(Debug)]
-struct Enqueue {
-    key: Key,
-    instance: i32,
-    /// The request's principal ('' without authentication) and Idempotency-Key, if it sent one.
-    principal: String,
-    idem: Option<String>,
-    /// Who asks, as the key's queue shows it.
-    owner: String,
-}
-
-/// A place claims nothing: places of one key share a batch, each a row of its own.
-impl Job for Enqueue {
-    fn key(&self) -> &Key {
-        &self.key
-    }
-}
-
-/// A waiter's place: its id in `lease_waiters`; none when its Idempotency-Key holds a place
-/// already.
-/// The statement that queues waiters, one place each (`sql/wait_enqueue.sql`).
-pub(crate) const ENQUEUE: &str = include_str!("sql/wait_enqueue.sql");
-
-#[derive(Debug, sqlx::FromRow)]
-struct Queued {
-    id: Option<i64>,
-}
-
-/// The places taken by waiters that arrive together, as one statement
-/// (`sql/wait_enqueue.sql`). Places of one key may share a batch: each is a row of its own, in
-/// the batch's order.
-#[derive(Debug)]
-struct EnqueueBatch;
-
-impl Kind for EnqueueBatch {
-    type Job = Enqueue;
-    type Row = Queued;
-    const EFFECT: Effect = Effect::Changes;
-
-    /// Arrival order: the batch's order is the queue's.
-    fn order(_job: &Enqueue) -> &str {
-        ""
-    }
-
-    fn query<'q>(jobs: &[&'q Enqueue]) -> QueryAs<'q, Indexed<Queued>> {
-        sqlx::query_as(ENQUEUE)
-            .bind(column(jobs, |j| j.key.as_str()))
-            .bind(jobs.first().map_or(0, |j| j.instance))
-            .bind(column(jobs, |j| j.principal.as_str()))
-            .bind(column(jobs, |j| j.idem.as_deref()))
-            .bind(column(jobs, |j| j.owner.as_str()))
-    }
-}
-
 /// Sleeps until `at`, or for ever without one.
 async fn sleep_until_some(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
-    }
-}
-
-impl Inner {
-    /// Whether the waiter `id` was passed over (and forgets it).
-    fn take_passed_over(&self, id: i64) -> bool {
-        self.passed_over.lock().expect("never poisoned").remove(&id)
-    }
-
-    /// Notes that the waiters `ids` were passed over, and wakes each for its last try.
-    fn passed_over(&self, ids: Vec<i64>) {
-        if ids.is_empty() {
-            return;
-        }
-        tracing::warn!(
-            waiters = ids.len(),
-            "waiters of this instance were passed over while it did not answer (frozen past --waiter-stall-bound); each tries once more"
-        );
-        let queues = self.queues.lock().expect("never poisoned");
-        let mut passed = self.passed_over.lock().expect("never poisoned");
-        for id in ids {
-            if let Some(notify) = queues.values().find_map(|q| q.get(&id)) {
-                passed.insert(id);
-                notify.notify_one();
-            }
-        }
-    }
-
-    /// Frees the Idempotency-Key `idem` of `principal` from a place no request holds
-    /// (`sql/wait_unblock.sql`); how many places it freed.
-    async fn unblock(&self, principal: &str, idem: &str, instance: i32) -> Result<u64> {
-        let held: Vec<i64> = {
-            let queues = self.queues.lock().expect("never poisoned");
-            queues.values().flat_map(|q| q.keys().copied()).collect()
-        };
-        Ok(sqlx::query(include_str!("sql/wait_unblock.sql"))
-            .bind(principal)
-            .bind(idem)
-            .bind(instance)
-            .bind(&held)
-            .execute(&self.pool)
-            .bounded(&self.pool)
-            .await?
-            .rows_affected())
-    }
-
-    /// Whether `place` is this instance's first waiter of its key.
-    fn first_here(&self, place: &Place) -> bool {
-        let queues = self.queues.lock().expect("never poisoned");
-        queues
-            .get(&place.key)
-            .and_then(|q| q.keys().next())
-            .is_some_and(|&first| first == place.id)
-    }
-
-    /// Notes that a row of this instance may be in a queue with no request holding it: the
-    /// sweep runs until it is surely old enough to be taken out.
-    fn left_behind(&self) {
-        let until = Instant::now() + STALE_AFTER + 2 * SWEEP_EVERY;
-        *self.stale_until.lock().expect("never poisoned") = Some(until);
-    }
-
-    /// Wakes this instance's first waiter of `key`, if it has one.
-    fn wake(&self, key: &str) {
-        let queues = self.queues.lock().expect("never poisoned");
-        if let Some(first) = queues.get(key).and_then(|q| q.values().next()) {
-            first.notify_one();
-        }
-    }
-
-    /// Wakes this instance's first waiter of every key.
-    fn wake_all(&self) {
-        let queues = self.queues.lock().expect("never poisoned");
-        for first in queues.values().filter_map(|q| q.values().next()) {
-            first.notify_one();
-        }
-    }
-}
-
-/// A waiter's place in its key's queue, here and in `lease_waiters`. Dropped with its request
-/// (answered, failed, or its client gone): the next waiter here is woken, and the row is
-/// deleted unless the statement that answered already did.
-struct Place {
-    inner: Arc<Inner>,
-    key: String,
-    id: i64,
-    notify: Arc<Notify>,
-    left: bool,
-    /// Its (principal, Idempotency-Key), when it sent one.
-    keyed: Option<(String, String)>,
-}
-
-impl Drop for Place {
-    fn drop(&mut self) {
-        self.inner.take_passed_over(self.id);
-        if let Some(k) = self.keyed.take() {
-            let mut keyed = self.inner.keyed.lock().expect("never poisoned");
-            if let Some(n) = keyed.get_mut(&k) {
-                *n -= 1;
-                if *n == 0 {
-                    keyed.remove(&k);
-                }
-            }
-        }
-        {
-            let mut queues = self.inner.queues.lock().expect("never poisoned");
-            if let Some(queue) = queues.get_mut(&self.key) {
-                queue.remove(&self.id);
-                match queue.values().next() {
-                    Some(next) => next.notify_one(),
-                    None => {
-                        queues.remove(&self.key);
-                    }
-                }
-            }
-        }
-        if self.left {
-            return;
-        }
-        let inner = self.inner.clone();
-        let id = self.id;
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            inner.left_behind();
-            return;
-        };
-        runtime.spawn(async move {
-            let pool = &inner.pool;
-            let left = sqlx::query(include_str!("sql/wait_leave.sql"))
-                .bind(id)
-                .execute(pool)
-                .bounded(pool)
-                .await;
-            if let Err(e) = left {
-                // The sweep deletes it later; until then it only makes later waiters wait
-                // behind a place no one holds while this instance lives.
-                tracing::warn!(error = %e, waiter = id, "could not take a waiter out of its queue");
-                inner.left_behind();
-            }
-        });
     }
 }

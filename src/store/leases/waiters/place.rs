@@ -1,0 +1,150 @@
+//! This instance's side of the keys' queues: the places its requests hold, whom to wake when a
+//! key may be free, and taking a place out of `lease_waiters` when its request lets go of it.
+
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::{Inner, STALE_AFTER, SWEEP_EVERY};
+use crate::store::{Bounded, Result};
+
+impl Inner {
+    /// Whether the waiter `id` was passed over (and forgets it).
+    pub(super) fn take_passed_over(&self, id: i64) -> bool {
+        self.passed_over.lock().expect("never poisoned").remove(&id)
+    }
+
+    /// Notes that the waiters `ids` were passed over, and wakes each for its last try.
+    pub(super) fn passed_over(&self, ids: Vec<i64>) {
+        if ids.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            waiters = ids.len(),
+            "waiters of this instance were passed over while it did not answer (frozen past --waiter-stall-bound); each tries once more"
+        );
+        let queues = self.queues.lock().expect("never poisoned");
+        let mut passed = self.passed_over.lock().expect("never poisoned");
+        for id in ids {
+            if let Some(notify) = queues.values().find_map(|q| q.get(&id)) {
+                passed.insert(id);
+                notify.notify_one();
+            }
+        }
+    }
+
+    /// Frees the Idempotency-Key `idem` of `principal` from a place no request holds
+    /// (`sql/wait_unblock.sql`); how many places it freed.
+    pub(super) async fn unblock(&self, principal: &str, idem: &str, instance: i32) -> Result<u64> {
+        let held: Vec<i64> = {
+            let queues = self.queues.lock().expect("never poisoned");
+            queues.values().flat_map(|q| q.keys().copied()).collect()
+        };
+        Ok(sqlx::query(include_str!("../sql/wait_unblock.sql"))
+            .bind(principal)
+            .bind(idem)
+            .bind(instance)
+            .bind(&held)
+            .execute(&self.pool)
+            .bounded(&self.pool)
+            .await?
+            .rows_affected())
+    }
+
+    /// Whether `place` is this instance's first waiter of its key.
+    pub(super) fn first_here(&self, place: &Place) -> bool {
+        let queues = self.queues.lock().expect("never poisoned");
+        queues
+            .get(&place.key)
+            .and_then(|q| q.keys().next())
+            .is_some_and(|&first| first == place.id)
+    }
+
+    /// Notes that a row of this instance may be in a queue with no request holding it: the
+    /// sweep runs until it is surely old enough to be taken out.
+    pub(super) fn left_behind(&self) {
+        let until = Instant::now() + STALE_AFTER + 2 * SWEEP_EVERY;
+        *self.stale_until.lock().expect("never poisoned") = Some(until);
+    }
+
+    /// Wakes this instance's first waiter of `key`, if it has one.
+    pub(super) fn wake(&self, key: &str) {
+        let queues = self.queues.lock().expect("never poisoned");
+        if let Some(first) = queues.get(key).and_then(|q| q.values().next()) {
+            first.notify_one();
+        }
+    }
+
+    /// Wakes this instance's first waiter of every key.
+    pub(super) fn wake_all(&self) {
+        let queues = self.queues.lock().expect("never poisoned");
+        for first in queues.values().filter_map(|q| q.values().next()) {
+            first.notify_one();
+        }
+    }
+}
+
+/// A waiter's place in its key's queue, here and in `lease_waiters`. Dropped with its request
+/// (answered, failed, or its client gone): the next waiter here is woken, and the row is
+/// deleted unless the statement that answered already did.
+pub(super) struct Place {
+    pub inner: Arc<Inner>,
+    pub key: String,
+    pub id: i64,
+    pub notify: Arc<Notify>,
+    /// Whether the statement that answered it took its row out already.
+    pub left: bool,
+    /// Its (principal, Idempotency-Key), when it sent one.
+    pub keyed: Option<(String, String)>,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.inner.take_passed_over(self.id);
+        if let Some(k) = self.keyed.take() {
+            let mut keyed = self.inner.keyed.lock().expect("never poisoned");
+            if let Some(n) = keyed.get_mut(&k) {
+                *n -= 1;
+                if *n == 0 {
+                    keyed.remove(&k);
+                }
+            }
+        }
+        {
+            let mut queues = self.inner.queues.lock().expect("never poisoned");
+            if let Some(queue) = queues.get_mut(&self.key) {
+                queue.remove(&self.id);
+                match queue.values().next() {
+                    Some(next) => next.notify_one(),
+                    None => {
+                        queues.remove(&self.key);
+                    }
+                }
+            }
+        }
+        if self.left {
+            return;
+        }
+        let inner = self.inner.clone();
+        let id = self.id;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            inner.left_behind();
+            return;
+        };
+        runtime.spawn(async move {
+            let pool = &inner.pool;
+            let left = sqlx::query(include_str!("../sql/wait_leave.sql"))
+                .bind(id)
+                .execute(pool)
+                .bounded(pool)
+                .await;
+            if let Err(e) = left {
+                // The sweep deletes it later; until then it only makes later waiters wait
+                // behind a place no one holds while this instance lives.
+                tracing::warn!(error = %e, waiter = id, "could not take a waiter out of its queue");
+                inner.left_behind();
+            }
+        });
+    }
+}
