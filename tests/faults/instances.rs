@@ -1,8 +1,8 @@
 //! Instances that freeze (SIGSTOP) or die (SIGKILL) under the waiting queue and the watch's relay
 //! (issue 34): a key released while its first waiter's instance is frozen goes to the next
-//! waiter within the stall bound, and the thawed instance answers its passed-over waiter; the
-//! relay's instance killed under more than a thousand changes a second, the changes flow again
-//! within a bound.
+//! waiter within the stall bound, and the thawed instance answers its passed-over waiter; while
+//! it waits for the frozen waiter, a key's status and a plain acquire agree; the relay's instance
+//! killed under more than a thousand changes a second, the changes flow again within a bound.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -82,6 +82,82 @@ async fn a_key_released_while_its_first_waiters_instance_is_sigstopped_goes_to_t
     assert_eq!(refused["code"], "lease_held");
     assert_eq!(refused["holder"]["owner"], "live");
     until_queued(&db, 0).await;
+}
+
+/// The state and the count of waiters that `GET /v1/leases/k` through `base` shows.
+async fn state_and_waiters(base: &str) -> (String, i64) {
+    let status: Value = reqwest::get(format!("{base}/v1/leases/k"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    (
+        status["state"].as_str().unwrap().to_owned(),
+        status["waiters"].as_i64().unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn while_a_released_key_waits_for_a_sigstopped_instances_waiter_get_and_a_plain_acquire_agree()
+ {
+    let dir = scratch();
+    let db = Cluster::primary(dir.path(), &unix_only()).await;
+    let a = Service::start(&db.url(), dir.path(), false).await;
+    // A stall bound long enough that the live instance is surely asked several times within it,
+    // however loaded the machine.
+    let b = Service::start_with(
+        &db.url(),
+        dir.path(),
+        false,
+        &["--waiter-stall-bound", "5s"],
+    )
+    .await;
+    let (holder, _) = acquire(a.base(), "k", "holder", 0).await;
+    assert_eq!(holder, StatusCode::CREATED);
+    let holder: i64 = db.scalar("SELECT token FROM leases WHERE key = 'k'").await;
+    let _frozen = tokio::spawn(acquire(b.base(), "k", "frozen", 120_000));
+    until_queued(&db, 1).await;
+    b.pause();
+    let r = reqwest::Client::new()
+        .delete(format!("{}/v1/leases/k", a.base()))
+        .header("Fencing-Token", holder.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    // The frozen instance's waiter counts until its bound passes, and from then on no more
+    // while it stays frozen: so each refusal of a plain acquire follows a GET that showed the
+    // waiter, and the first GET that shows none is followed by a grant.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut refusals = 0;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "the frozen instance's waiter was never passed over"
+        );
+        let (state, waiters) = state_and_waiters(&a.base()).await;
+        assert_eq!(state, "released");
+        let (status, body) = acquire(a.base(), "k", "plain", 0).await;
+        if status == StatusCode::CREATED {
+            break;
+        }
+        assert_eq!(status, StatusCode::CONFLICT, "{body}");
+        assert_eq!(body["code"], "lease_held");
+        assert_eq!(body["state"], "released", "{body}");
+        assert_eq!(body["waiters"], 1, "{body}");
+        assert_eq!(
+            waiters, 1,
+            "GET showed {waiters} waiters just before {body}"
+        );
+        refusals += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("{refusals} plain acquires were refused before the frozen waiter was passed over");
+    assert!(refusals > 0, "the key was granted before the bound passed");
+    // The frozen waiter's row is still queued (no instance with waiters swept it), uncounted.
+    assert_eq!(state_and_waiters(&a.base()).await, ("held".to_owned(), 0));
+    b.resume();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
