@@ -40,6 +40,29 @@ async fn until_queued(db: &Cluster, n: i64) {
     }
 }
 
+/// Waits until no statement runs on the database but the test's own, twice in a row: an
+/// instance frozen since has then had done whatever it sent before (a waiter's try sent just
+/// before the freeze and run after the release would be granted the key, rightly: the instance
+/// was answering when it sent it), and sends nothing more.
+async fn until_nothing_runs(db: &Cluster) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut idle = 0;
+    while idle < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "statements never stopped running"
+        );
+        let running = db
+            .scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+                 AND backend_type = 'client backend' AND pid <> pg_backend_pid()",
+            )
+            .await;
+        idle = if running == 0 { idle + 1 } else { 0 };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_key_released_while_its_first_waiters_instance_is_sigstopped_goes_to_the_next_waiter() {
     let dir = scratch();
@@ -54,6 +77,7 @@ async fn a_key_released_while_its_first_waiters_instance_is_sigstopped_goes_to_t
     let second = tokio::spawn(acquire(a.base(), "k", "live", 120_000));
     until_queued(&db, 2).await;
     b.pause();
+    until_nothing_runs(&db).await;
     let r = reqwest::Client::new()
         .delete(format!("{}/v1/leases/k", a.base()))
         .header("Fencing-Token", holder.to_string())
@@ -119,6 +143,7 @@ async fn while_a_released_key_waits_for_a_sigstopped_instances_waiter_get_and_a_
     let _frozen = tokio::spawn(acquire(b.base(), "k", "frozen", 120_000));
     until_queued(&db, 1).await;
     b.pause();
+    until_nothing_runs(&db).await;
     let r = reqwest::Client::new()
         .delete(format!("{}/v1/leases/k", a.base()))
         .header("Fencing-Token", holder.to_string())
