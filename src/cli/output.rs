@@ -216,6 +216,8 @@ pub fn problem(url: &str, e: &Error, check: Option<&str>) -> Problem {
             detail: Some(message(url, e, check)),
             code: None,
             holder: None,
+            state: None,
+            waiters: None,
             recovery: None,
             refusal: None,
         };
@@ -229,7 +231,16 @@ pub fn problem(url: &str, e: &Error, check: Option<&str>) -> Problem {
         })
     };
     match e {
-        Error::LeaseHeld { holder, .. } => problem.holder = Some((**holder).clone()),
+        Error::LeaseHeld {
+            holder,
+            state,
+            waiters,
+            ..
+        } => {
+            problem.holder = Some((**holder).clone());
+            problem.state = *state;
+            problem.waiters = *waiters;
+        }
         Error::RecoveryRequired { recovery, .. } => {
             problem.recovery = Some((**recovery).clone());
         }

@@ -32,7 +32,7 @@ use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep};
 
 use super::{Ctx, Exit, output};
-use crate::domain::{Key, Lease, Metadata, Owner};
+use crate::domain::{Key, Lease, LeaseState, Metadata, Owner};
 use snapfence_client::{
     AcquireRequest, Error, KeeperOptions, LeaseKeeper, LostReason, RetryPolicy,
 };
@@ -352,6 +352,16 @@ async fn acquire(
             return Err(ctx.fail(&e, Some(&check)));
         }
         let what = match &e {
+            Error::LeaseHeld {
+                state: Some(state),
+                waiters,
+                ..
+            } if *state != LeaseState::Held => format!(
+                "{} is free ({}) and goes to {} waiting acquires queued first",
+                args.key,
+                state.as_str(),
+                waiters.map_or_else(|| "the".to_owned(), |n| n.to_string())
+            ),
             Error::LeaseHeld { holder, .. } => format!(
                 "{} is held by {:?} until {}",
                 args.key,

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use crate::domain::RefusalReason;
 use crate::domain::headers::PROBLEM_JSON;
 use crate::domain::{
-    AuditId, ChangeId, ErrorCode, Holder, IdempotencyKey, InvalidInput, Key, Problem,
+    AuditId, ChangeId, ErrorCode, Holder, IdempotencyKey, InvalidInput, Key, LeaseState, Problem,
     RecoveryRecord, RefusalFields,
 };
 use crate::store::StoreError;
@@ -112,13 +112,19 @@ pub enum ApiError {
     /// 428: a fenced call without `Fencing-Token`.
     #[error("this call is fenced: send the token of your lease grant as `Fencing-Token: <token>`")]
     TokenRequired,
-    /// 409: another lease is live.
-    #[error("key {key:?} is held by {:?} until {}; retry once it expires or is released", holder.owner, holder.expires_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))]
+    /// 409: another lease is live, or the key is free and goes to live waiters queued before
+    /// the request.
+    #[error("{}", held_detail(key, holder, *state, *waiters))]
     LeaseHeld {
         /// The key.
         key: Key,
-        /// The live lease.
+        /// The live lease; on a free key, the last one.
         holder: Box<Holder>,
+        /// The key's state as the acquire found it.
+        state: LeaseState,
+        /// On a free key, the live waiters queued before the request (`None` in an answer
+        /// remembered before they were counted).
+        waiters: Option<i64>,
     },
     /// 409: a recovery record blocks the grant.
     #[error("key {key:?} keeps a recovery record ({}) left by {:?}; reconcile what it left behind, then acquire with \"reconciled\": true", recovery.reason.as_str(), recovery.owner.as_str())]
@@ -303,6 +309,34 @@ pub async fn log_errors(req: axum::extract::Request, next: axum::middleware::Nex
     response
 }
 
+/// The detail of `lease_held`: who holds the key and until when; or, on a free key, that it goes
+/// to the waiters queued first, and how to queue behind them.
+fn held_detail(key: &Key, holder: &Holder, state: LeaseState, waiters: Option<i64>) -> String {
+    let ended = match state {
+        LeaseState::Held => {
+            return format!(
+                "key {key:?} is held by {:?} until {}; retry once it expires or is released",
+                holder.owner,
+                holder
+                    .expires_at
+                    .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+            );
+        }
+        LeaseState::Released => "was released",
+        LeaseState::Expired => "expired",
+        LeaseState::RecoveryPending => "has no live lease",
+    };
+    let to = match waiters {
+        Some(1) => "the waiting acquire queued before this request".to_owned(),
+        Some(n) => format!("the first of the {n} waiting acquires queued before this request"),
+        None => "a waiting acquire queued before this request".to_owned(),
+    };
+    format!(
+        "key {key:?} {ended} (last held by {:?}), and goes to {to}: send wait_ms to queue behind them",
+        holder.owner
+    )
+}
+
 fn refusal_detail(key: &Key, r: &Refusal) -> String {
     let highest = r.highest.map_or_else(
         || "none (the key never had a lease)".to_owned(),
@@ -395,7 +429,16 @@ impl ApiError {
         );
         problem.status = Some(status.as_u16());
         match self {
-            Self::LeaseHeld { holder, .. } => problem.holder = Some((**holder).clone()),
+            Self::LeaseHeld {
+                holder,
+                state,
+                waiters,
+                ..
+            } => {
+                problem.holder = Some((**holder).clone());
+                problem.state = Some(*state);
+                problem.waiters = *waiters;
+            }
             Self::RecoveryRequired { recovery, .. } => {
                 problem.recovery = Some((**recovery).clone());
             }

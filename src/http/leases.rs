@@ -83,9 +83,15 @@ async fn acquire(
             }),
         )
             .into_response()),
-        AcquireOutcome::Held { holder } => Err(ApiError::LeaseHeld {
+        AcquireOutcome::Held {
+            holder,
+            state,
+            waiters,
+        } => Err(ApiError::LeaseHeld {
             key,
             holder: Box::new(Holder::from(&holder)),
+            state,
+            waiters,
         }),
         AcquireOutcome::RecoveryRequired { recovery } => Err(ApiError::RecoveryRequired {
             key,

@@ -105,6 +105,7 @@ pub fn hot_statements() -> Vec<(&'static str, &'static str)> {
         ("precheck", fenced.precheck.text()),
         ("delete_head", fenced.delete_head.text()),
         ("get", snapshots::GET.text()),
+        ("status", leases::STATUS),
         ("wait_enqueue", waiters::ENQUEUE),
     ]
 }

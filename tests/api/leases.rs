@@ -81,6 +81,8 @@ async fn acquire_while_held_answers_lease_held_with_the_holder_and_changes_nothi
     assert_eq!(body["holder"]["acquired_at"], g["acquired_at"]);
     assert_eq!(body["holder"]["expires_at"], g["expires_at"]);
     assert_eq!(body["holder"]["metadata"], json!({"x": 1}));
+    assert_eq!(body["state"], "held");
+    assert!(body.get("waiters").is_none(), "{body}");
     // The same owner is refused too: a grant is never re-entrant.
     let again = app
         .acquire_with("k", json!({"owner": "a", "ttl_ms": 30000}))

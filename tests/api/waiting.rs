@@ -269,6 +269,116 @@ async fn an_acquire_that_does_not_wait_cannot_pass_the_queue() {
     app.stop().await;
 }
 
+/// Another instance as the queues see it, alive while the returned connection holds its
+/// liveness lock. `silent_for`: how long ago it last said it was alive (its stall bound is a
+/// second), or never, when it is judged by its lock alone.
+async fn other_instance(app: &TestApp, id: i32, silent_for: Option<Duration>) -> PgConnection {
+    let mut lock = PgConnection::connect_with(&app.options).await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(waiter_lock_class(), $1)")
+        .bind(id)
+        .execute(&mut lock)
+        .await
+        .unwrap();
+    if let Some(silent) = silent_for {
+        sqlx::query(
+            "INSERT INTO waiter_instances (instance, seen_at, stale_after) \
+             VALUES ($1, clock_timestamp() - $2 * interval '1 millisecond', interval '1 second')",
+        )
+        .bind(id)
+        .bind(i64::try_from(silent.as_millis()).unwrap())
+        .execute(app.db())
+        .await
+        .unwrap();
+    }
+    lock
+}
+
+/// A waiter of instance `id` in `key`'s queue, as that instance would have queued it.
+async fn queue_on(app: &TestApp, key: &str, id: i32) {
+    sqlx::query("INSERT INTO lease_waiters (key, instance) VALUES ($1, $2)")
+        .bind(key)
+        .bind(id)
+        .execute(app.db())
+        .await
+        .unwrap();
+}
+
+/// A key's state and waiters as `GET /v1/leases/{key}` shows them.
+async fn state_and_waiters(app: &TestApp, key: &str) -> (String, i64) {
+    let status = read(app, &format!("/v1/leases/{}", enc(key))).await;
+    (
+        status["state"].as_str().unwrap().to_owned(),
+        status["waiters"].as_i64().unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn a_released_key_that_goes_to_a_live_waiter_shows_it_and_a_plain_acquire_is_told_so() {
+    let app = TestApp::spawn().await;
+    let holder = app.acquire("k", "holder", 30000).await;
+    let instance = other_instance(&app, 2_000_000_010, None).await;
+    queue_on(&app, "k", 2_000_000_010).await;
+    assert_eq!(app.release("k", token(&holder)).await.status(), 204);
+    assert_eq!(state_and_waiters(&app, "k").await, ("released".into(), 1));
+    let r = app
+        .acquire_with("k", json!({"owner": "plain", "ttl_ms": 30000}))
+        .await;
+    let body = problem(r, StatusCode::CONFLICT, "lease_held").await;
+    assert_eq!(body["state"], "released");
+    assert_eq!(body["waiters"], 1);
+    // `holder` names the last holder, as it always has on a key reserved for a waiter.
+    assert_eq!(body["holder"]["owner"], "holder");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("was released") && detail.contains("wait_ms"),
+        "{detail}"
+    );
+    instance.close().await.unwrap();
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn waiters_of_instances_gone_or_no_longer_answering_are_not_counted_and_do_not_hold_the_key()
+{
+    let app = TestApp::spawn().await;
+    let holder = app.acquire("k", "holder", 30000).await;
+    // One instance died (its lock is free); another holds its lock but has said nothing for
+    // twice its stall bound (frozen). No sweep takes their rows out: this instance has no
+    // waiters of its own.
+    queue_on(&app, "k", 2_000_000_011).await;
+    let frozen = other_instance(&app, 2_000_000_012, Some(Duration::from_secs(2))).await;
+    queue_on(&app, "k", 2_000_000_012).await;
+    assert_eq!(app.release("k", token(&holder)).await.status(), 204);
+    assert_eq!(state_and_waiters(&app, "k").await, ("released".into(), 0));
+    let list = read(&app, "/v1/leases").await;
+    assert_eq!(list["items"][0]["waiters"], 0);
+    let r = app
+        .acquire_with("k", json!({"owner": "plain", "ttl_ms": 30000}))
+        .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    frozen.close().await.unwrap();
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_wait_that_runs_out_behind_a_live_waiter_of_a_free_key_is_told_how_many_are_ahead() {
+    let app = TestApp::spawn().await;
+    let holder = app.acquire("k", "holder", 30000).await;
+    let instance = other_instance(&app, 2_000_000_013, None).await;
+    queue_on(&app, "k", 2_000_000_013).await;
+    assert_eq!(app.release("k", token(&holder)).await.status(), 204);
+    let (status, body) = tokio::time::timeout(CEILING, spawn_waiter(&app, "k", "late", 300))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["code"], "lease_held");
+    assert_eq!(body["state"], "released");
+    assert_eq!(body["waiters"], 1);
+    instance.close().await.unwrap();
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn the_waiters_of_a_dead_instance_are_skipped_and_dropped_within_a_second() {
     let app = TestApp::spawn().await;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use snapfence::Rules;
-use snapfence::domain::{Key, RecoveryReason, Scope};
+use snapfence::domain::{Key, LeaseState, RecoveryReason, Scope};
 use snapfence_client::{AcquireRequest, Client, Error, PutOptions, RetryPolicy};
 
 use crate::harness::TestApp;
@@ -77,12 +77,20 @@ async fn acquire_while_held_is_lease_held_with_the_holder() {
         .acquire(&key("k"), &AcquireRequest::new(owner("b"), TTL))
         .await
         .unwrap_err();
-    let Error::LeaseHeld { holder, detail } = &e else {
+    let Error::LeaseHeld {
+        holder,
+        state,
+        waiters,
+        detail,
+    } = &e
+    else {
         panic!("{e:?}")
     };
     assert_eq!(holder.owner, "a");
     assert_eq!(holder.expires_at, g.lease.expires_at);
     assert!(detail.contains("held by \"a\""), "{detail}");
+    assert_eq!(*state, Some(LeaseState::Held));
+    assert_eq!(*waiters, None);
     app.stop().await;
 }
 

@@ -218,6 +218,8 @@ pub struct Service {
     url: String,
     log: PathBuf,
     broken_fencing: bool,
+    /// Arguments added to `serve`'s, on every start.
+    args: Vec<String>,
 }
 
 impl Service {
@@ -225,6 +227,11 @@ impl Service {
     /// negative control (the `fault-controls` feature, which the test builds have; see
     /// `store::snapshots::fencing_broken`).
     pub async fn start(url: &str, dir: &Path, broken_fencing: bool) -> Self {
+        Self::start_with(url, dir, broken_fencing, &[]).await
+    }
+
+    /// [`start`](Self::start) with `args` added to `serve`'s.
+    pub async fn start_with(url: &str, dir: &Path, broken_fencing: bool, args: &[&str]) -> Self {
         let port = free_port();
         let mut service = Self {
             child: None,
@@ -232,6 +239,7 @@ impl Service {
             url: url.to_owned(),
             log: dir.join(format!("serve-{port}.log")),
             broken_fencing,
+            args: args.iter().map(|&a| a.to_owned()).collect(),
         };
         service.spawn().await;
         service
@@ -254,6 +262,7 @@ impl Service {
             .args(["--db-timeout", DB_TIMEOUT, "--db-pool-size", "8"])
             .args(["--min-ttl", "10ms"])
             .args(["--keep-versions", &KEEP_VERSIONS.to_string()])
+            .args(&self.args)
             .env("RUST_LOG", "warn")
             .env_remove("SNAPFENCE_BREAK_FENCING")
             .stdin(Stdio::null())

@@ -1,8 +1,8 @@
 //! Instances that freeze (SIGSTOP) or die (SIGKILL) under the waiting queue and the watch's relay
 //! (issue 34): a key released while its first waiter's instance is frozen goes to the next
-//! waiter within the stall bound, and the thawed instance answers its passed-over waiter; the
-//! relay's instance killed under more than a thousand changes a second, the changes flow again
-//! within a bound.
+//! waiter within the stall bound, and the thawed instance answers its passed-over waiter; while
+//! it waits for the frozen waiter, a key's status and a plain acquire agree; the relay's instance
+//! killed under more than a thousand changes a second, the changes flow again within a bound.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -40,6 +40,29 @@ async fn until_queued(db: &Cluster, n: i64) {
     }
 }
 
+/// Waits until no statement runs on the database but the test's own, twice in a row: an
+/// instance frozen since has then had done whatever it sent before (a waiter's try sent just
+/// before the freeze and run after the release would be granted the key, rightly: the instance
+/// was answering when it sent it), and sends nothing more.
+async fn until_nothing_runs(db: &Cluster) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut idle = 0;
+    while idle < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "statements never stopped running"
+        );
+        let running = db
+            .scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+                 AND backend_type = 'client backend' AND pid <> pg_backend_pid()",
+            )
+            .await;
+        idle = if running == 0 { idle + 1 } else { 0 };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_key_released_while_its_first_waiters_instance_is_sigstopped_goes_to_the_next_waiter() {
     let dir = scratch();
@@ -54,6 +77,7 @@ async fn a_key_released_while_its_first_waiters_instance_is_sigstopped_goes_to_t
     let second = tokio::spawn(acquire(a.base(), "k", "live", 120_000));
     until_queued(&db, 2).await;
     b.pause();
+    until_nothing_runs(&db).await;
     let r = reqwest::Client::new()
         .delete(format!("{}/v1/leases/k", a.base()))
         .header("Fencing-Token", holder.to_string())
@@ -82,6 +106,83 @@ async fn a_key_released_while_its_first_waiters_instance_is_sigstopped_goes_to_t
     assert_eq!(refused["code"], "lease_held");
     assert_eq!(refused["holder"]["owner"], "live");
     until_queued(&db, 0).await;
+}
+
+/// The state and the count of waiters that `GET /v1/leases/k` through `base` shows.
+async fn state_and_waiters(base: &str) -> (String, i64) {
+    let status: Value = reqwest::get(format!("{base}/v1/leases/k"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    (
+        status["state"].as_str().unwrap().to_owned(),
+        status["waiters"].as_i64().unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn while_a_released_key_waits_for_a_sigstopped_instances_waiter_get_and_a_plain_acquire_agree()
+ {
+    let dir = scratch();
+    let db = Cluster::primary(dir.path(), &unix_only()).await;
+    let a = Service::start(&db.url(), dir.path(), false).await;
+    // A stall bound long enough that the live instance is surely asked several times within it,
+    // however loaded the machine.
+    let b = Service::start_with(
+        &db.url(),
+        dir.path(),
+        false,
+        &["--waiter-stall-bound", "5s"],
+    )
+    .await;
+    let (holder, _) = acquire(a.base(), "k", "holder", 0).await;
+    assert_eq!(holder, StatusCode::CREATED);
+    let holder: i64 = db.scalar("SELECT token FROM leases WHERE key = 'k'").await;
+    let _frozen = tokio::spawn(acquire(b.base(), "k", "frozen", 120_000));
+    until_queued(&db, 1).await;
+    b.pause();
+    until_nothing_runs(&db).await;
+    let r = reqwest::Client::new()
+        .delete(format!("{}/v1/leases/k", a.base()))
+        .header("Fencing-Token", holder.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    // The frozen instance's waiter counts until its bound passes, and from then on no more
+    // while it stays frozen: so each refusal of a plain acquire follows a GET that showed the
+    // waiter, and the first GET that shows none is followed by a grant.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut refusals = 0;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "the frozen instance's waiter was never passed over"
+        );
+        let (state, waiters) = state_and_waiters(&a.base()).await;
+        assert_eq!(state, "released");
+        let (status, body) = acquire(a.base(), "k", "plain", 0).await;
+        if status == StatusCode::CREATED {
+            break;
+        }
+        assert_eq!(status, StatusCode::CONFLICT, "{body}");
+        assert_eq!(body["code"], "lease_held");
+        assert_eq!(body["state"], "released", "{body}");
+        assert_eq!(body["waiters"], 1, "{body}");
+        assert_eq!(
+            waiters, 1,
+            "GET showed {waiters} waiters just before {body}"
+        );
+        refusals += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("{refusals} plain acquires were refused before the frozen waiter was passed over");
+    assert!(refusals > 0, "the key was granted before the bound passed");
+    // The frozen waiter's row is still queued (no instance with waiters swept it), uncounted.
+    assert_eq!(state_and_waiters(&a.base()).await, ("held".to_owned(), 0));
+    b.resume();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

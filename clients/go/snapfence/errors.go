@@ -88,8 +88,14 @@ type Error struct {
 	Method, URL string
 	// RequestID is the answer's x-request-id.
 	RequestID string
-	// Holder is set for lease_held: who holds the key, until when.
+	// Holder is set for lease_held: who holds the key, until when; on a free key that goes to
+	// waiting acquires queued first, who held it last.
 	Holder *Holder
+	// State is set for lease_held (by servers that say it): the key's state as the acquire
+	// found it, StateHeld or the free state of a key that goes to Waiters.
+	State string
+	// Waiters is set for lease_held on a free key: how many waiting acquires are queued first.
+	Waiters int64
 	// Recovery is set for recovery_required: the retained record.
 	Recovery *RecoveryRecord
 	// PresentedToken, HighestToken and AuditID are set for stale_token and unknown_token
@@ -164,6 +170,8 @@ type problem struct {
 	Detail         string          `json:"detail"`
 	Code           string          `json:"code"`
 	Holder         *Holder         `json:"holder"`
+	State          string          `json:"state"`
+	Waiters        int64           `json:"waiters"`
 	Recovery       *RecoveryRecord `json:"recovery"`
 	PresentedToken uint64          `json:"presented_token"`
 	HighestToken   uint64          `json:"highest_token"`
@@ -212,6 +220,7 @@ func newAPIError(method, url string, status int, header http.Header, body []byte
 		e.code = p.Code
 		e.Type, e.Title, e.Detail = p.Type, p.Title, p.Detail
 		e.Holder, e.Recovery = p.Holder, p.Recovery
+		e.State, e.Waiters = p.State, p.Waiters
 		e.PresentedToken, e.HighestToken, e.AuditID = p.PresentedToken, p.HighestToken, p.AuditID
 		return e
 	}

@@ -66,6 +66,9 @@ func TestAcquireOfAHeldKeyIsLeaseHeldWithTheHolderButNotItsToken(t *testing.T) {
 	if e.Holder == nil || e.Holder.Owner != "first" || !e.Holder.ExpiresAt.Equal(g.ExpiresAt) || string(e.Holder.Metadata) != `{"pid":1}` {
 		t.Fatalf("holder %+v", e.Holder)
 	}
+	if e.State != snapfence.StateHeld || e.Waiters != 0 {
+		t.Fatalf("state %q, waiters %d", e.State, e.Waiters)
+	}
 	if strings.Contains(string(e.Body), `"token"`) {
 		t.Fatalf("the refusal shows the holder's token: %s", e.Body)
 	}

@@ -73,6 +73,16 @@ def test_an_answer_becomes_the_exception_of_its_code() -> None:
         assert type(e) is cls and e.detail == "d" and e.request_id == "r1", (code, e)
 
 
+def test_lease_held_on_a_free_key_says_its_state_and_the_waiters_queued_first() -> None:
+    body = (
+        b'{"code":"lease_held","detail":"d","holder":{"owner":"o","acquired_at":"2026-12-02T13:05:00.123Z",'
+        b'"expires_at":"2026-12-02T13:05:30.123Z","metadata":null},"state":"released","waiters":2}'
+    )
+    answer = _core.Answer(409, {"content-type": "application/problem+json"}, body)
+    e = _core.error_of(answer, "POST /v1/leases/k")
+    assert isinstance(e, snapfence.LeaseHeld) and (e.state, e.waiters) == ("released", 2), e
+
+
 @pytest.mark.parametrize(
     ("first", "last", "indeterminate"),
     [

@@ -8,7 +8,7 @@ use reqwest::header::HeaderMap;
 
 use snapfence_types::headers::{PROBLEM_JSON, REQUEST_ID};
 use snapfence_types::{AuditId, FencingToken, RecoveryRecord};
-use snapfence_types::{ErrorCode, Holder, Problem, RefusalFields};
+use snapfence_types::{ErrorCode, Holder, LeaseState, Problem, RefusalFields};
 
 /// A failed call. Variants that the server answered carry its `detail`, which says what happened
 /// and what to do next; their `Display` is that detail.
@@ -51,11 +51,17 @@ pub enum Error {
         /// The server's explanation.
         detail: String,
     },
-    /// `409 lease_held`: another lease on the key is live.
+    /// `409 lease_held`: another lease on the key is live, or the key is free and goes to
+    /// waiting acquires queued before this one (`state` then says how it became free).
     #[error("{detail}")]
     LeaseHeld {
-        /// Who holds it, and until when.
+        /// Who holds it, and until when; on a free key, who held it last.
         holder: Box<Holder>,
+        /// The key's state as the acquire found it: `held`, or a free state while the key goes
+        /// to `waiters`. `None` from a server that does not say.
+        state: Option<LeaseState>,
+        /// On a free key, how many waiting acquires are queued before this one.
+        waiters: Option<i64>,
         /// The server's explanation.
         detail: String,
     },
@@ -426,6 +432,8 @@ fn decode(
         ErrorCode::LeaseHeld => match problem.holder {
             Some(holder) => Error::LeaseHeld {
                 holder: Box::new(holder),
+                state: problem.state,
+                waiters: problem.waiters,
                 detail,
             },
             None => missing("holder"),

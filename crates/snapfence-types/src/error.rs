@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{AuditId, FencingToken, Holder, RecoveryRecord};
+use super::{AuditId, FencingToken, Holder, LeaseState, RecoveryRecord};
 
 /// Declares [`ErrorCode`] from one table, so that the name, the status and the meaning of a
 /// code are written once.
@@ -60,7 +60,7 @@ macro_rules! codes {
 codes! {
     InvalidRequest = "invalid_request", 400, "Malformed JSON, a bad key, a TTL out of bounds, a bad header value, an unknown field.";
     TokenRequired = "token_required", 428, "A fenced call without a `Fencing-Token` header.";
-    LeaseHeld = "lease_held", 409, "Acquire while another lease is live; the problem has `holder`.";
+    LeaseHeld = "lease_held", 409, "Acquire while another lease is live, or while the free key goes to waiters queued first; the problem has `holder` and `state` (and `waiters` on a free key).";
     RecoveryRequired = "recovery_required", 409, "Acquire while a recovery record is retained; the problem has `recovery`.";
     LeaseLost = "lease_lost", 409, "Renew, release, abandon or require-recovery with a token that is not the key's live lease.";
     StaleToken = "stale_token", 409, "A fenced write with a token below the key's newest, or of a released or abandoned lease; audited.";
@@ -106,9 +106,18 @@ pub struct Problem {
     /// still reads (see [`ErrorCode::parse`]).
     #[serde(default)]
     pub code: Option<String>,
-    /// `lease_held`: who holds the key.
+    /// `lease_held`: who holds the key; on a free key that goes to waiters queued before the
+    /// request (`waiters`), who held it last.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<Holder>,
+    /// `lease_held`: the key's state as the acquire found it: `held`, or a free state while
+    /// the key goes to `waiters`. Absent from a server that does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<LeaseState>,
+    /// `lease_held` on a free key: how many waiting acquires of instances that answer are
+    /// queued before the request, the first of whom the key goes to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiters: Option<i64>,
     /// `recovery_required`: the retained record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery: Option<RecoveryRecord>,
@@ -138,6 +147,8 @@ impl Problem {
             detail: Some(detail),
             code: Some(code.as_str().to_owned()),
             holder: None,
+            state: None,
+            waiters: None,
             recovery: None,
             refusal: None,
         }

@@ -133,8 +133,10 @@ pub struct KeyStatus {
     pub recovery: Option<RecoveryRecord>,
     /// The key's newest token (the newest lease's token), the one fenced writes must present.
     pub newest_token: FencingToken,
-    /// How many waiting acquires (`wait_ms`) are in the key's queue; beyond the contract. 0 from
-    /// a server that does not say.
+    /// How many waiting acquires (`wait_ms`) of instances that answer are in the key's queue:
+    /// those an acquire defers to, so one without `wait_ms` is granted exactly when the key is
+    /// free (no recovery record in its way) and this is 0. Beyond the contract; 0 from a server
+    /// that does not say.
     #[serde(default)]
     pub waiters: i64,
 }

@@ -25,11 +25,13 @@
 //! is run again within its deadline; any other failure answers every request of the batch for
 //! itself, `unavailable` when nothing was sent and `indeterminate` when a change was sent and its
 //! answer was lost. A request whose own deadline passes first answers 503 by itself: certain if
-//! its batch had not been sent yet (it is then left out of it), uncertain otherwise.
+//! its batch had not been sent yet (it is then left out of it), uncertain if the batch may run
+//! on past it. A batch bounded by that deadline too ends with it, and its answer is taken: the
+//! statement's, when it came in time (a process frozen past the deadline thaws with both).
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use sqlx::postgres::PgRow;
 use sqlx::{FromRow, Row};
@@ -147,6 +149,9 @@ struct Pending<K: Kind> {
     job: K::Job,
     deadline: Instant,
     state: Arc<AtomicU8>,
+    /// The deadline of the batch it is sent in (the latest of its requests'), set before that
+    /// batch is sent.
+    sent_until: Arc<OnceLock<Instant>>,
     reply: oneshot::Sender<Result<Option<K::Row>>>,
     /// The requests of this kind not sent yet, this one among them until it leaves.
     queued: Arc<AtomicUsize>,
@@ -217,11 +222,13 @@ impl<K: Kind> Batcher<K> {
     pub(crate) async fn submit(&self, job: K::Job) -> Result<Option<K::Row>> {
         let deadline = self.conns.deadline();
         let state = Arc::new(AtomicU8::new(WAITING));
-        let (reply, answer) = oneshot::channel();
+        let sent_until = Arc::new(OnceLock::new());
+        let (reply, mut answer) = oneshot::channel();
         let pending = Pending {
             job,
             deadline,
             state: state.clone(),
+            sent_until: sent_until.clone(),
             reply,
             queued: self.queued.clone(),
         };
@@ -231,19 +238,28 @@ impl<K: Kind> Batcher<K> {
             drop(unsent);
             return Err(StoreError::Unavailable(sqlx::Error::PoolClosed));
         }
-        match tokio::time::timeout_at(deadline, answer).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(StoreError::Internal(sqlx::Error::WorkerCrashed)),
+        let answered = match tokio::time::timeout_at(deadline, &mut answer).await {
+            Ok(answered) => answered,
             Err(_) => {
                 let unsent = leave(&state, &self.queued, GIVEN_UP);
-                let e = self.conns.timed_out();
-                Err(if unsent || K::EFFECT == Effect::Reads {
-                    e
-                } else {
-                    e.after_sending()
-                })
+                let bounded_here = sent_until.get().is_some_and(|&until| until <= deadline);
+                if unsent || !bounded_here {
+                    let e = self.conns.timed_out();
+                    return Err(if unsent || K::EFFECT == Effect::Reads {
+                        e
+                    } else {
+                        e.after_sending()
+                    });
+                }
+                // The batch is bounded by this deadline too, so it ends with it (and its last
+                // look, `super::timeout_at`): with the statement's answer if that came in time,
+                // else with the same 503. When this process was not running as the deadline
+                // passed (frozen by SIGSTOP), both fire together, and answering here first would
+                // call `indeterminate` an answer that is there to be read.
+                answer.await
             }
-        }
+        };
+        answered.unwrap_or(Err(StoreError::Internal(sqlx::Error::WorkerCrashed)))
     }
 }
 
@@ -447,6 +463,9 @@ async fn run<K: Kind>(conns: Conns, jobs: Vec<Pending<K>>, flight: Flight) {
     }
     jobs.sort_by(|a, b| K::order(&a.job).cmp(K::order(&b.job)));
     let deadline = jobs.iter().map(|p| p.deadline).max().expect("not empty");
+    for p in &jobs {
+        let _ = p.sent_until.set(deadline);
+    }
     let refs: Vec<&K::Job> = jobs.iter().map(|p| &p.job).collect();
     let answer = conns
         .fetch_batch(K::EFFECT, deadline, || K::query(&refs))

@@ -17,7 +17,9 @@ use sqlx::query::QueryAs;
 use sqlx::{Connection, Executor, FromRow, PgConnection, Postgres};
 use tokio::time::Instant;
 
-use super::{CHECK_IDLE_AFTER, Result, StoreError, deadline, rolled_back_race, timed_out};
+use super::{
+    CHECK_IDLE_AFTER, Result, StoreError, deadline, rolled_back_race, timed_out, timeout_at,
+};
 
 /// Opens hot connections and checks idle ones.
 #[derive(Debug)]
@@ -53,7 +55,7 @@ macro_rules! hot {
         let mut fresh = false;
         loop {
             let mut conn = $conns.checkout(deadline).await?;
-            let answer = tokio::time::timeout_at(deadline, $q().$fetch(conn.get())).await;
+            let answer = timeout_at(deadline, $q().$fetch(conn.get())).await;
             match conn.finish(answer, &$conns.pool) {
                 Err(e) if !fresh && never_sent(&e) => fresh = true,
                 Err(e) if rolled_back_race(&e) && Instant::now() < deadline => continue,
@@ -241,7 +243,7 @@ impl Conns {
             c.execute("COMMIT").await?;
             Ok::<O, sqlx::Error>(row)
         };
-        let answer = tokio::time::timeout_at(deadline, work).await;
+        let answer = timeout_at(deadline, work).await;
         // After a failure the connection may still be inside the transaction: it is dropped
         // unfinished, which closes it.
         let failed = match answer {

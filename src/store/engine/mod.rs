@@ -191,6 +191,28 @@ fn deadline(pool: &PgPool) -> tokio::time::Instant {
         .unwrap_or(own)
 }
 
+/// How long a call whose deadline has passed gets for a last look at its answer.
+const LAST_LOOK: Duration = Duration::from_millis(1);
+
+/// `tokio::time::timeout_at` with a last look: once the deadline is seen to pass, `call` has
+/// [`LAST_LOOK`] more, and its answer is taken if it comes. A process that was not running as the
+/// deadline passed (frozen by SIGSTOP) resumes with its timers due before it has seen what its
+/// sockets received meanwhile (its wait for I/O returns interrupted, reporting nothing), so an
+/// answer that came in time would otherwise count as none, and a change that was made be
+/// answered `indeterminate`. The last look's own timer fires only from a wait for I/O begun
+/// after it was set, which reports such an answer. A call that has no answer is given up a
+/// millisecond after its deadline.
+pub(crate) async fn timeout_at<F: Future>(
+    deadline: tokio::time::Instant,
+    call: F,
+) -> std::result::Result<F::Output, tokio::time::error::Elapsed> {
+    let mut call = std::pin::pin!(call);
+    match tokio::time::timeout_at(deadline, call.as_mut()).await {
+        Ok(answer) => Ok(answer),
+        Err(_) => tokio::time::timeout(LAST_LOOK, call).await,
+    }
+}
+
 /// A database call bounded on the service's side, by the request's deadline (see [`within`]) or
 /// the pool's timeout (`--db-timeout`).
 ///
@@ -203,7 +225,7 @@ pub(crate) trait Bounded<T>: Future<Output = sqlx::Result<T>> + Sized {
     /// For a read, or a statement inside a transaction that has not committed: whatever
     /// happens, nothing took effect.
     async fn bounded(self, pool: &PgPool) -> Result<T> {
-        match tokio::time::timeout_at(deadline(pool), self).await {
+        match timeout_at(deadline(pool), self).await {
             Ok(answer) => Ok(answer?),
             Err(_) => Err(timed_out(pool)),
         }

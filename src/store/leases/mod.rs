@@ -62,10 +62,17 @@ pub enum AcquireOutcome {
         /// one.
         kept: Option<Box<RecoveryRecord>>,
     },
-    /// Another lease is live; nothing changed.
+    /// Another lease is live, or the key is free and goes to live waiters queued before this
+    /// request; nothing changed.
     Held {
-        /// The live lease.
+        /// The live lease; on a free key, the last one.
         holder: Lease,
+        /// The key's state as the statement found it: `held`, or the free state of a key that
+        /// goes to `waiters`.
+        state: LeaseState,
+        /// How many live waiters the free key goes to before this request; `None` while a lease
+        /// holds it (and in answers remembered before it was counted).
+        waiters: Option<i64>,
     },
     /// A recovery record is retained and the caller did not say it was reconciled; nothing
     /// changed.
@@ -197,14 +204,15 @@ pub async fn reconciled(
     Ok(gated.map(ChangeAnswer::into_change))
 }
 
-/// A key's newest lease, state and recovery record. A plain read: it sees the latest committed
-/// state and changes nothing.
+/// The statement of a key's status (`sql/status.sql`), run on a hot connection.
+pub(crate) const STATUS: &str = include_str!("sql/status.sql");
+
+/// A key's newest lease, state, recovery record and live waiters. A plain read: it sees the
+/// latest committed state and changes nothing.
 pub async fn status(db: &Db, key: &Key) -> Result<Option<KeyStatus>> {
     let row: Option<StatusRow> = db
         .conns()
-        .fetch_optional(Effect::Reads, || {
-            sqlx::query_as(include_str!("sql/status.sql")).bind(key.as_str())
-        })
+        .fetch_optional(Effect::Reads, || sqlx::query_as(STATUS).bind(key.as_str()))
         .await?;
     Ok(row.map(StatusRow::into_status))
 }

@@ -46,7 +46,7 @@ pub(super) struct StatusRow {
     pub(super) kept_ended_at: Option<DateTime<Utc>>,
     #[serde(default)]
     pub(super) kept_metadata: Option<serde_json::Value>,
-    /// How many acquires wait in the key's queue; status.sql and list.sql count them, a
+    /// How many live acquires wait in the key's queue; status.sql and list.sql count them, a
     /// statement's JSON answer does not.
     #[serde(default)]
     pub(super) waiters: i64,
@@ -132,6 +132,10 @@ pub(crate) struct AcquireAnswer {
     /// v1.2: whether the grant keeps the key's recovery record (a reconciling grant over one).
     #[serde(default)]
     pub(super) keeps: bool,
+    /// For `held` on a free key: the live waiters queued before the request, whom it goes to.
+    /// Absent from answers remembered before it was counted.
+    #[serde(default)]
+    pub(super) waiters: Option<i64>,
 }
 
 impl AcquireAnswer {
@@ -167,7 +171,9 @@ impl AcquireAnswer {
                 }
             }
             ("held", _, Some(c)) => AcquireOutcome::Held {
+                state: LeaseState::parse(&c.state).expect("lease_state's values"),
                 holder: c.lease.into_lease(),
+                waiters: self.waiters,
             },
             ("recovery_required", _, Some(c)) => AcquireOutcome::RecoveryRequired {
                 recovery: c.recovery_record().expect("a verdict needs a reason"),

@@ -99,26 +99,34 @@ cur AS (
     FROM req r JOIN gate g ON g.i = r.i AND g.verdict = 'run' JOIN leases l ON l.key = r.key
     ORDER BY l.key FOR NO KEY UPDATE OF l),
 decision AS (
-    SELECT r.i, CASE
-        WHEN g.verdict <> 'run' THEN g.verdict
-        WHEN c.key IS NULL THEN 'insert'
-        WHEN c.state = 'held' THEN 'held'
-        WHEN c.recovery_reason IS NOT NULL AND NOT r.reconciled AND NOT r.reconciling
-            THEN 'recovery_required'
+    SELECT f.i, CASE WHEN f.waiters > 0 THEN 'held' ELSE coalesce(f.verdict, 'grant') END
+            AS verdict,
+        f.waiters
+    FROM (
         -- Waiting acquire (v1.1): a free key goes to the first live waiter of its queue
         -- (migrations/20261204000000_lease_waiters.sql). Any other acquire finds it `held`: one
         -- that does not wait (`waiter` NULL) while anyone live waits, a waiter while a live one
-        -- queued before it. With no one queued this is one probe of an empty index range.
-        -- Race-free: every acquire of the key holds its row lock (`cur`) while it decides, so
-        -- two waiters never both pass; a waiter that committed its row after this statement's
-        -- snapshot came after this request and is behind it.
-        WHEN EXISTS (SELECT FROM lease_waiters w
+        -- queued before it. `waiters` counts those, only on a key its row leaves free (`v`
+        -- NULL), and is what the refusal says: the rule GET's `waiters` (status.sql) counts
+        -- by, so a plain acquire is granted exactly when GET shows the key free with none.
+        -- With no one queued this is one probe of an empty index range. Race-free: every
+        -- acquire of the key holds its row lock (`cur`) while it decides, so two waiters never
+        -- both pass; a waiter that committed its row after this statement's snapshot came
+        -- after this request and is behind it. A subquery with a volatile function is not
+        -- pulled up, so `waiters` is counted once and the verdict and the answer agree.
+        SELECT r.i, v.verdict, CASE WHEN v.verdict IS NULL THEN (
+                SELECT count(*) FROM lease_waiters w
                 WHERE w.key = r.key AND w.id < coalesce(r.waiter, 9223372036854775807)
                 AND waiter_instance_alive(w.instance))
-            THEN 'held'
-        ELSE 'grant'
-    END AS verdict
-    FROM req r JOIN gate g ON g.i = r.i LEFT JOIN cur c ON c.i = r.i),
+            END AS waiters
+        FROM req r JOIN gate g ON g.i = r.i LEFT JOIN cur c ON c.i = r.i
+        CROSS JOIN LATERAL (SELECT CASE
+            WHEN g.verdict <> 'run' THEN g.verdict
+            WHEN c.key IS NULL THEN 'insert'
+            WHEN c.state = 'held' THEN 'held'
+            WHEN c.recovery_reason IS NOT NULL AND NOT r.reconciled AND NOT r.reconciling
+                THEN 'recovery_required'
+        END AS verdict) v) f),
 -- The grants' tokens, drawn once each: a CTE with a volatile function is evaluated once. Drawn in
 -- `granted`'s SET instead, a token would be drawn again (and one thrown away) whenever the row
 -- had been changed by a commit after this statement's snapshot and before `cur`'s lock (the
@@ -213,9 +221,10 @@ granted_noted AS (
 -- statement's now(), so that a waiter sleeps until the holder's expires_at by the database clock.
 -- `current` holds what the answer is made of and no more (it is also what an Idempotency-Key's
 -- record stores): the key's lease, its state and recovery reason, and the record a reconciling
--- lease keeps, except for `held`, whose answer names the holder alone. Not `to_json(c)`: `cur`
--- also carries the recovery record's copy of the metadata (`rec_*`), which doubled a refusal's
--- record.
+-- lease keeps, except for `held`, whose answer names the holder and the state alone, and, on a
+-- free key that goes to live waiters queued before the request, how many (`waiters`). Not
+-- `to_json(c)`: `cur` also carries the recovery record's copy of the metadata (`rec_*`), which
+-- doubled a refusal's record.
 result AS (
     SELECT d.i, d.verdict, to_json(n) AS granted,
         CASE WHEN c.i IS NOT NULL THEN json_build_object(
@@ -228,6 +237,7 @@ result AS (
             'kept_acquired_at', c.kept_acquired_at, 'kept_ended_at', c.kept_ended_at,
             'kept_metadata', CASE WHEN d.verdict <> 'held' THEN c.kept_metadata END)
         END AS current,
+        CASE WHEN d.verdict = 'held' THEN d.waiters END AS waiters,
         coalesce(n.keeps, false) AS keeps,
         (d.verdict <> 'insert' OR n.key IS NOT NULL) AND (r.last_try OR d.verdict <> 'held')
             AS settled,

@@ -281,6 +281,8 @@ def _decode(
     kw: Dict[str, Any] = {"request_id": request_id, "problem": p}
     if cls is LeaseHeld:
         kw["holder"] = Holder.from_json(p["holder"])
+        kw["state"] = p.get("state")
+        kw["waiters"] = p.get("waiters")
     elif cls is RecoveryRequired:
         kw["recovery"] = RecoveryRecord.from_json(p["recovery"])
     elif issubclass(cls, _Refused):

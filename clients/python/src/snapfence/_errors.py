@@ -65,14 +65,28 @@ class TokenRequired(SnapfenceError):
 
 
 class LeaseHeld(SnapfenceError):
-    """``409 lease_held``: another lease on the key is live; ``holder`` says whose, until when."""
+    """``409 lease_held``: another lease on the key is live; ``holder`` says whose, until when.
+
+    ``state`` is the key's state as the acquire found it: ``"held"``, or the free state of a key
+    that goes to the ``waiters`` waiting acquires queued first (``holder`` is then the last
+    holder). Both are ``None`` from a server that does not say."""
 
     code = "lease_held"
     status = 409
 
-    def __init__(self, detail: str, *, holder: Optional[Holder] = None, **kw: Any) -> None:
+    def __init__(
+        self,
+        detail: str,
+        *,
+        holder: Optional[Holder] = None,
+        state: Optional[str] = None,
+        waiters: Optional[int] = None,
+        **kw: Any,
+    ) -> None:
         super().__init__(detail, **kw)
         self.holder = holder
+        self.state = state
+        self.waiters = waiters
 
 
 class RecoveryRequired(SnapfenceError):

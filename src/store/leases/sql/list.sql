@@ -11,7 +11,8 @@ SELECT l.key, l.token, l.owner, l.ttl_ms, l.metadata, l.crash_recovery, l.recove
         l.recovery_required, now()) AS recovery_reason,
     key_state(l.kept_reason, l.end_reason, l.expires_at, l.crash_recovery, l.recovery_required,
         now()) AS state,
-    (SELECT count(*) FROM lease_waiters w WHERE w.key = l.key) AS waiters
+    (SELECT count(*) FROM lease_waiters w
+        WHERE w.key = l.key AND waiter_instance_alive(w.instance)) AS waiters
 FROM leases l
 WHERE l.key >= $1 AND l.key < $2 AND l.key > $3
   AND ($4::text IS NULL OR key_state(l.kept_reason, l.end_reason, l.expires_at,
