@@ -32,6 +32,17 @@ async fn acquire(base: String, key: &str, owner: &str, wait_ms: i64) -> (StatusC
     (status, r.json().await.unwrap())
 }
 
+/// Releases `key`'s lease `token` through `base`, which must answer 204.
+async fn release(base: String, key: &str, token: i64) {
+    let r = reqwest::Client::new()
+        .delete(format!("{base}/v1/leases/{key}"))
+        .header("Fencing-Token", token.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+}
+
 async fn until_queued(db: &Cluster, n: i64) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while db.scalar("SELECT count(*) FROM lease_waiters").await != n {
@@ -78,13 +89,7 @@ async fn a_key_released_while_its_first_waiters_instance_is_sigstopped_goes_to_t
     until_queued(&db, 2).await;
     b.pause();
     until_nothing_runs(&db).await;
-    let r = reqwest::Client::new()
-        .delete(format!("{}/v1/leases/k", a.base()))
-        .header("Fencing-Token", holder.to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    release(a.base(), "k", holder).await;
     let released = Instant::now();
     let (status, grant) = tokio::time::timeout(Duration::from_secs(30), second)
         .await
@@ -144,13 +149,7 @@ async fn while_a_released_key_waits_for_a_sigstopped_instances_waiter_get_and_a_
     until_queued(&db, 1).await;
     b.pause();
     until_nothing_runs(&db).await;
-    let r = reqwest::Client::new()
-        .delete(format!("{}/v1/leases/k", a.base()))
-        .header("Fencing-Token", holder.to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    release(a.base(), "k", holder).await;
     // The frozen instance's waiter counts until its bound passes, and from then on no more
     // while it stays frozen: so each refusal of a plain acquire follows a GET that showed the
     // waiter, and the first GET that shows none is followed by a grant.
