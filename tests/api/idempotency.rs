@@ -33,6 +33,17 @@ fn replayed(r: &Response) -> bool {
         .is_some_and(|v| v == "true")
 }
 
+/// An acquire of `k` with Idempotency-Key `try-1` sent again with `body`: replayed as the
+/// `lease_held` answered the first time (`first`).
+async fn refusal_replayed(app: &TestApp, body: Value, first: &Value) {
+    let again = acquire_keyed(app, "k", "try-1", body).send().await.unwrap();
+    assert!(replayed(&again));
+    assert_eq!(
+        &problem(again, StatusCode::CONFLICT, "lease_held").await,
+        first
+    );
+}
+
 async fn count(app: &TestApp, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(app.db()).await.unwrap()
 }
@@ -75,15 +86,7 @@ async fn a_refusal_is_stored_too_and_answered_again_while_the_key_has_changed() 
     app.release("k", held["lease"]["token"].as_i64().unwrap())
         .await;
     // The key is free now, but the request was answered before: it is answered the same.
-    let again = acquire_keyed(&app, "k", "try-1", body)
-        .send()
-        .await
-        .unwrap();
-    assert!(replayed(&again));
-    assert_eq!(
-        problem(again, StatusCode::CONFLICT, "lease_held").await,
-        first
-    );
+    refusal_replayed(&app, body, &first).await;
     app.stop().await;
 }
 
@@ -116,15 +119,7 @@ async fn a_refused_acquires_record_holds_the_holders_metadata_once() {
         (4000..5000).contains(&size),
         "a refusal's record is {size} bytes"
     );
-    let again = acquire_keyed(&app, "k", "try-1", body)
-        .send()
-        .await
-        .unwrap();
-    assert!(replayed(&again));
-    assert_eq!(
-        problem(again, StatusCode::CONFLICT, "lease_held").await,
-        first
-    );
+    refusal_replayed(&app, body, &first).await;
     app.stop().await;
 }
 

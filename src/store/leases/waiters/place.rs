@@ -34,13 +34,16 @@ impl Inner {
         }
     }
 
+    /// The ids of the places this instance's requests hold.
+    pub(super) fn held(&self) -> Vec<i64> {
+        let queues = self.queues.lock().expect("never poisoned");
+        queues.values().flat_map(|q| q.keys().copied()).collect()
+    }
+
     /// Frees the Idempotency-Key `idem` of `principal` from a place no request holds
     /// (`sql/wait_unblock.sql`); how many places it freed.
     pub(super) async fn unblock(&self, principal: &str, idem: &str, instance: i32) -> Result<u64> {
-        let held: Vec<i64> = {
-            let queues = self.queues.lock().expect("never poisoned");
-            queues.values().flat_map(|q| q.keys().copied()).collect()
-        };
+        let held = self.held();
         Ok(sqlx::query(include_str!("../sql/wait_unblock.sql"))
             .bind(principal)
             .bind(idem)

@@ -123,10 +123,7 @@ pub(super) async fn sweep(inner: std::sync::Weak<Inner>) {
         let Some(i) = inner.upgrade() else {
             return;
         };
-        let held: Vec<i64> = {
-            let queues = i.queues.lock().expect("never poisoned");
-            queues.values().flat_map(|q| q.keys().copied()).collect()
-        };
+        let held = i.held();
         let stale = i
             .stale_until
             .lock()
