@@ -35,6 +35,17 @@ async fn a_changed_timeline_moves_the_sequence_past_every_token_before_the_next_
     app.stop().await;
 }
 
+#[tokio::test]
+async fn a_changed_timeline_moves_the_sequence_before_a_grant_over_an_existing_lease() {
+    let app = TestApp::spawn().await;
+    let before = token(&app.acquire("k", "a", 100).await);
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    pretend_the_timeline_changed(&app).await;
+    let after = token(&app.acquire("k", "b", 30000).await);
+    assert!(after > before + GAP, "{after} > {before} + {GAP}");
+    app.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_grants_after_a_timeline_change_jump_once_and_share_no_token() {
     let app = TestApp::spawn().await;

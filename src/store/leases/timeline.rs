@@ -2,11 +2,11 @@
 //!
 //! A standby promoted after asynchronous replication may lack grants that its old primary
 //! acknowledged, together with the sequence positions they drew; its sequence would hand those
-//! tokens out again. Every grant therefore draws its token with `next_fencing_token()` (see the
-//! migration `token_timeline`), which first secures the sequence on the server's current WAL
-//! timeline: on a timeline change (a promotion, a point-in-time restore) it moves the sequence
-//! past the largest token it knows of plus a safety gap of 10^9, more than an old primary can
-//! have issued unseen. [`secure`] runs the same check at start, so the log says when it moved.
+//! tokens out again. Every grant therefore draws its token only after `secure_token_timeline()`
+//! (the migration `token_timeline`; the acquire statement runs it once per batch, before any
+//! `nextval`) has secured the sequence on the server's current WAL timeline: on a timeline
+//! change (a promotion, a point-in-time restore) it moves the sequence past the largest token it
+//! knows of plus a safety gap of 10^9, more than an old primary can have issued unseen. [`secure`] runs the same check at start, so the log says when it moved.
 
 use sqlx::PgPool;
 
