@@ -16,7 +16,7 @@ use crate::harness::{TestApp, problem, token};
 use crate::metrics::{sample, scrape};
 
 /// The batches of one kind an instance has in flight at once (`IN_FLIGHT` in
-/// `src/store/engine/batch.rs`).
+/// `src/store/engine/batch/`).
 const IN_FLIGHT: usize = 4;
 
 /// `PUT` sent in the background.

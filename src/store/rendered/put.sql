@@ -21,7 +21,7 @@ WITH req AS (
 --
 -- Every statement is over a batch of requests: arrays bound as $1, $2, …, one element per
 -- request, unnested into `req` with their position `i`. A batch never holds two requests for one
--- key or one Idempotency-Key (src/store/engine/batch.rs defers the second to the next batch), so each
+-- key or one Idempotency-Key (src/store/engine/batch/ defers the second to the next batch), so each
 -- request is decided on its own, as if it were alone, and a refusal of one changes nothing for
 -- another. Every request's `req` row has `idem` (the Idempotency-Key, NULL when none was sent),
 -- `fp` (the request's fingerprint), `principal` (NULL without authentication) and `key_id` (its
