@@ -120,7 +120,9 @@ pub(crate) struct AcquireAnswer {
     pub(super) verdict: String,
     /// The new lease, if one was granted.
     pub(super) granted: Option<LeaseRow>,
-    /// The key's row as the statement found it, if the key had one.
+    /// The key's row as the statement found it, if the key had one and the answer names it: a
+    /// refusal's holder or record, or the record a grant replaced or keeps (none for a grant
+    /// over no record).
     pub(super) current: Option<StatusRow>,
     /// False when the statement lost the race to create the key's row, and must run again; or,
     /// for a waiter, when it found the key held and waits on.
