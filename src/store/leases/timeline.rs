@@ -6,7 +6,8 @@
 //! (the migration `token_timeline`; the acquire statement runs it once per batch, before any
 //! `nextval`) has secured the sequence on the server's current WAL timeline: on a timeline
 //! change (a promotion, a point-in-time restore) it moves the sequence past the largest token it
-//! knows of plus a safety gap of 10^9, more than an old primary can have issued unseen. [`secure`] runs the same check at start, so the log says when it moved.
+//! knows of plus a safety gap of 10^9, more than an old primary can have issued unseen.
+//! [`secure`] runs the same check at start, so the log says when it moved.
 
 use sqlx::PgPool;
 

@@ -74,9 +74,9 @@ decision AS (
 --
 -- `secured` is next_fencing_token()'s guard (migrations/20261202000003_token_timeline.sql) run
 -- once for the batch rather than once a token (two PL/pgSQL calls and a read of token_timeline
--- each: 0.19 ms of a batch of 16 grants in EXPLAIN ANALYZE, 0.11 ms so): a row of `drawn` or `inserted` is joined with it, so every
--- nextval comes after it, and no statement runs across a change of timeline (a promotion ends
--- every session).
+-- each: 0.19 ms of a batch of 16 grants in EXPLAIN ANALYZE, 0.11 ms so). Every row of `drawn`
+-- and `inserted` is joined with it, so every nextval comes after it; and no statement runs
+-- across a change of timeline (a promotion ends every session).
 secured AS (
     SELECT secure_token_timeline()),
 drawn AS (
