@@ -265,6 +265,28 @@ func (c *Client) ListLeases(ctx context.Context, opts ListLeasesOptions) (*Lease
 	return &p, nil
 }
 
+// ListLeaseWaiters lists key's queue of waiting acquires (AcquireRequest.Wait), one page at a
+// time, first to be granted first: pass NextCursor back as Cursor until it is "". Each Waiter
+// has its Position in the whole queue (from 1), the Owner it asked for and Since when it waits.
+// A key no one waits for, leased or not, has an empty page (not not_found). Beyond the contract
+// (GET /v1/leases/{key}/waiters): a waiter of a server instance that died is listed until a
+// sweep removes it (within a second), though acquires pass it over.
+func (c *Client) ListLeaseWaiters(ctx context.Context, key string, opts PageOptions) (*WaiterPage, error) {
+	path, err := keyPath("/v1/leases/", key, "/waiters")
+	if err != nil {
+		return nil, err
+	}
+	a, err := c.send(ctx, request{method: http.MethodGet, path: path, query: opts.values(nil)}, http.StatusOK)
+	if err != nil {
+		return nil, err
+	}
+	var p WaiterPage
+	if err := decode(a, &p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
 // Health checks GET /healthz: the process is up.
 func (c *Client) Health(ctx context.Context) error {
 	_, err := c.send(ctx, request{method: http.MethodGet, path: "/healthz"}, http.StatusOK)

@@ -3,6 +3,7 @@ package snapfence
 import (
 	"context"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -173,6 +174,37 @@ func (c *Client) ListVersions(ctx context.Context, key string, opts PageOptions)
 		return nil, err
 	}
 	var p VersionPage
+	if err := decode(a, &p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// ListSnapshotsOptions selects the keys ListSnapshots returns.
+type ListSnapshotsOptions struct {
+	// Prefix selects keys that start with it ("" for all).
+	Prefix string
+	// Limit is the page size, 1..=1000 (0: the server's default, 100).
+	Limit int
+	// Cursor is the NextCursor of the previous page ("" for the first).
+	Cursor string
+}
+
+// ListSnapshots lists the keys that have a current snapshot (written and not deleted since), in
+// byte order, one page at a time, each with its current version's metadata (Key set, no body):
+// pass NextCursor back as Cursor until it is "". Each page is one committed state. Beyond the
+// contract (GET /v1/snapshots).
+func (c *Client) ListSnapshots(ctx context.Context, opts ListSnapshotsOptions) (*SnapshotPage, error) {
+	q := url.Values{}
+	if opts.Prefix != "" {
+		q.Set("prefix", opts.Prefix)
+	}
+	q = PageOptions{Limit: opts.Limit, Cursor: opts.Cursor}.values(q)
+	a, err := c.send(ctx, request{method: http.MethodGet, path: "/v1/snapshots", query: q}, http.StatusOK)
+	if err != nil {
+		return nil, err
+	}
+	var p SnapshotPage
 	if err := decode(a, &p); err != nil {
 		return nil, err
 	}

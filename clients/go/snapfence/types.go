@@ -145,6 +145,27 @@ type LeasePage struct {
 	NextCursor string `json:"next_cursor"`
 }
 
+// Waiter is one waiting acquire (AcquireRequest.Wait) in a key's queue, as ListLeaseWaiters
+// shows it.
+type Waiter struct {
+	// Position is its place in the queue, from 1 (the next to be granted the key), counted over
+	// the whole queue rather than the page.
+	Position int64 `json:"position"`
+	// Owner is the owner its acquire asked for; "" for a waiter queued by a server too old to
+	// keep it.
+	Owner string `json:"owner"`
+	// Since is when it took its place (database clock).
+	Since time.Time `json:"since"`
+}
+
+// WaiterPage is one page of ListLeaseWaiters, first to be granted first.
+type WaiterPage struct {
+	// Items are the waiters of this page.
+	Items []Waiter `json:"items"`
+	// NextCursor is the cursor of the next page, or "" on the last page.
+	NextCursor string `json:"next_cursor"`
+}
+
 // Holder is who holds a key, as a lease_held refusal shows it (without the holder's token).
 type Holder struct {
 	// Owner is the holder's owner name.
@@ -159,7 +180,8 @@ type Holder struct {
 
 // SnapshotMeta describes one stored version of a snapshot, without its body.
 type SnapshotMeta struct {
-	// Key is the key; set in the answer of a write, empty in a versions list.
+	// Key is the key; set in the answer of a write and in ListSnapshots, empty in a versions
+	// list.
 	Key string `json:"key,omitempty"`
 	// Version counts the accepted writes of the key, from 1; never reset, not even by a delete.
 	Version uint64 `json:"version"`
@@ -189,6 +211,14 @@ type Written struct {
 // VersionPage is one page of ListVersions, newest first.
 type VersionPage struct {
 	// Items are the versions of this page (without Key).
+	Items []SnapshotMeta `json:"items"`
+	// NextCursor is the cursor of the next page, or "" on the last page.
+	NextCursor string `json:"next_cursor"`
+}
+
+// SnapshotPage is one page of ListSnapshots, in byte order of the key.
+type SnapshotPage struct {
+	// Items are the current snapshots of this page's keys, without their bodies (Key set).
 	Items []SnapshotMeta `json:"items"`
 	// NextCursor is the cursor of the next page, or "" on the last page.
 	NextCursor string `json:"next_cursor"`

@@ -51,6 +51,7 @@ from ._types import (
     Rejection,
     Snapshot,
     SnapshotMeta,
+    Waiter,
 )
 from .election import AsyncElection, Election, Leader
 
@@ -103,6 +104,7 @@ __all__ = [
     "Unavailable",
     "UnexpectedAnswer",
     "UnknownToken",
+    "Waiter",
     "Watch",
     "__version__",
 ]

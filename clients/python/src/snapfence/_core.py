@@ -45,6 +45,7 @@ from ._types import (
     Rejection,
     Snapshot,
     SnapshotMeta,
+    Waiter,
     format_time,
     parse_time,
 )
@@ -464,6 +465,17 @@ def list_leases(
     )
 
 
+def lease_waiters(key: str, limit: Optional[int] = None, cursor: Optional[str] = None) -> Call[Page[Waiter]]:
+    return Call(
+        READ,
+        "GET",
+        f"/v1/leases/{segment(key)}/waiters",
+        (200,),
+        _page(Waiter.from_json),
+        params=_params(limit=limit, cursor=cursor),
+    )
+
+
 def put_snapshot(
     key: str,
     token: int,
@@ -573,6 +585,19 @@ def list_versions(
         (200,),
         _page(SnapshotMeta.from_json),
         params=_params(limit=limit, cursor=cursor),
+    )
+
+
+def list_snapshots(
+    prefix: Optional[str] = None, limit: Optional[int] = None, cursor: Optional[str] = None
+) -> Call[Page[SnapshotMeta]]:
+    return Call(
+        READ,
+        "GET",
+        "/v1/snapshots",
+        (200,),
+        _page(SnapshotMeta.from_json),
+        params=_params(prefix=prefix, limit=limit, cursor=cursor),
     )
 
 

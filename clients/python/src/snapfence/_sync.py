@@ -17,7 +17,18 @@ from ._config import OnRetry, from_env, make_config
 from ._core import Answer, Attempts, Call, RetryPolicy, Seconds, WatchState, jittered, transport_error
 from ._errors import LeaseLost, LostLease, SnapfenceError
 from ._keeper import KeeperState
-from ._types import ChangeEvent, Grant, KeyStatus, Lease, Page, Recovery, Rejection, Snapshot, SnapshotMeta
+from ._types import (
+    ChangeEvent,
+    Grant,
+    KeyStatus,
+    Lease,
+    Page,
+    Recovery,
+    Rejection,
+    Snapshot,
+    SnapshotMeta,
+    Waiter,
+)
 
 T = TypeVar("T")
 
@@ -205,6 +216,19 @@ class Client:
         """Every key of :meth:`list_leases`, page after page."""
         return self._pages(lambda c: _core.list_leases(prefix, state, page_size, c))
 
+    def lease_waiters(
+        self, key: str, *, limit: Optional[int] = None, cursor: Optional[str] = None
+    ) -> Page[Waiter]:
+        """``GET /v1/leases/{key}/waiters`` (beyond the contract): one page of the key's queue of
+        waiting acquires (``wait=``), first to be granted first, each a :class:`Waiter` with its
+        ``position`` in the whole queue (from 1), ``owner`` and ``since``. A key no one waits
+        for, leased or not, has an empty page."""
+        return self._run(_core.lease_waiters(key, limit, cursor))
+
+    def iter_lease_waiters(self, key: str, *, page_size: Optional[int] = None) -> Iterator[Waiter]:
+        """Every waiter of :meth:`lease_waiters`, first to be granted first, page after page."""
+        return self._pages(lambda c: _core.lease_waiters(key, page_size, c))
+
     def hold(
         self,
         key: str,
@@ -273,6 +297,21 @@ class Client:
 
     def iter_versions(self, key: str, *, page_size: Optional[int] = None) -> Iterator[SnapshotMeta]:
         return self._pages(lambda c: _core.list_versions(key, page_size, c))
+
+    def list_snapshots(
+        self, *, prefix: Optional[str] = None, limit: Optional[int] = None, cursor: Optional[str] = None
+    ) -> Page[SnapshotMeta]:
+        """``GET /v1/snapshots`` (beyond the contract): one page of the keys that have a current
+        snapshot (written and not deleted since), in byte order, each with its current version's
+        :class:`SnapshotMeta` (``key`` set, no body); ``prefix`` selects keys that start with it."""
+        return self._run(_core.list_snapshots(prefix, limit, cursor))
+
+    def iter_snapshots(
+        self, *, prefix: Optional[str] = None, page_size: Optional[int] = None
+    ) -> Iterator[SnapshotMeta]:
+        """Every key of :meth:`list_snapshots` with its current snapshot's metadata, in byte
+        order, page after page."""
+        return self._pages(lambda c: _core.list_snapshots(prefix, page_size, c))
 
     def delete_snapshot(self, key: str, token: int, *, if_match: Optional[str] = None) -> None:
         """``DELETE /v1/snapshots/{key}``: a fenced delete, same token rule as a put."""

@@ -171,8 +171,25 @@ class KeyStatus:
 
 
 @dataclass(frozen=True)
+class Waiter:
+    """One waiting acquire in a key's queue (beyond the contract): ``position`` from 1 (the next
+    to be granted the key), counted over the whole queue; ``owner`` the owner it asked for
+    (``None`` for a waiter queued by a server too old to keep it); ``since`` when it took its
+    place (database clock)."""
+
+    position: int
+    owner: Optional[str]
+    since: datetime
+
+    @classmethod
+    def from_json(cls, j: Mapping[str, Any]) -> Waiter:
+        return cls(position=int(j["position"]), owner=j.get("owner"), since=parse_time(j["since"]))
+
+
+@dataclass(frozen=True)
 class SnapshotMeta:
-    """One stored version of a snapshot, without its body (``key`` is set in a write's answer)."""
+    """One stored version of a snapshot, without its body (``key`` is set in a write's answer and
+    in :meth:`~snapfence.Client.list_snapshots`, ``None`` in a versions list)."""
 
     version: int
     token: int
