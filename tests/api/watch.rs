@@ -459,6 +459,32 @@ async fn a_watch_delivers_only_the_keys_under_its_prefix() {
 }
 
 #[tokio::test]
+async fn a_watch_without_since_starts_after_every_change_answered_before_it_opened() {
+    let app = TestApp::spawn().await;
+    // Opened right after each grant's answer, before the relay's next turn has given it an id.
+    for n in 0..5 {
+        let key = format!("opened-{n}");
+        let t = token(&app.acquire(&key, "w", 30000).await);
+        let mut watch = Stream::open(
+            &app.http,
+            &app.instance.base,
+            &format!("?prefix={key}"),
+            None,
+        )
+        .await;
+        let r = fenced(&app, Method::PUT, &format!("/v1/snapshots/{key}"), t).await;
+        assert_eq!(r.status(), 201);
+        let e = watch.next().await;
+        assert_eq!(
+            what(&e),
+            change("snapshot.written", &key, t),
+            "grant {n} was delivered"
+        );
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn a_prefix_scoped_key_cannot_watch_outside_its_prefix() {
     let app = TestApp::spawn().await;
     let scoped = app

@@ -144,11 +144,6 @@ def test_async_watch(proxy: Proxy, url: str, key) -> None:
     asyncio.run(main())
 
 
-@pytest.mark.xfail(
-    reason="server: Watch-After lags the newest committed change (a grant answered 201 before the watch "
-    "opened is delivered); reported to the lead",
-    strict=False,
-)
 def test_a_watch_starts_after_what_committed_before_it(url: str, key) -> None:
     """A watch without ``since`` starts with the next change (API.md): the grant committed
     before it opened must not be delivered."""

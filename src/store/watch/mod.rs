@@ -157,7 +157,12 @@ impl Changes {
                 });
             }
             Some(since) => since.get(),
-            None => top.top,
+            None => {
+                Opening::read(&self.inner.pool)
+                    .await?
+                    .start(&self.inner.pool)
+                    .await?
+            }
         };
         Ok(Opened::Watching(Watch {
             inner: self.inner.clone(),
@@ -274,6 +279,62 @@ impl Top {
             .fetch_one(pool)
             .bounded(pool)
             .await
+    }
+}
+
+/// How long a watch without `since` waits for the relay to number the changes committed before
+/// it opened. Past it (no relay: one died and the role has not passed yet), it starts after the
+/// newest id given, and may deliver some of them.
+const OPENING_WAIT: Duration = Duration::from_secs(1);
+/// How often it looks for the relay's epoch meanwhile (the relay turns every 10 to 50 ms).
+const OPENING_POLL: Duration = Duration::from_millis(5);
+
+/// Where a watch without `since` starts (`sql/opening.sql`): after every change committed before
+/// it opened, as etcd's watch starts at the store's revision. The newest id given is not
+/// enough: a change answered to its client may not have its id yet (the relay numbers it within
+/// a turn), and would be delivered.
+#[derive(FromRow)]
+struct Opening {
+    snap: String,
+    top: i64,
+    pending: bool,
+}
+
+impl Opening {
+    async fn read(pool: &PgPool) -> Result<Self> {
+        sqlx::query_as(include_str!("sql/opening.sql"))
+            .fetch_one(pool)
+            .bounded(pool)
+            .await
+    }
+
+    /// The id to start after: the newest given when the opening snapshot saw no change without
+    /// an id, else the last of the first epoch that holds them all (`sql/covering.sql`). That
+    /// epoch may also hold changes committed while the watch was opening, before its answer:
+    /// they are left out with it, as concurrent with the opening.
+    async fn start(self, pool: &PgPool) -> Result<i64> {
+        if !self.pending {
+            return Ok(self.top);
+        }
+        let until = tokio::time::Instant::now() + OPENING_WAIT;
+        loop {
+            let covering: Option<i64> = sqlx::query_scalar(include_str!("sql/covering.sql"))
+                .bind(&self.snap)
+                .bind(self.top)
+                .fetch_one(pool)
+                .bounded(pool)
+                .await?;
+            if let Some(id) = covering {
+                return Ok(id);
+            }
+            if tokio::time::Instant::now() >= until {
+                tracing::warn!(
+                    "no relay numbered the changes committed before a watch opened within {OPENING_WAIT:?}: it starts after the newest id and may deliver some of them"
+                );
+                return Ok(self.top);
+            }
+            tokio::time::sleep(OPENING_POLL).await;
+        }
     }
 }
 
