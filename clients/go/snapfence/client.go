@@ -258,6 +258,10 @@ type request struct {
 	header   http.Header
 	body     []byte
 	changing bool // carries an Idempotency-Key
+	// wait is how long the server may hold the call before it answers (a waiting acquire's
+	// Wait): each attempt's timeout is the client's plus it, so a wait is never cut off and
+	// sent again.
+	wait time.Duration
 }
 
 // answer is the definite answer of a call.
@@ -338,7 +342,7 @@ func (c *Client) send(ctx context.Context, r request, ok ...int) (*answer, error
 
 // attempt sends r once.
 func (c *Client) attempt(ctx context.Context, r request, target, idemKey string) (*answer, *TransportError) {
-	actx, cancel := context.WithTimeout(ctx, c.timeout)
+	actx, cancel := context.WithTimeout(ctx, c.timeout+r.wait)
 	defer cancel()
 	var body io.Reader
 	if r.body != nil {

@@ -34,7 +34,8 @@ type AcquireRequest struct {
 	Reconciling bool
 	// Wait (contract v1.1) asks the server to wait up to this long for a held key instead of
 	// answering lease_held at once. Sent only when positive: a server without waiting
-	// acquires refuses it with invalid_request.
+	// acquires refuses it with invalid_request. Each attempt of the call may take the client's
+	// timeout (WithTimeout) plus Wait.
 	Wait time.Duration
 }
 
@@ -89,7 +90,7 @@ func (c *Client) Acquire(ctx context.Context, key string, req AcquireRequest) (*
 	if err != nil {
 		return nil, invalid("the acquire cannot be marshalled to JSON: %v", err)
 	}
-	a, err := c.send(ctx, request{method: http.MethodPost, path: path, header: jsonHeader(), body: data, changing: true}, http.StatusCreated)
+	a, err := c.send(ctx, request{method: http.MethodPost, path: path, header: jsonHeader(), body: data, changing: true, wait: req.Wait}, http.StatusCreated)
 	if err != nil {
 		return nil, err
 	}

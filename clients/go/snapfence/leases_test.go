@@ -475,3 +475,29 @@ func TestAReconcilingAcquireHoldsTheKeyAndKeepsTheRecordUntilReconciled(t *testi
 		t.Fatal(err)
 	}
 }
+
+func TestAWaitingAcquireLongerThanTheClientsTimeoutIsSentOnceAndGranted(t *testing.T) {
+	holderClient := newClient(t)
+	ctx := testenv.Context(t)
+	key := testenv.UniqueKey(t, "k")
+	held, err := holderClient.Acquire(ctx, key, snapfence.AcquireRequest{Owner: "holder", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One attempt of at most a second, for a wait of five: the wait must lengthen the attempt.
+	c := newClient(t, snapfence.WithTimeout(time.Second), snapfence.WithRetry(snapfence.RetryPolicy{MaxAttempts: 1}))
+	go func() {
+		time.Sleep(2 * time.Second)
+		_ = holderClient.Release(ctx, key, held.Token)
+	}()
+	g, err := c.Acquire(ctx, key, snapfence.AcquireRequest{Owner: "waiter", TTL: time.Minute, Wait: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("the waiting acquire failed: %v", err)
+	}
+	if g.Owner != "waiter" || g.Token <= held.Token {
+		t.Fatalf("unexpected grant %+v after token %d", g, held.Token)
+	}
+	if err := c.Release(ctx, key, g.Token); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -35,8 +35,7 @@ type waitQueue struct {
 func queueWaiters(t *testing.T, c *snapfence.Client, key string, owners ...string) *waitQueue {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	// A waiting acquire is answered when it is granted: its attempt must outlast the wait.
-	wc, err := snapfence.New(testenv.Shared.URL, snapfence.WithTimeout(2*time.Minute))
+	wc, err := snapfence.New(testenv.Shared.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
