@@ -8,7 +8,6 @@ import threading
 import time
 from typing import List
 
-import pytest
 from conftest import Proxy
 
 import snapfence
