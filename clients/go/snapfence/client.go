@@ -340,6 +340,20 @@ func (c *Client) send(ctx context.Context, r request, ok ...int) (*answer, error
 	}
 }
 
+// callJSON sends r and decodes its 200 answer into a T: the calls whose success is one JSON
+// object (a lease, a status, a page).
+func callJSON[T any](ctx context.Context, c *Client, r request) (*T, error) {
+	a, err := c.send(ctx, r, http.StatusOK)
+	if err != nil {
+		return nil, err
+	}
+	var v T
+	if err := decode(a, &v); err != nil {
+		return nil, err
+	}
+	return &v, nil
+}
+
 // attempt sends r once.
 func (c *Client) attempt(ctx context.Context, r request, target, idemKey string) (*answer, *TransportError) {
 	actx, cancel := context.WithTimeout(ctx, c.timeout+r.wait)

@@ -122,15 +122,7 @@ func (c *Client) Renew(ctx context.Context, key string, token uint64, ttl time.D
 		return nil, invalid("the TTL %v is not a positive number of milliseconds", ttl)
 	}
 	data, _ := json.Marshal(renewBody{Token: token, TTLMillis: millis(ttl)})
-	a, err := c.send(ctx, request{method: http.MethodPost, path: path, header: jsonHeader(), body: data, changing: true}, http.StatusOK)
-	if err != nil {
-		return nil, err
-	}
-	var l Lease
-	if err := decode(a, &l); err != nil {
-		return nil, err
-	}
-	return &l, nil
+	return callJSON[Lease](ctx, c, request{method: http.MethodPost, path: path, header: jsonHeader(), body: data, changing: true})
 }
 
 // fenced sends a bodiless fenced lease call that answers 204.
@@ -182,15 +174,7 @@ func (c *Client) Reconciled(ctx context.Context, key string, token uint64) (*Lea
 	if err != nil {
 		return nil, err
 	}
-	a, err := c.send(ctx, request{method: http.MethodPost, path: path, header: h, changing: true}, http.StatusOK)
-	if err != nil {
-		return nil, err
-	}
-	var l Lease
-	if err := decode(a, &l); err != nil {
-		return nil, err
-	}
-	return &l, nil
+	return callJSON[Lease](ctx, c, request{method: http.MethodPost, path: path, header: h, changing: true})
 }
 
 // GetLease returns key's state, newest lease, retained recovery record and newest token. A key
@@ -200,15 +184,7 @@ func (c *Client) GetLease(ctx context.Context, key string) (*KeyStatus, error) {
 	if err != nil {
 		return nil, err
 	}
-	a, err := c.send(ctx, request{method: http.MethodGet, path: path}, http.StatusOK)
-	if err != nil {
-		return nil, err
-	}
-	var s KeyStatus
-	if err := decode(a, &s); err != nil {
-		return nil, err
-	}
-	return &s, nil
+	return callJSON[KeyStatus](ctx, c, request{method: http.MethodGet, path: path})
 }
 
 // ListLeasesOptions selects the keys ListLeases returns.
@@ -255,15 +231,7 @@ func (c *Client) ListLeases(ctx context.Context, opts ListLeasesOptions) (*Lease
 		q.Set("state", opts.State)
 	}
 	q = PageOptions{Limit: opts.Limit, Cursor: opts.Cursor}.values(q)
-	a, err := c.send(ctx, request{method: http.MethodGet, path: "/v1/leases", query: q}, http.StatusOK)
-	if err != nil {
-		return nil, err
-	}
-	var p LeasePage
-	if err := decode(a, &p); err != nil {
-		return nil, err
-	}
-	return &p, nil
+	return callJSON[LeasePage](ctx, c, request{method: http.MethodGet, path: "/v1/leases", query: q})
 }
 
 // ListLeaseWaiters lists key's queue of waiting acquires (AcquireRequest.Wait), one page at a
@@ -277,15 +245,7 @@ func (c *Client) ListLeaseWaiters(ctx context.Context, key string, opts PageOpti
 	if err != nil {
 		return nil, err
 	}
-	a, err := c.send(ctx, request{method: http.MethodGet, path: path, query: opts.values(nil)}, http.StatusOK)
-	if err != nil {
-		return nil, err
-	}
-	var p WaiterPage
-	if err := decode(a, &p); err != nil {
-		return nil, err
-	}
-	return &p, nil
+	return callJSON[WaiterPage](ctx, c, request{method: http.MethodGet, path: path, query: opts.values(nil)})
 }
 
 // Health checks GET /healthz: the process is up.

@@ -169,15 +169,7 @@ func (c *Client) ListVersions(ctx context.Context, key string, opts PageOptions)
 	if err != nil {
 		return nil, err
 	}
-	a, err := c.send(ctx, request{method: http.MethodGet, path: path, query: opts.values(nil)}, http.StatusOK)
-	if err != nil {
-		return nil, err
-	}
-	var p VersionPage
-	if err := decode(a, &p); err != nil {
-		return nil, err
-	}
-	return &p, nil
+	return callJSON[VersionPage](ctx, c, request{method: http.MethodGet, path: path, query: opts.values(nil)})
 }
 
 // ListSnapshotsOptions selects the keys ListSnapshots returns.
@@ -200,15 +192,7 @@ func (c *Client) ListSnapshots(ctx context.Context, opts ListSnapshotsOptions) (
 		q.Set("prefix", opts.Prefix)
 	}
 	q = PageOptions{Limit: opts.Limit, Cursor: opts.Cursor}.values(q)
-	a, err := c.send(ctx, request{method: http.MethodGet, path: "/v1/snapshots", query: q}, http.StatusOK)
-	if err != nil {
-		return nil, err
-	}
-	var p SnapshotPage
-	if err := decode(a, &p); err != nil {
-		return nil, err
-	}
-	return &p, nil
+	return callJSON[SnapshotPage](ctx, c, request{method: http.MethodGet, path: "/v1/snapshots", query: q})
 }
 
 // AuditQuery selects audit rows.
@@ -248,27 +232,11 @@ func (q AuditQuery) path(base string) request {
 // ListRejections lists refused fenced writes and deletes, newest first, one page at a time.
 // Needs an admin key when the server has API keys.
 func (c *Client) ListRejections(ctx context.Context, q AuditQuery) (*RejectionPage, error) {
-	a, err := c.send(ctx, q.path("/v1/audit/rejections"), http.StatusOK)
-	if err != nil {
-		return nil, err
-	}
-	var p RejectionPage
-	if err := decode(a, &p); err != nil {
-		return nil, err
-	}
-	return &p, nil
+	return callJSON[RejectionPage](ctx, c, q.path("/v1/audit/rejections"))
 }
 
 // ListRecoveries lists the recovery records replaced by reconciling acquires, newest first, one
 // page at a time. Needs an admin key when the server has API keys.
 func (c *Client) ListRecoveries(ctx context.Context, q AuditQuery) (*RecoveryPage, error) {
-	a, err := c.send(ctx, q.path("/v1/audit/recoveries"), http.StatusOK)
-	if err != nil {
-		return nil, err
-	}
-	var p RecoveryPage
-	if err := decode(a, &p); err != nil {
-		return nil, err
-	}
-	return &p, nil
+	return callJSON[RecoveryPage](ctx, c, q.path("/v1/audit/recoveries"))
 }

@@ -140,31 +140,40 @@ impl Changes {
         // Following before reading: a change that the read misses is one that committed after
         // it, and the reader hands it to this watch.
         let live = self.inner.live.subscribe();
-        let top = Top::read(&self.inner.pool).await?;
-        let from = match since {
+        let pool = &self.inner.pool;
+        let Some(since) = since else {
+            let from = Opening::read(pool).await?.start(pool).await?;
+            return Ok(self.opened(prefix, live, from));
+        };
+        let top = Top::read(pool).await?;
+        let from = match since.get() {
             // The newest id is read from the epochs, which every instance's ids come from: an id
             // a client was sent is never above it. (A change committed but not yet numbered has
             // no id yet, so nothing can name it.)
-            Some(since) if since.get() > top.top => {
+            since if since > top.top => {
                 return Ok(Opened::Future {
                     newest: ChangeId::from_stored(top.top),
                 });
             }
-            Some(since) if since.get() == 0 => top.pruned_through,
-            Some(since) if since.get() < top.pruned_through => {
+            0 => top.pruned_through,
+            since if since < top.pruned_through => {
                 return Ok(Opened::Compacted {
                     horizon: ChangeId::from_stored(top.pruned_through),
                 });
             }
-            Some(since) => since.get(),
-            None => {
-                Opening::read(&self.inner.pool)
-                    .await?
-                    .start(&self.inner.pool)
-                    .await?
-            }
+            since => since,
         };
-        Ok(Opened::Watching(Watch {
+        Ok(self.opened(prefix, live, from))
+    }
+
+    /// The watch of `prefix` after id `from`, following `live`.
+    fn opened(
+        &self,
+        prefix: &KeyPrefix,
+        live: broadcast::Receiver<Arc<ChangeEvent>>,
+        from: i64,
+    ) -> Opened {
+        Opened::Watching(Watch {
             inner: self.inner.clone(),
             live,
             stopping: self.inner.stopping.subscribe(),
@@ -172,7 +181,7 @@ impl Changes {
             last: from,
             caught_up: false,
             backlog: VecDeque::new(),
-        }))
+        })
     }
 }
 
