@@ -44,6 +44,33 @@ pub(super) struct Read {
     pub complete: bool,
 }
 
+impl Read {
+    /// The epochs of `rows` (in the order of `sql/read.sql`, which `sql/turn.sql` keeps too).
+    pub fn from_rows(rows: impl IntoIterator<Item = ReadRow>) -> Self {
+        let mut read = Read {
+            epochs: Vec::new(),
+            complete: true,
+        };
+        let mut epoch: Option<Epoch> = None;
+        for row in rows {
+            if epoch.as_ref().is_none_or(|e| e.last_id != row.last_id) {
+                read.epochs.extend(epoch.take().map(Arc::new));
+                epoch = Some(Epoch {
+                    first_id: row.first_id,
+                    last_id: row.last_id,
+                    changes: Vec::new(),
+                });
+            }
+            read.complete = row.newest.is_none_or(|newest| row.last_id >= newest);
+            if let (Some(e), Some(change)) = (epoch.as_mut(), row.change) {
+                e.changes.push(Arc::new(change.into_event()));
+            }
+        }
+        read.epochs.extend(epoch.map(Arc::new));
+        read
+    }
+}
+
 /// The history of this instance's watchers.
 pub(super) struct History {
     pool: PgPool,
@@ -73,27 +100,7 @@ impl History {
             .fetch_all(&self.pool)
             .bounded(&self.pool)
             .await?;
-        let mut read = Read {
-            epochs: Vec::new(),
-            complete: true,
-        };
-        let mut epoch: Option<Epoch> = None;
-        for row in rows {
-            if epoch.as_ref().is_none_or(|e| e.last_id != row.last_id) {
-                read.epochs.extend(epoch.take().map(Arc::new));
-                epoch = Some(Epoch {
-                    first_id: row.first_id,
-                    last_id: row.last_id,
-                    changes: Vec::new(),
-                });
-            }
-            read.complete = row.newest.is_none_or(|newest| row.last_id >= newest);
-            if let (Some(e), Some(change)) = (epoch.as_mut(), row.change) {
-                e.changes.push(Arc::new(change.into_event()));
-            }
-        }
-        read.epochs.extend(epoch.map(Arc::new));
-        Ok(read)
+        Ok(Read::from_rows(rows))
     }
 
     /// For a watcher catching up from `after`: the cached epochs from there on, or else the next
@@ -182,8 +189,9 @@ impl Cache {
     }
 }
 
-/// A row of `sql/read.sql`: an epoch read, and one of its changes (none for an epoch with none).
-struct ReadRow {
+/// A row of `sql/read.sql` (and of `sql/turn.sql`'s epoch): an epoch read, and one of its
+/// changes (none for an epoch with none).
+pub(super) struct ReadRow {
     first_id: i64,
     last_id: i64,
     newest: Option<i64>,

@@ -20,17 +20,18 @@ mod history;
 mod relay;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use sqlx::postgres::PgListener;
 use sqlx::{FromRow, PgPool};
 use tokio::sync::{Notify, broadcast, watch};
+use tokio::time::Instant;
 
 use super::{Bounded, Db, Result, StoreError, Tasks};
 use crate::domain::{ChangeEvent, ChangeId, KeyPrefix};
-use history::History;
+use history::{Epoch, History};
 
 /// The channel the relay notifies at each epoch.
 const CHANNEL: &str = "snapfence_changes";
@@ -69,6 +70,16 @@ struct Inner {
     /// a watcher subscribed to `live` receives every change above it, so one that has read
     /// the history up to it has caught up.
     handed: AtomicI64,
+    /// The epochs this instance's relay made, in order, for the reader to hand on without
+    /// reading them back (`relay.rs`): in one instance, the reader reads nothing.
+    relayed: Mutex<VecDeque<Arc<Epoch>>>,
+    /// Whether this instance's relay has a turn in flight, whose epoch comes through
+    /// `relayed`: the reader does not read it meanwhile.
+    turning: AtomicBool,
+    /// The newest last id notified on [`CHANNEL`].
+    told: AtomicI64,
+    /// Set when notifications may have been missed (listening again): the reader reads.
+    missed: AtomicBool,
 }
 
 impl std::fmt::Debug for Inner {
@@ -110,6 +121,10 @@ impl Changes {
             stopping: watch::Sender::new(false),
             history: History::new((**db).clone()),
             handed: AtomicI64::new(i64::MAX),
+            relayed: Mutex::new(VecDeque::new()),
+            turning: AtomicBool::new(false),
+            told: AtomicI64::new(0),
+            missed: AtomicBool::new(true),
         });
         let tasks = vec![
             tokio::spawn(relay::relay(Arc::downgrade(&inner))),
@@ -325,7 +340,7 @@ impl Opening {
         if !self.pending {
             return Ok(self.top);
         }
-        let until = tokio::time::Instant::now() + OPENING_WAIT;
+        let until = Instant::now() + OPENING_WAIT;
         loop {
             let covering: Option<i64> = sqlx::query_scalar(include_str!("sql/covering.sql"))
                 .bind(&self.snap)
@@ -336,7 +351,7 @@ impl Opening {
             if let Some(id) = covering {
                 return Ok(id);
             }
-            if tokio::time::Instant::now() >= until {
+            if Instant::now() >= until {
                 tracing::warn!(
                     "no relay numbered the changes committed before a watch opened within {OPENING_WAIT:?}: it starts after the newest id and may deliver some of them"
                 );
@@ -347,8 +362,9 @@ impl Opening {
     }
 }
 
-/// Listens on [`CHANNEL`] on a connection of its own and wakes the reader at each notification,
-/// and once each time it listens again (a notification may have come while it did not).
+/// Listens on [`CHANNEL`] on a connection of its own and wakes the reader at each notification
+/// (noting the epoch's last id it names), and once each time it listens again, telling it to
+/// read (a notification may have come while it did not).
 async fn listen(inner: Weak<Inner>) {
     let Some(own) = inner.upgrade().map(|i| super::listening_pool(&i.pool)) else {
         return;
@@ -357,14 +373,24 @@ async fn listen(inner: Weak<Inner>) {
         let failure = async {
             let mut listener = PgListener::connect_with(&own).await?;
             listener.listen(CHANNEL).await?;
+            let mut told: Option<i64> = None;
             loop {
                 match inner.upgrade() {
-                    Some(i) => i.fresh.notify_one(),
+                    Some(i) => {
+                        if let Some(id) = told {
+                            i.told.fetch_max(id, Ordering::AcqRel);
+                        } else {
+                            i.missed.store(true, Ordering::Release);
+                        }
+                        i.fresh.notify_one();
+                    }
                     None => return Ok(()),
                 }
                 // `None`: the connection was lost, and notifications with it.
-                if listener.try_recv().await?.is_none() {
-                    return Ok::<(), sqlx::Error>(());
+                match listener.try_recv().await? {
+                    // A payload that is not an id (none is sent) makes the reader read.
+                    Some(note) => told = note.payload().parse().ok(),
+                    None => return Ok::<(), sqlx::Error>(()),
                 }
             }
         }
@@ -379,10 +405,13 @@ async fn listen(inner: Weak<Inner>) {
     }
 }
 
-/// Reads the new changes, in id order, when woken (or every [`READ_EVERY`]), and hands each to
-/// this instance's watchers.
+/// Hands on the new changes, in id order, when woken: the epochs this instance's relay made, as
+/// it made them, and others read from the database when a notification names an epoch the
+/// reader does not have (another instance relays, or a turn's outcome was lost), when one may
+/// have been missed, and at least every [`READ_EVERY`].
 async fn fan_out(inner: Weak<Inner>) {
     let mut last: Option<i64> = None;
+    let mut read_at: Option<Instant> = None;
     loop {
         let Some(i) = inner.upgrade() else {
             return;
@@ -394,19 +423,24 @@ async fn fan_out(inner: Weak<Inner>) {
                     // Nothing up to the newest id is handed on: watchers read it themselves.
                     let top = Top::read(&i.pool).await?.top;
                     i.handed.store(top, Ordering::Release);
-                    last = Some(top);
                     top
                 }
             };
+            let (relayed, gap) = i.hand_on_relayed(after);
+            after = relayed;
+            last = Some(after);
+            let read = read_at.is_none_or(|t| t.elapsed() >= READ_EVERY)
+                || gap
+                || i.missed.swap(false, Ordering::AcqRel)
+                || (i.told.load(Ordering::Acquire) > after && !i.turning.load(Ordering::Acquire));
+            if !read {
+                return Ok(());
+            }
+            read_at = Some(Instant::now());
             loop {
                 let read = i.history.read(after).await?;
                 for epoch in read.epochs {
-                    i.handed.store(epoch.last_id, Ordering::Release);
-                    for change in epoch.changes.iter().filter(|c| c.id.get() > after) {
-                        // No watcher: nothing to hand on.
-                        let _ = i.live.send(change.clone());
-                    }
-                    after = epoch.last_id;
+                    after = i.hand_on(&epoch, after);
                     last = Some(after);
                 }
                 if read.complete {
@@ -419,5 +453,38 @@ async fn fan_out(inner: Weak<Inner>) {
         }
         // Holds the instance's state for at most READ_EVERY once the last handle is gone.
         let _ = tokio::time::timeout(READ_EVERY, i.fresh.notified()).await;
+    }
+}
+
+impl Inner {
+    /// Hands `epoch`'s changes after `after` to this instance's watchers; its last id.
+    fn hand_on(&self, epoch: &Epoch, after: i64) -> i64 {
+        self.handed.store(epoch.last_id, Ordering::Release);
+        for change in epoch.changes.iter().filter(|c| c.id.get() > after) {
+            // No watcher: nothing to hand on.
+            let _ = self.live.send(change.clone());
+        }
+        epoch.last_id
+    }
+
+    /// Hands on the epochs this instance's relay made that follow `after`; the last id handed
+    /// on, and whether an epoch is missing before one of them (read from the database).
+    fn hand_on_relayed(&self, mut after: i64) -> (i64, bool) {
+        let relayed: Vec<_> = self
+            .relayed
+            .lock()
+            .expect("never poisoned")
+            .drain(..)
+            .collect();
+        for epoch in &relayed {
+            if epoch.last_id <= after {
+                continue;
+            }
+            if epoch.first_id != after + 1 {
+                return (after, true);
+            }
+            after = self.hand_on(epoch, after);
+        }
+        (after, false)
     }
 }

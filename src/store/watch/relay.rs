@@ -8,13 +8,17 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
 use std::sync::Weak;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::{FromRow, PgPool};
+use sqlx::postgres::PgRow;
+use sqlx::{FromRow, PgPool, Row};
 use tokio::time::Instant;
 
 use super::Inner;
+use super::history::{Epoch, Read, ReadRow};
+use crate::domain::ChangeKind;
 use crate::store::{Bounded, Result};
 
 /// How often the relay looks for new changes and due expiries while there were none at its
@@ -98,30 +102,51 @@ struct PendingExpiry {
     expires_at: DateTime<Utc>,
 }
 
-/// A turn the relay took with the role (`sql/turn.sql`): the database clock, and the epoch it
-/// recorded, if any (its last id, and its grants).
-#[derive(FromRow)]
-struct Turn {
+/// A row of a turn the relay took with the role (`sql/turn.sql`): the database clock and, when
+/// the turn made an epoch, the epoch and one of its changes.
+struct TurnRow {
     clock: DateTime<Utc>,
-    last_id: Option<i64>,
-    keys: Option<Vec<String>>,
-    tokens: Option<Vec<i64>>,
-    expiries: Option<Vec<DateTime<Utc>>>,
+    epoch: Option<ReadRow>,
 }
 
-impl Turn {
-    fn grants(self) -> impl Iterator<Item = PendingExpiry> {
-        let keys = self.keys.unwrap_or_default();
-        let tokens = self.tokens.unwrap_or_default();
-        let expiries = self.expiries.unwrap_or_default();
-        keys.into_iter()
-            .zip(tokens)
-            .zip(expiries)
-            .map(|((key, token), expires_at)| PendingExpiry {
-                key,
-                token,
-                expires_at,
-            })
+impl<'r> FromRow<'r, PgRow> for TurnRow {
+    fn from_row(row: &'r PgRow) -> sqlx::Result<Self> {
+        let made: Option<i64> = row.try_get("last_id")?;
+        Ok(Self {
+            clock: row.try_get("clock")?,
+            epoch: made.map(|_| ReadRow::from_row(row)).transpose()?,
+        })
+    }
+}
+
+/// The grants of `epoch`, whose expiries the relay expects.
+fn grants(epoch: &Epoch) -> impl Iterator<Item = PendingExpiry> + '_ {
+    epoch.changes.iter().filter_map(|c| {
+        let expires_at = c.data.expires_at?;
+        (c.event == ChangeKind::LeaseGranted).then(|| PendingExpiry {
+            key: c.data.key.as_str().to_owned(),
+            token: c.data.token.get(),
+            expires_at,
+        })
+    })
+}
+
+/// While the relay's turn is in flight: the epoch it makes comes to the reader through
+/// `Inner::relayed` rather than from the database. Ended (and the reader woken) when dropped,
+/// however the turn ended.
+struct Turning<'a>(&'a Inner);
+
+impl<'a> Turning<'a> {
+    fn start(i: &'a Inner) -> Self {
+        i.turning.store(true, Ordering::Release);
+        Self(i)
+    }
+}
+
+impl Drop for Turning<'_> {
+    fn drop(&mut self) {
+        self.0.turning.store(false, Ordering::Release);
+        self.0.fresh.notify_one();
     }
 }
 
@@ -180,14 +205,16 @@ async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<Duration> {
     if let Some(r) = role.as_mut() {
         r.stale = true;
     }
-    let turn: Option<Turn> = sqlx::query_as(include_str!("sql/turn.sql"))
+    let turning = Turning::start(i);
+    let rows: Vec<TurnRow> = sqlx::query_as(include_str!("sql/turn.sql"))
         .bind(&i.name)
         .bind(role.is_some())
         .bind(ROLE_MS)
-        .fetch_optional(&i.pool)
+        .fetch_all(&i.pool)
         .bounded(&i.pool)
         .await?;
-    let Some(turn) = turn else {
+    let Some(clock) = rows.first().map(|r| r.clock) else {
+        drop(turning);
         if role.take().is_some() {
             tracing::warn!(
                 "this instance no longer relays changes: its role lapsed (more than {ROLE_MS} ms between its turns); another instance, or this one, takes it over"
@@ -195,6 +222,17 @@ async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<Duration> {
         }
         return Ok(RELAY_TICK);
     };
+    // A turn makes one epoch at most.
+    let epoch = Read::from_rows(rows.into_iter().filter_map(|r| r.epoch))
+        .epochs
+        .pop();
+    if let Some(epoch) = &epoch {
+        i.relayed
+            .lock()
+            .expect("never poisoned")
+            .push_back(epoch.clone());
+    }
+    drop(turning);
     let relay = match role {
         // Kept, and nothing missed before: whole once this turn's grants are added.
         Some(r) if whole => r,
@@ -222,11 +260,12 @@ async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<Duration> {
         }
     };
     relay.stale = false;
-    relay.offset = turn.clock - Utc::now();
+    relay.offset = clock - Utc::now();
     relay.kept = Instant::now();
-    let clock = turn.clock;
-    let numbered = turn.last_id.is_some();
-    relay.expect(turn.grants());
+    let numbered = epoch.is_some();
+    if let Some(epoch) = &epoch {
+        relay.expect(grants(epoch));
+    }
     if relay.pruned.elapsed() >= PRUNE_EVERY.min(i.retention) {
         let retention = i64::try_from(i.retention.as_millis()).unwrap_or(i64::MAX);
         sqlx::query(include_str!("sql/prune.sql"))

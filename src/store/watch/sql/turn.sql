@@ -8,8 +8,10 @@
 -- snapshot sees them, become an epoch with the next ids (migrations/20261205000000_change_log.sql),
 -- and the instances are told (`snapfence_changes`, with the new last id); nothing is written
 -- when there are none. Two relays could not number the same changes even so: both would insert
--- the same first_id, and the primary key lets one commit. Returns the database clock, and the
--- new epoch's last id and grants (whose expiries the relay then expects), if one was made.
+-- the same first_id, and the primary key lets one commit. Returns the database clock and, if an
+-- epoch was made, its changes with their ids (one row each), in the columns of read.sql: the
+-- relay's own instance hands them to its watchers without reading them again (their ids are
+-- their rank by seq, as read.sql gives them), and the relay expects the grants' expiries.
 WITH role AS (
     UPDATE change_relay SET holder = $1, expires_at = now() + $3 * interval '1 millisecond'
     WHERE CASE WHEN $2 THEN holder = $1 AND expires_at > now() ELSE expires_at <= now() END
@@ -19,7 +21,7 @@ prev AS (
 taken AS (
     SELECT pg_current_snapshot() AS snap),
 fresh AS (
-    SELECT c.kind, c.key, c.token, c.expires_at
+    SELECT c.*
     FROM role CROSS JOIN prev CROSS JOIN taken
     CROSS JOIN LATERAL epoch_changes(prev.snap, taken.snap) c),
 made AS (
@@ -27,10 +29,13 @@ made AS (
     SELECT prev.last_id + 1, prev.last_id + n.count, prev.snap, taken.snap
     FROM prev CROSS JOIN taken CROSS JOIN (SELECT count(*) AS count FROM fresh) n
     WHERE n.count > 0
-    RETURNING last_id),
+    RETURNING first_id, last_id),
 told AS (
     SELECT pg_notify('snapfence_changes', last_id::text) FROM made)
-SELECT r.clock, m.last_id, g.keys, g.tokens, g.expiries, (SELECT count(*) FROM told) AS told
-FROM role r LEFT JOIN made m ON true CROSS JOIN (
-    SELECT array_agg(key) AS keys, array_agg(token) AS tokens, array_agg(expires_at) AS expiries
-    FROM fresh WHERE kind = 'lease.granted') g
+SELECT r.clock, (SELECT count(*) FROM told) AS told, m.first_id, m.last_id,
+    m.last_id AS newest, x.id, x.kind, x.key, x.token, x.at, x.owner, x.expires_at, x.version,
+    x.etag, x.reason, x.audit_id, x.operation, x.highest_token, x.record_token
+FROM role r LEFT JOIN made m ON true LEFT JOIN LATERAL (
+    SELECT m.first_id - 1 + row_number() OVER (ORDER BY f.seq) AS id, f.*
+    FROM fresh f) x ON true
+ORDER BY x.id
