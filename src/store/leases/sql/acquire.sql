@@ -37,27 +37,68 @@ cur AS (
         CASE WHEN l.kept_token IS NULL THEN l.metadata ELSE l.kept_metadata END AS rec_metadata
     FROM req r JOIN gate g ON g.i = r.i AND g.verdict = 'run' JOIN leases l ON l.key = r.key
     ORDER BY l.key FOR NO KEY UPDATE OF l),
+-- `decision` is each request's one row that every later part reads, with what they need of its
+-- request and of the key's row carried along, so that no part joins `req`, `gate` or `cur` again
+-- (each such join built a hash table per batch: most of a batch's cost was the statement's shape,
+-- bench/README.md, fifth pass).
+--
+-- Waiting acquire (v1.1): a free key goes to the first live waiter of its queue
+-- (migrations/20261204000000_lease_waiters.sql). Any other acquire finds it `held`: one that does
+-- not wait (`waiter` NULL) while anyone live waits, a waiter while a live one queued before it.
+-- `waiters` counts those, only on a key its row leaves free (`v` NULL), and is what the refusal
+-- says: the rule GET's `waiters` (status.sql) counts by, so a plain acquire is granted exactly
+-- when GET shows the key free with none. With no one queued this is one probe of an empty index
+-- range. Race-free: every acquire of the key holds its row lock (`cur`) while it decides, so two
+-- waiters never both pass; a waiter that committed its row after this statement's snapshot came
+-- after this request and is behind it. A subquery with a volatile function is not pulled up, so
+-- `waiters` is counted once and the verdict and the answer agree.
+--
+-- A grant's token is drawn here, once: a CTE with a volatile function is evaluated once. Drawn
+-- in `granted`'s SET instead, a token would be drawn again (and one thrown away) whenever the
+-- row had been changed by a commit after this statement's snapshot and before `cur`'s lock (the
+-- relay's share lock while it reports an expiry, a holder's last write): the UPDATE then
+-- recomputes its new row from the newest version. `secured` is next_fencing_token()'s guard
+-- (migrations/20261202000003_token_timeline.sql) run once for the batch rather than once a
+-- token; every row of `decision` is joined with it, so every nextval comes after it; and no
+-- statement runs across a change of timeline (a promotion ends every session).
+--
+-- `current` holds what the answer is made of and no more (it is also what an Idempotency-Key's
+-- record stores): the key's lease, its state and recovery reason, and the record a reconciling
+-- lease keeps, except for `held`, whose answer names the holder and the state alone, and, on a
+-- free key that goes to live waiters queued before the request, how many (`waiters`). A grant
+-- over no record reads none of it, so it has none.
+secured AS (
+    SELECT secure_token_timeline()),
 decision AS (
-    SELECT f.i, CASE WHEN f.waiters > 0 THEN 'held' ELSE coalesce(f.verdict, 'grant') END
-            AS verdict,
-        f.waiters
+    SELECT f.i, f.key, f.owner, f.ttl_ms, f.metadata, f.crash_recovery, f.request_id,
+        f.remote_addr, f.principal, f.waiter, f.last_try, f.verdict, f.waiters,
+        f.reconciling AND f.recovery_reason IS NOT NULL AS keeps,
+        CASE WHEN f.verdict = 'grant' THEN nextval('fencing_token_seq') END AS token,
+        f.cur_token, f.cur_owner, f.cur_expires_at, f.cur_ended_at, f.recovery_reason,
+        f.rec_owner, f.rec_token, f.rec_acquired_at, f.rec_ended_at, f.rec_metadata,
+        CASE WHEN f.cur_key IS NOT NULL
+            AND (f.verdict NOT IN ('grant', 'insert') OR f.recovery_reason IS NOT NULL)
+        THEN json_build_object(
+            'key', f.cur_key, 'token', f.cur_token, 'owner', f.cur_owner, 'ttl_ms', f.cur_ttl_ms,
+            'metadata', f.cur_metadata, 'crash_recovery', f.cur_crash_recovery,
+            'recovery_required', f.cur_recovery_required, 'acquired_at', f.cur_acquired_at,
+            'expires_at', f.cur_expires_at, 'ended_at', f.cur_ended_at,
+            'recovery_reason', f.recovery_reason, 'state', f.cur_state,
+            'kept_owner', f.kept_owner, 'kept_token', f.kept_token,
+            'kept_acquired_at', f.kept_acquired_at, 'kept_ended_at', f.kept_ended_at,
+            'kept_metadata', CASE WHEN f.verdict <> 'held' THEN f.kept_metadata END)
+        END AS current
     FROM (
-        -- Waiting acquire (v1.1): a free key goes to the first live waiter of its queue
-        -- (migrations/20261204000000_lease_waiters.sql). Any other acquire finds it `held`: one
-        -- that does not wait (`waiter` NULL) while anyone live waits, a waiter while a live one
-        -- queued before it. `waiters` counts those, only on a key its row leaves free (`v`
-        -- NULL), and is what the refusal says: the rule GET's `waiters` (status.sql) counts
-        -- by, so a plain acquire is granted exactly when GET shows the key free with none.
-        -- With no one queued this is one probe of an empty index range. Race-free: every
-        -- acquire of the key holds its row lock (`cur`) while it decides, so two waiters never
-        -- both pass; a waiter that committed its row after this statement's snapshot came
-        -- after this request and is behind it. A subquery with a volatile function is not
-        -- pulled up, so `waiters` is counted once and the verdict and the answer agree.
-        SELECT r.i, v.verdict, CASE WHEN v.verdict IS NULL THEN (
-                SELECT count(*) FROM lease_waiters w
-                WHERE w.key = r.key AND w.id < coalesce(r.waiter, 9223372036854775807)
-                AND waiter_instance_alive(w.instance))
-            END AS waiters
+        SELECT r.i, r.key, r.owner, r.ttl_ms, r.metadata, r.crash_recovery, r.request_id,
+            r.remote_addr, r.principal, r.waiter, r.last_try, r.reconciling,
+            CASE WHEN w.waiters > 0 THEN 'held' ELSE coalesce(v.verdict, 'grant') END AS verdict,
+            w.waiters, c.key AS cur_key, c.token AS cur_token, c.owner AS cur_owner,
+            c.ttl_ms AS cur_ttl_ms, c.metadata AS cur_metadata,
+            c.crash_recovery AS cur_crash_recovery, c.recovery_required AS cur_recovery_required,
+            c.acquired_at AS cur_acquired_at, c.expires_at AS cur_expires_at,
+            c.ended_at AS cur_ended_at, c.state AS cur_state, c.recovery_reason, c.kept_owner,
+            c.kept_token, c.kept_acquired_at, c.kept_ended_at, c.kept_metadata, c.rec_owner,
+            c.rec_token, c.rec_acquired_at, c.rec_ended_at, c.rec_metadata
         FROM req r JOIN gate g ON g.i = r.i LEFT JOIN cur c ON c.i = r.i
         CROSS JOIN LATERAL (SELECT CASE
             WHEN g.verdict <> 'run' THEN g.verdict
@@ -65,66 +106,54 @@ decision AS (
             WHEN c.state = 'held' THEN 'held'
             WHEN c.recovery_reason IS NOT NULL AND NOT r.reconciled AND NOT r.reconciling
                 THEN 'recovery_required'
-        END AS verdict) v) f),
--- The grants' tokens, drawn once each: a CTE with a volatile function is evaluated once. Drawn in
--- `granted`'s SET instead, a token would be drawn again (and one thrown away) whenever the row
--- had been changed by a commit after this statement's snapshot and before `cur`'s lock (the
--- relay's share lock while it reports an expiry, a holder's last write): the UPDATE then recomputes its new row
--- from the newest version.
---
--- `secured` is next_fencing_token()'s guard (migrations/20261202000003_token_timeline.sql) run
--- once for the batch rather than once a token (two PL/pgSQL calls and a read of token_timeline
--- each: 0.19 ms of a batch of 16 grants in EXPLAIN ANALYZE, 0.11 ms so). Every row of `drawn`
--- and `inserted` is joined with it, so every nextval comes after it; and no statement runs
--- across a change of timeline (a promotion ends every session).
-secured AS (
-    SELECT secure_token_timeline()),
-drawn AS (
-    SELECT d.i, nextval('fencing_token_seq') AS token
-    FROM decision d CROSS JOIN secured WHERE d.verdict = 'grant'),
+        END AS verdict) v
+        CROSS JOIN LATERAL (SELECT CASE WHEN v.verdict IS NULL THEN (
+                SELECT count(*) FROM lease_waiters w
+                WHERE w.key = r.key AND w.id < coalesce(r.waiter, 9223372036854775807)
+                AND waiter_instance_alive(w.instance))
+            END AS waiters) w) f
+    CROSS JOIN secured),
 granted AS (
-    UPDATE leases SET token = t.token, owner = r.owner, ttl_ms = r.ttl_ms,
-        metadata = r.metadata::json, crash_recovery = r.crash_recovery, recovery_required = false,
-        acquired_at = now(), expires_at = now() + r.ttl_ms * interval '1 millisecond',
+    UPDATE leases SET token = d.token, owner = d.owner, ttl_ms = d.ttl_ms,
+        metadata = d.metadata::json, crash_recovery = d.crash_recovery, recovery_required = false,
+        acquired_at = now(), expires_at = now() + d.ttl_ms * interval '1 millisecond',
         end_reason = NULL, ended_at = NULL,
         -- v1.2: a reconciling grant keeps the key's record (`keeps`); any other grant here was
         -- either over no record or `reconciled: true`, which replaces it.
-        kept_reason = CASE WHEN k.keeps THEN c.recovery_reason END,
-        kept_owner = CASE WHEN k.keeps THEN c.rec_owner END,
-        kept_token = CASE WHEN k.keeps THEN c.rec_token END,
-        kept_acquired_at = CASE WHEN k.keeps THEN c.rec_acquired_at END,
-        kept_ended_at = CASE WHEN k.keeps THEN c.rec_ended_at END,
-        kept_metadata = CASE WHEN k.keeps THEN c.rec_metadata END
-    FROM drawn t JOIN req r ON r.i = t.i JOIN cur c ON c.i = t.i
-    CROSS JOIN LATERAL (SELECT r.reconciling AND c.recovery_reason IS NOT NULL AS keeps) k
-    WHERE leases.key = r.key
-    RETURNING r.i, leases.key, leases.token, leases.owner, leases.ttl_ms, leases.metadata,
-        leases.crash_recovery, leases.recovery_required, leases.acquired_at, leases.expires_at,
-        leases.ended_at, k.keeps),
+        kept_reason = CASE WHEN d.keeps THEN d.recovery_reason END,
+        kept_owner = CASE WHEN d.keeps THEN d.rec_owner END,
+        kept_token = CASE WHEN d.keeps THEN d.rec_token END,
+        kept_acquired_at = CASE WHEN d.keeps THEN d.rec_acquired_at END,
+        kept_ended_at = CASE WHEN d.keeps THEN d.rec_ended_at END,
+        kept_metadata = CASE WHEN d.keeps THEN d.rec_metadata END
+    FROM decision d
+    WHERE leases.key = d.key AND d.verdict = 'grant'),
 inserted AS (
     INSERT INTO leases (key, token, owner, ttl_ms, metadata, crash_recovery, acquired_at, expires_at)
-    SELECT r.key, nextval('fencing_token_seq'), r.owner, r.ttl_ms, r.metadata::json,
-        r.crash_recovery, now(), now() + r.ttl_ms * interval '1 millisecond'
-    FROM decision d JOIN req r ON r.i = d.i CROSS JOIN secured WHERE d.verdict = 'insert'
-    ORDER BY r.key
+    SELECT d.key, nextval('fencing_token_seq'), d.owner, d.ttl_ms, d.metadata::json,
+        d.crash_recovery, now(), now() + d.ttl_ms * interval '1 millisecond'
+    FROM decision d WHERE d.verdict = 'insert'
+    ORDER BY d.key
     ON CONFLICT (key) DO NOTHING
-    RETURNING *),
+    RETURNING key, token),
+-- The new leases, as `granted` wrote them (the row it updated is the one `cur` locked) and as
+-- `inserted` did.
 new_lease AS (
-    SELECT i, key, token, owner, ttl_ms, metadata, crash_recovery, recovery_required,
-        acquired_at, expires_at, ended_at, keeps FROM granted
-    UNION ALL
-    SELECT r.i, n.key, n.token, n.owner, n.ttl_ms, n.metadata, n.crash_recovery,
-        n.recovery_required, n.acquired_at, n.expires_at, n.ended_at, false
-    FROM inserted n JOIN req r ON r.key = n.key),
+    SELECT d.i, d.key, coalesce(d.token, n.token) AS token, d.owner, d.ttl_ms,
+        d.metadata::json AS metadata, d.crash_recovery, false AS recovery_required,
+        now() AS acquired_at, now() + d.ttl_ms * interval '1 millisecond' AS expires_at,
+        NULL::timestamptz AS ended_at, d.keeps, d.cur_token, d.cur_owner, d.cur_expires_at,
+        d.recovery_reason, d.rec_token
+    FROM decision d LEFT JOIN inserted n ON n.key = d.key AND d.verdict = 'insert'
+    WHERE d.verdict = 'grant' OR n.key IS NOT NULL),
 reconciled AS (
     INSERT INTO recoveries (key, reason, record_owner, record_token, record_acquired_at,
         record_ended_at, record_metadata, reconciled_by, new_token, request_id, remote_addr,
         principal, operation)
-    SELECT c.key, c.recovery_reason, c.rec_owner, c.rec_token, c.rec_acquired_at,
-        c.rec_ended_at, c.rec_metadata, n.owner, n.token, r.request_id,
-        r.remote_addr, r.principal, CASE WHEN n.keeps THEN 'reconciling' ELSE 'reconcile' END
-    FROM cur c JOIN new_lease n ON n.i = c.i JOIN req r ON r.i = c.i
-    WHERE c.recovery_reason IS NOT NULL),
+    SELECT d.key, d.recovery_reason, d.rec_owner, d.rec_token, d.rec_acquired_at,
+        d.rec_ended_at, d.rec_metadata, d.owner, d.token, d.request_id, d.remote_addr,
+        d.principal, CASE WHEN d.keeps THEN 'reconciling' ELSE 'reconcile' END
+    FROM decision d WHERE d.verdict = 'grant' AND d.recovery_reason IS NOT NULL),
 -- The watch's changes of the grants (migrations/20261205000000_change_log.sql), each drawing its
 -- seq after the row lock: the expiry of an unended lease a grant replaced, unless the relay
 -- reported it (`expired`); the reconciliation of a record a grant replaced (not of one a
@@ -137,15 +166,17 @@ reconciled AS (
 -- over an expiry the relay already reported, which is most of them. The relay's report of the
 -- same lease holds a share lock on the lease row (watch/sql/expire.sql) that `cur` waited for.
 expired_update AS (
-    UPDATE expiry_reports x SET token = c.token
-    FROM cur c JOIN granted g ON g.i = c.i
-    WHERE x.key = c.key AND x.token < c.token AND c.ended_at IS NULL
+    UPDATE expiry_reports x SET token = d.cur_token
+    FROM decision d
+    WHERE x.key = d.key AND x.token < d.cur_token AND d.verdict = 'grant'
+        AND d.cur_ended_at IS NULL
     RETURNING x.key),
 expired_insert AS (
     INSERT INTO expiry_reports (key, token)
-    SELECT c.key, c.token FROM cur c JOIN granted g ON g.i = c.i
-    WHERE c.ended_at IS NULL AND NOT EXISTS (SELECT FROM expiry_reports x WHERE x.key = c.key)
-    ORDER BY c.key
+    SELECT d.key, d.cur_token FROM decision d
+    WHERE d.verdict = 'grant' AND d.cur_ended_at IS NULL
+        AND NOT EXISTS (SELECT FROM expiry_reports x WHERE x.key = d.key)
+    ORDER BY d.key
     ON CONFLICT (key) DO UPDATE SET token = excluded.token WHERE expiry_reports.token < excluded.token
     RETURNING key),
 expired AS (
@@ -153,48 +184,34 @@ expired AS (
 granted_noted AS (
     INSERT INTO change_log (kind, key, token, at, owner, expires_at, reason, record_token)
     SELECT e.kind, n.key, e.token, e.at, e.owner, e.expires_at, e.reason, e.record_token
-    FROM new_lease n LEFT JOIN cur c ON c.i = n.i LEFT JOIN expired x ON x.key = n.key
+    FROM new_lease n LEFT JOIN expired x ON x.key = n.key
     CROSS JOIN LATERAL (VALUES
-        (1, CASE WHEN x.key IS NOT NULL THEN 'lease.expired' END, c.token, c.expires_at,
-            c.owner, NULL::timestamptz, NULL::text, NULL::bigint),
-        (2, CASE WHEN NOT n.keeps AND c.recovery_reason IS NOT NULL THEN 'lease.reconciled' END,
-            n.token, n.acquired_at, n.owner, NULL, c.recovery_reason, c.rec_token),
+        (1, CASE WHEN x.key IS NOT NULL THEN 'lease.expired' END, n.cur_token, n.cur_expires_at,
+            n.cur_owner, NULL::timestamptz, NULL::text, NULL::bigint),
+        (2, CASE WHEN NOT n.keeps AND n.recovery_reason IS NOT NULL THEN 'lease.reconciled' END,
+            n.token, n.acquired_at, n.owner, NULL, n.recovery_reason, n.rec_token),
         (3, 'lease.granted', n.token, n.acquired_at, n.owner, n.expires_at, NULL, NULL)
     ) AS e (rank, kind, token, at, owner, expires_at, reason, record_token)
     WHERE e.kind IS NOT NULL
     ORDER BY n.key, e.rank),
--- The answers: the verdict, the new lease, and the row as it was found (for `held`, and for the
--- recovery record a grant replaced or kept (`keeps`), or a refusal names). A waiter's `held`
--- that is not its last try is not settled: it waits on (`req.waiter`, `req.last_try`). `clock` is the
--- statement's now(), so that a waiter sleeps until the holder's expires_at by the database clock.
--- `current` holds what the answer is made of and no more (it is also what an Idempotency-Key's
--- record stores): the key's lease, its state and recovery reason, and the record a reconciling
--- lease keeps, except for `held`, whose answer names the holder and the state alone, and, on a
--- free key that goes to live waiters queued before the request, how many (`waiters`). Not
--- `to_json(c)`: `cur` also carries the recovery record's copy of the metadata (`rec_*`), which
--- doubled a refusal's record. A grant over no record reads none of it, so it has none: building
--- it for every grant was a tenth of a 16-grant batch's time (bench/README.md, fourth pass).
+-- The answers: the verdict, the new lease, and the row as it was found (`current`). A waiter's
+-- `held` that is not its last try is not settled: it waits on (`req.waiter`, `req.last_try`).
+-- `clock` is the statement's now(), so that a waiter sleeps until the holder's expires_at by the
+-- database clock.
 result AS (
-    SELECT d.i, d.verdict, to_json(n) AS granted,
-        CASE WHEN c.i IS NOT NULL
-            AND (d.verdict NOT IN ('grant', 'insert') OR c.recovery_reason IS NOT NULL)
-        THEN json_build_object(
-            'key', c.key, 'token', c.token, 'owner', c.owner, 'ttl_ms', c.ttl_ms,
-            'metadata', c.metadata, 'crash_recovery', c.crash_recovery,
-            'recovery_required', c.recovery_required, 'acquired_at', c.acquired_at,
-            'expires_at', c.expires_at, 'ended_at', c.ended_at,
-            'recovery_reason', c.recovery_reason, 'state', c.state,
-            'kept_owner', c.kept_owner, 'kept_token', c.kept_token,
-            'kept_acquired_at', c.kept_acquired_at, 'kept_ended_at', c.kept_ended_at,
-            'kept_metadata', CASE WHEN d.verdict <> 'held' THEN c.kept_metadata END)
-        END AS current,
+    SELECT d.i, d.verdict,
+        CASE WHEN n.i IS NOT NULL THEN json_build_object(
+            'key', n.key, 'token', n.token, 'owner', n.owner, 'ttl_ms', n.ttl_ms,
+            'metadata', n.metadata, 'crash_recovery', n.crash_recovery,
+            'recovery_required', n.recovery_required, 'acquired_at', n.acquired_at,
+            'expires_at', n.expires_at, 'ended_at', n.ended_at) END AS granted,
+        d.current,
         CASE WHEN d.verdict = 'held' THEN d.waiters END AS waiters,
         coalesce(n.keeps, false) AS keeps,
-        (d.verdict <> 'insert' OR n.key IS NOT NULL) AND (r.last_try OR d.verdict <> 'held')
+        (d.verdict <> 'insert' OR n.key IS NOT NULL) AND (d.last_try OR d.verdict <> 'held')
             AS settled,
         now() AS clock
-    FROM decision d JOIN req r ON r.i = d.i LEFT JOIN new_lease n ON n.i = d.i
-    LEFT JOIN cur c ON c.i = d.i),
+    FROM decision d LEFT JOIN new_lease n ON n.i = d.i),
 -- A waiter leaves the queue with its final answer, in the statement that gives it (a trigger on
 -- lease_waiters wakes the waiters behind it). Deletes nothing for a request that
 -- does not wait.
