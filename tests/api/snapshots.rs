@@ -8,7 +8,7 @@ use reqwest::{Body, Method, StatusCode};
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 
-use crate::harness::{TestApp, problem, rules, token};
+use crate::harness::{Instance, TestApp, problem, rules, token};
 
 fn random_bytes(n: usize) -> Vec<u8> {
     let mut v = vec![0u8; n];
@@ -472,6 +472,54 @@ async fn old_versions_are_retained_newest_first_and_pruned_past_the_limit() {
         .await
         .unwrap();
     assert_eq!(rows, 3, "pruned rows are deleted, not only hidden");
+    app.stop().await;
+}
+
+/// The rows of `k`'s versions, oldest first.
+async fn stored_versions(app: &TestApp) -> Vec<i64> {
+    sqlx::query_scalar("SELECT version FROM snapshot_versions WHERE key = 'k' ORDER BY version")
+        .fetch_all(app.db())
+        .await
+        .unwrap()
+}
+
+/// Writes versions `versions` of `k` with `token` through `instance`.
+async fn write_through(
+    app: &TestApp,
+    instance: &Instance,
+    token: i64,
+    versions: std::ops::RangeInclusive<i64>,
+) {
+    for v in versions {
+        let r = app
+            .request_to(instance, Method::PUT, "/v1/snapshots/k")
+            .header("Fencing-Token", token.to_string())
+            .body(format!("body {v}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16() / 100, 2, "write {v}");
+    }
+}
+
+#[tokio::test]
+async fn instances_keeping_fewer_and_more_versions_each_prune_what_falls_out_of_their_window() {
+    let mut r = rules();
+    r.keep_versions = 5;
+    let app = TestApp::spawn_with(r).await;
+    let mut fewer = rules();
+    fewer.keep_versions = 2;
+    let fewer = Instance::start(app.options.clone(), fewer).await;
+    let t = token(&app.acquire("k", "a", 30000).await);
+    write_through(&app, &app.instance, t, 1..=10).await;
+    assert_eq!(stored_versions(&app).await, [6, 7, 8, 9, 10]);
+    write_through(&app, &fewer, t, 11..=11).await;
+    assert_eq!(stored_versions(&app).await, [10, 11]);
+    write_through(&app, &app.instance, t, 12..=14).await;
+    assert_eq!(stored_versions(&app).await, [10, 11, 12, 13, 14]);
+    write_through(&app, &app.instance, t, 15..=15).await;
+    assert_eq!(stored_versions(&app).await, [11, 12, 13, 14, 15]);
+    fewer.stop().await;
     app.stop().await;
 }
 

@@ -79,11 +79,12 @@ gate AS (
 -- statement did. A key with no row has nothing to lock: it never had a lease, so every token is
 -- unknown for it. Race-free under READ COMMITTED with any number of instances.
 cur AS (
-    SELECT r.i, l.key, l.token, l.owner, l.end_reason, l.snapshot_version, l.snapshot_etag
+    SELECT r.i, l.key, l.token, l.owner, l.end_reason, l.snapshot_version, l.snapshot_etag,
+        l.versions_pruned_through
     FROM req r JOIN gate g ON g.i = r.i AND g.verdict = 'run' JOIN leases l ON l.key = r.key
     ORDER BY l.key FOR NO KEY UPDATE OF l),
 verdict AS (
-    SELECT r.i, CASE
+    SELECT r.i, r.key, CASE
         WHEN g.verdict <> 'run' THEN g.verdict
         WHEN c.key IS NULL OR r.token > c.token THEN 'unknown_token'
         WHEN r.token < c.token OR c.end_reason IS NOT NULL THEN 'stale_token'
@@ -93,7 +94,8 @@ verdict AS (
         ELSE 'accepted'
     END AS outcome,
     c.token AS highest_token, c.owner AS holder,
-    c.snapshot_etag IS NULL AS created, c.snapshot_version
+    c.snapshot_etag IS NULL AS created, c.snapshot_version,
+    c.versions_pruned_through AS pruned_through
     FROM req r JOIN gate g ON g.i = r.i LEFT JOIN cur c ON c.i = r.i),
 refused AS (
     INSERT INTO rejections (key, reason, presented_token, highest_token, holder,
@@ -115,9 +117,9 @@ refusals_noted AS (
 -- beyond fenced.sql's.
 head AS (
     UPDATE leases SET snapshot_etag = NULL
-    FROM verdict v JOIN req r ON r.i = v.i
-    WHERE leases.key = r.key AND v.outcome = 'accepted'
-    RETURNING r.i, leases.key, leases.token),
+    FROM verdict v
+    WHERE leases.key = v.key AND v.outcome = 'accepted'
+    RETURNING v.i, leases.key, leases.token),
 -- The watch's change, when there was a snapshot to delete (migrations/20261205000000_change_log.sql).
 deleted_noted AS (
     INSERT INTO change_log (kind, key, token, at, version, etag)
@@ -126,7 +128,7 @@ deleted_noted AS (
 result AS (
     SELECT v.i, v.outcome, v.highest_token, v.created, f.id AS audit_id,
         NULL::bigint AS version, NULL::timestamptz AS updated_at, true AS settled
-    FROM verdict v JOIN req r ON r.i = v.i LEFT JOIN refused f ON f.key = r.key),
+    FROM verdict v LEFT JOIN refused f ON f.key = v.key),
 -- The last part of every changing statement (gate.sql begins it), after the statement's own
 -- `result`: one row per request (`i`) that is its answer, with a column `settled` that is false
 -- only when the request will be sent again (acquire's lost race for a new key).

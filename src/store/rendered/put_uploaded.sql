@@ -79,11 +79,12 @@ gate AS (
 -- statement did. A key with no row has nothing to lock: it never had a lease, so every token is
 -- unknown for it. Race-free under READ COMMITTED with any number of instances.
 cur AS (
-    SELECT r.i, l.key, l.token, l.owner, l.end_reason, l.snapshot_version, l.snapshot_etag
+    SELECT r.i, l.key, l.token, l.owner, l.end_reason, l.snapshot_version, l.snapshot_etag,
+        l.versions_pruned_through
     FROM req r JOIN gate g ON g.i = r.i AND g.verdict = 'run' JOIN leases l ON l.key = r.key
     ORDER BY l.key FOR NO KEY UPDATE OF l),
 verdict AS (
-    SELECT r.i, CASE
+    SELECT r.i, r.key, CASE
         WHEN g.verdict <> 'run' THEN g.verdict
         WHEN c.key IS NULL OR r.token > c.token THEN 'unknown_token'
         WHEN r.token < c.token OR c.end_reason IS NOT NULL THEN 'stale_token'
@@ -93,7 +94,8 @@ verdict AS (
         ELSE 'accepted'
     END AS outcome,
     c.token AS highest_token, c.owner AS holder,
-    c.snapshot_etag IS NULL AS created, c.snapshot_version
+    c.snapshot_etag IS NULL AS created, c.snapshot_version,
+    c.versions_pruned_through AS pruned_through
     FROM req r JOIN gate g ON g.i = r.i LEFT JOIN cur c ON c.i = r.i),
 refused AS (
     INSERT INTO rejections (key, reason, presented_token, highest_token, holder,
@@ -116,33 +118,40 @@ refusals_noted AS (
 -- of one) the connection's upload table's; `r.keep` is the versions each key keeps.
 --
 -- `head` bumps each accepted key's version counter and sets its ETag on the row `cur` locked, so
--- versions are gapless however many writers race; `stored` inserts the bodies under those
--- versions; `pruned` drops, in one DELETE for the batch, the versions that fall out of the
--- retention window.
+-- versions are gapless however many writers race, and returns what the rest writes, so that no
+-- part after it joins `req` again (each join built a hash table per batch, bench/README.md,
+-- fifth pass); `stored` inserts the bodies under those versions; `pruned` drops, in one DELETE
+-- for the batch, the versions that fall out of the retention window: those above the key's
+-- `versions_pruned_through` (as `cur` locked it), which then moves up to the window's start, so
+-- that the DELETE walks none of the index entries its earlier runs left for the vacuum
+-- (migrations/20261208000000_versions_pruned_through.sql). Pruned as far as its own `keep`: an
+-- instance that keeps more versions than another finds them gone, as before.
 head AS (
-    UPDATE leases SET snapshot_version = leases.snapshot_version + 1, snapshot_etag = r.etag
+    UPDATE leases SET snapshot_version = leases.snapshot_version + 1, snapshot_etag = r.etag,
+        versions_pruned_through = greatest(leases.versions_pruned_through,
+            leases.snapshot_version + 1 - r.keep)
     FROM verdict v JOIN req r ON r.i = v.i
     WHERE leases.key = r.key AND v.outcome = 'accepted'
-    RETURNING r.i, leases.key, leases.snapshot_version AS version),
+    RETURNING leases.key, leases.snapshot_version AS version, v.pruned_through, r.token, r.etag,
+        r.size, r.content_type, r.keep, (SELECT body FROM pg_temp.snapfence_upload) AS body),
 stored AS (
     INSERT INTO snapshot_versions (key, version, token, etag, size, content_type, updated_at, body)
-    SELECT r.key, h.version, r.token, r.etag, r.size, r.content_type, now(), (SELECT body FROM pg_temp.snapfence_upload)
-    FROM head h JOIN req r ON r.i = h.i
+    SELECT h.key, h.version, h.token, h.etag, h.size, h.content_type, now(), h.body
+    FROM head h
     RETURNING key, version, updated_at),
 -- The watch's change of each write, drawn after the row lock (migrations/20261205000000_change_log.sql).
 written_noted AS (
     INSERT INTO change_log (kind, key, token, at, version, etag)
-    SELECT 'snapshot.written', h.key, r.token, now(), h.version, r.etag
-    FROM head h JOIN req r ON r.i = h.i ORDER BY h.key),
+    SELECT 'snapshot.written', h.key, h.token, now(), h.version, h.etag
+    FROM head h ORDER BY h.key),
 pruned AS (
     DELETE FROM snapshot_versions sv
-    USING head h JOIN req r ON r.i = h.i
-    WHERE sv.key = h.key AND sv.version <= h.version - r.keep),
+    USING head h
+    WHERE sv.key = h.key AND sv.version > h.pruned_through AND sv.version <= h.version - h.keep),
 result AS (
     SELECT v.i, v.outcome, v.highest_token, v.created, f.id AS audit_id,
         s.version, s.updated_at, true AS settled
-    FROM verdict v JOIN req r ON r.i = v.i LEFT JOIN refused f ON f.key = r.key
-    LEFT JOIN stored s ON s.key = r.key),
+    FROM verdict v LEFT JOIN refused f ON f.key = v.key LEFT JOIN stored s ON s.key = v.key),
 -- The last part of every changing statement (gate.sql begins it), after the statement's own
 -- `result`: one row per request (`i`) that is its answer, with a column `settled` that is false
 -- only when the request will be sent again (acquire's lost race for a new key).

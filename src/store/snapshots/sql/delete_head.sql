@@ -4,9 +4,9 @@
 -- beyond fenced.sql's.
 head AS (
     UPDATE leases SET snapshot_etag = NULL
-    FROM verdict v JOIN req r ON r.i = v.i
-    WHERE leases.key = r.key AND v.outcome = 'accepted'
-    RETURNING r.i, leases.key, leases.token),
+    FROM verdict v
+    WHERE leases.key = v.key AND v.outcome = 'accepted'
+    RETURNING v.i, leases.key, leases.token),
 -- The watch's change, when there was a snapshot to delete (migrations/20261205000000_change_log.sql).
 deleted_noted AS (
     INSERT INTO change_log (kind, key, token, at, version, etag)
@@ -15,4 +15,4 @@ deleted_noted AS (
 result AS (
     SELECT v.i, v.outcome, v.highest_token, v.created, f.id AS audit_id,
         NULL::bigint AS version, NULL::timestamptz AS updated_at, true AS settled
-    FROM verdict v JOIN req r ON r.i = v.i LEFT JOIN refused f ON f.key = r.key),
+    FROM verdict v LEFT JOIN refused f ON f.key = v.key),

@@ -17,11 +17,12 @@
 -- statement did. A key with no row has nothing to lock: it never had a lease, so every token is
 -- unknown for it. Race-free under READ COMMITTED with any number of instances.
 cur AS (
-    SELECT r.i, l.key, l.token, l.owner, l.end_reason, l.snapshot_version, l.snapshot_etag
+    SELECT r.i, l.key, l.token, l.owner, l.end_reason, l.snapshot_version, l.snapshot_etag,
+        l.versions_pruned_through
     FROM req r JOIN gate g ON g.i = r.i AND g.verdict = 'run' JOIN leases l ON l.key = r.key
     ORDER BY l.key FOR NO KEY UPDATE OF l),
 verdict AS (
-    SELECT r.i, CASE
+    SELECT r.i, r.key, CASE
         WHEN g.verdict <> 'run' THEN g.verdict
         WHEN c.key IS NULL OR r.token > c.token THEN 'unknown_token'
         WHEN {{stale_below}} c.end_reason IS NOT NULL THEN 'stale_token'
@@ -31,7 +32,8 @@ verdict AS (
         ELSE 'accepted'
     END AS outcome,
     c.token AS highest_token, c.owner AS holder,
-    c.snapshot_etag IS NULL AS created, c.snapshot_version
+    c.snapshot_etag IS NULL AS created, c.snapshot_version,
+    c.versions_pruned_through AS pruned_through
     FROM req r JOIN gate g ON g.i = r.i LEFT JOIN cur c ON c.i = r.i),
 refused AS (
     INSERT INTO rejections (key, reason, presented_token, highest_token, holder,

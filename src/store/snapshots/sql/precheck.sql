@@ -8,4 +8,4 @@ result AS (
     SELECT v.i, v.outcome, v.highest_token, v.created, f.id AS audit_id,
         NULL::bigint AS version, NULL::timestamptz AS updated_at,
         v.outcome IN ('stale_token', 'unknown_token') AS settled
-    FROM verdict v JOIN req r ON r.i = v.i LEFT JOIN refused f ON f.key = r.key),
+    FROM verdict v LEFT JOIN refused f ON f.key = v.key),
