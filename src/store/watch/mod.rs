@@ -11,7 +11,8 @@
 //!   `snapfence_changes` at each epoch.
 //! - Every instance reads each new epoch once, on that notification (or every second, should
 //!   one be missed while its listening connection was down), and hands its changes to its
-//!   watchers (`fan_out`). A watcher first catches up from the tables (through the epochs the
+//!   watchers (`fan_out`); the relay's own instance reads none: its turn returns the epoch's
+//!   changes, which it hands on as they are. A watcher first catches up from the tables (through the epochs the
 //!   instance's watchers share, `history.rs`), then follows the live changes, and catches up
 //!   again if it fell behind: it sees every change after its starting id once, in id order
 //!   ([`Watch`]).
