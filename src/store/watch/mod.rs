@@ -12,10 +12,10 @@
 //! - Every instance reads each new epoch once, on that notification (or every second, should
 //!   one be missed while its listening connection was down), and hands its changes to its
 //!   watchers (`fan_out`); the relay's own instance reads none: its turn returns the epoch's
-//!   changes, which it hands on as they are. A watcher first catches up from the tables (through the epochs the
-//!   instance's watchers share, `history.rs`), then follows the live changes, and catches up
-//!   again if it fell behind: it sees every change after its starting id once, in id order
-//!   ([`Watch`]).
+//!   changes, which it hands on as they are. A watcher first catches up from the tables
+//!   (through the epochs the instance's watchers share, `history.rs`), then follows the live
+//!   changes, and catches up again if it fell behind: it sees every change after its starting
+//!   id once, in id order ([`Watch`]).
 
 mod history;
 mod relay;
@@ -36,7 +36,8 @@ use history::{Epoch, History};
 
 /// The channel the relay notifies at each epoch.
 const CHANNEL: &str = "snapfence_changes";
-/// How often each instance reads new changes although no notification came.
+/// The longest an instance goes without reading new changes from the database, whatever it was
+/// told or handed (a notification is lost while its listening connection is down).
 const READ_EVERY: Duration = Duration::from_secs(1);
 /// The pause before listening again after the listening connection failed.
 const RELISTEN_AFTER: Duration = Duration::from_millis(250);
