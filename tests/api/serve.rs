@@ -2,7 +2,6 @@
 //! across restarts, graceful shutdown, and a database that goes away and comes back.
 
 use std::ffi::OsStr;
-use std::net::TcpListener as StdListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -14,15 +13,7 @@ use reqwest::{Body, StatusCode};
 use serde_json::{Value, json};
 use snapfence::embedded::{EmbeddedPostgres, Settings};
 
-use crate::harness::{Instance, problem, rules, token};
-
-fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use crate::harness::{Instance, free_port, problem, rules, token};
 
 pub(crate) fn short_tempdir() -> tempfile::TempDir {
     tempfile::Builder::new()

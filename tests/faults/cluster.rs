@@ -1,7 +1,7 @@
 //! The real parts a scenario runs: PostgreSQL clusters (a primary, a streaming standby) started
 //! from the local binaries in throwaway directories, and `snapfence serve` processes.
 
-use std::net::{SocketAddr, TcpListener as StdListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -22,13 +22,7 @@ pub const DB_TIMEOUT: &str = "1s";
 /// one; no scenario writes this many times to one key.
 pub const KEEP_VERSIONS: i64 = 10_000;
 
-/// A free loopback port, for a server that binds it itself a moment later.
-pub fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
-}
+pub use snapfence_testkit::harness::free_port;
 
 /// A scenario's scratch directory (short: it holds Unix sockets), removed when dropped.
 pub fn scratch() -> tempfile::TempDir {

@@ -201,6 +201,31 @@ pub async fn migrated_database() -> TestDatabase {
     create_database(Some(template)).await
 }
 
+/// A free loopback port, for a server the test starts to bind it a moment later (PostgreSQL,
+/// etcd, HAProxy, `snapfence serve`). Taken below the kernel's ephemeral range: a port from
+/// `bind(127.0.0.1:0)` is in that range, and an outgoing connection's source port could take it
+/// before the server binds it (HAProxy once failed so). Each call of a process tries the next
+/// port after the last it gave, from a start that differs between processes.
+pub fn free_port() -> u16 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    // The ephemeral range starts at 32768 unless the machine says otherwise.
+    let top = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    let bottom = 10_000;
+    let span = top.saturating_sub(bottom).max(1);
+    let start = std::process::id().wrapping_mul(7_919) % span;
+    for _ in 0..span {
+        let port = bottom + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let port = u16::try_from(port).expect("below the ephemeral range");
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port below {top}: free some, or narrow the ephemeral range");
+}
+
 /// A `postgres://` URL for options, for the binary's `--database-url` (a password, if the
 /// cluster needs one, comes from `PGPASSWORD` in the inherited environment).
 pub fn url_of(options: &PgConnectOptions) -> String {
