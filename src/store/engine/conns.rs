@@ -129,8 +129,13 @@ impl Conns {
     pub(crate) fn new(pool: PgPool) -> Self {
         let timeout = pool.options().get_acquire_timeout();
         let options = (*pool.connect_options()).clone().options(HOT_SETTINGS);
+        // LIFO: the connection used last goes out first, so a light load keeps to the few
+        // backends whose caches are warm. FIFO rotated one client's requests through every
+        // connection a burst had opened, and each statement then ran ~1.5 x slower
+        // (bench/README.md, sixth pass).
         let hot = managed::Pool::builder(Connector(options))
             .max_size(pool.options().get_max_connections() as usize)
+            .queue_mode(managed::QueueMode::Lifo)
             .timeouts(Timeouts {
                 wait: Some(timeout),
                 create: Some(timeout),
