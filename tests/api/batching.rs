@@ -291,3 +291,41 @@ async fn grants_that_arrive_together_commit_in_one_transaction_each_with_its_own
     );
     app.stop().await;
 }
+
+/// After a burst has opened several hot connections, one client's requests keep to the one used
+/// last (the hot pool hands connections out LIFO), so they run on a backend whose caches are
+/// warm; going round every connection made each statement ~1.5 x slower (bench/README.md, the
+/// sixth pass).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lone_client_after_a_burst_keeps_to_the_hot_connection_used_last() {
+    let app = TestApp::spawn().await;
+    app.acquire("lone", "a", 60000).await;
+    // Every slot of a kind in flight at once: IN_FLIGHT hot connections open, then all idle.
+    Blocked::take(&app, Kind::Writes).await.release().await;
+    let since: String = sqlx::query_scalar("SELECT clock_timestamp()::text")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    for _ in 0..IN_FLIGHT * 3 {
+        let status = app
+            .request(Method::GET, "/v1/leases/lone")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(status.status(), StatusCode::OK);
+    }
+    let backends: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND query_start > $1::timestamptz
+             AND query LIKE '%A key''s newest lease with its recovery reason%'",
+    )
+    .bind(&since)
+    .fetch_one(app.db())
+    .await
+    .unwrap();
+    assert_eq!(
+        backends, 1,
+        "one client's reads went to {backends} backends"
+    );
+    app.stop().await;
+}
