@@ -307,12 +307,7 @@ async fn a_lone_client_after_a_burst_keeps_to_the_hot_connection_used_last() {
         .await
         .unwrap();
     for _ in 0..IN_FLIGHT * 3 {
-        let status = app
-            .request(Method::GET, "/v1/leases/lone")
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(status.status(), StatusCode::OK);
+        assert_eq!(app.get("/v1/leases/lone").await.status(), StatusCode::OK);
     }
     let backends: i64 = sqlx::query_scalar(
         "SELECT count(DISTINCT pid) FROM pg_stat_activity
