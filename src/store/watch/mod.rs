@@ -45,6 +45,14 @@ const RELISTEN_AFTER: Duration = Duration::from_millis(250);
 /// up from the table instead.
 const LIVE_BUFFER: usize = 4096;
 
+/// The relay's statements over a set of leases, by name: for the test that their generic plans,
+/// made while the tables are empty, read those leases by key alone. They run on ordinary
+/// connections, which keep a generic plan once it looks no costlier than planning each call.
+#[doc(hidden)]
+pub fn relay_statements() -> [(&'static str, &'static str); 2] {
+    [("expire", relay::EXPIRE), ("pending", relay::PENDING)]
+}
+
 /// The history of changes and this instance's watchers. Cheap to clone; its tasks stop when
 /// the last clone is dropped.
 #[derive(Debug, Clone)]

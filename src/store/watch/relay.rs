@@ -21,6 +21,11 @@ use super::history::{Epoch, Read, ReadRow};
 use crate::domain::ChangeKind;
 use crate::store::{Bounded, Result};
 
+/// The report of due expiries.
+pub(super) const EXPIRE: &str = include_str!("sql/expire.sql");
+/// The leases of a report that are still to expire.
+pub(super) const PENDING: &str = include_str!("sql/pending.sql");
+
 /// How often the relay looks for new changes and due expiries while there were none at its
 /// last turn: the delay a watcher sees of the first change after a quiet spell, well inside
 /// the contract's second for expiries.
@@ -292,7 +297,7 @@ async fn report_expiries(pool: &PgPool, relay: &mut Relay, clock: DateTime<Utc>)
     if keys.is_empty() {
         return Ok(false);
     }
-    let reported = sqlx::query(include_str!("sql/expire.sql"))
+    let reported = sqlx::query(EXPIRE)
         .bind(&keys)
         .bind(&tokens)
         .execute(pool)
@@ -305,7 +310,7 @@ async fn report_expiries(pool: &PgPool, relay: &mut Relay, clock: DateTime<Utc>)
     if usize::try_from(reported).is_ok_and(|r| r == distinct) {
         return Ok(true);
     }
-    let pending: Vec<PendingExpiry> = sqlx::query_as(include_str!("sql/pending.sql"))
+    let pending: Vec<PendingExpiry> = sqlx::query_as(PENDING)
         .bind(&keys)
         .bind(&tokens)
         .fetch_all(pool)

@@ -20,23 +20,17 @@ WITH due AS (
         WHERE l.key = d.key AND l.token = d.token
             AND l.end_reason IS NULL AND l.expires_at <= clock_timestamp()
         FOR SHARE SKIP LOCKED) AS l),
--- The mark: in place where the snapshot sees the key's row, else upserted (as in acquire.sql's
--- `expired`, and for the same reason: an upsert's lock is a WAL record even when it changes
--- nothing). The change rows come from what was marked, with the lease as `due` read it.
-updated AS (
-    UPDATE expiry_reports r SET token = d.token FROM due d
-    WHERE r.key = d.key AND r.token < d.token
-    RETURNING d.key, d.token, d.owner, d.expires_at),
-inserted AS (
+-- The mark: one upsert, whose every row is a probe of the primary key (a grant's report, in
+-- acquire.sql, is an UPDATE where it finds the row, since most of its marks change nothing; here
+-- each changes the row). Planned as a join on `due` instead, the UPDATE read all of
+-- expiry_reports at each report once its plan was made on a small table (bench/README.md,
+-- seventh pass). The change rows come from what was marked, with the lease as `due` read it.
+marked AS (
     INSERT INTO expiry_reports AS r (key, token)
-    SELECT key, token FROM due d
-    WHERE NOT EXISTS (SELECT FROM expiry_reports x WHERE x.key = d.key)
-    ORDER BY key
+    SELECT key, token FROM due ORDER BY key
     ON CONFLICT (key) DO UPDATE SET token = excluded.token WHERE r.token < excluded.token
     RETURNING r.key)
 INSERT INTO change_log (kind, key, token, at, owner)
-SELECT 'lease.expired', key, token, expires_at, owner
-FROM (SELECT key, token, owner, expires_at FROM updated
-    UNION ALL
-    SELECT d.key, d.token, d.owner, d.expires_at FROM due d JOIN inserted USING (key)) m
-ORDER BY key
+SELECT 'lease.expired', d.key, d.token, d.expires_at, d.owner
+FROM due d JOIN marked USING (key)
+ORDER BY d.key
