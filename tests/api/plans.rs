@@ -99,6 +99,60 @@ async fn the_relays_statements_over_leases_planned_on_empty_tables_read_them_by_
     app.stop().await;
 }
 
+/// The relay turns every few milliseconds under load, on an ordinary connection, which plans a
+/// statement at every call for as long as its generic plan looks dearer than planning: the
+/// turn's did, and planning it took about as long as running it.
+#[tokio::test]
+async fn a_connection_that_relays_plans_the_turn_once_not_at_every_turn() {
+    let app = TestApp::spawn().await;
+    let mut conn = PgConnection::connect_with(&app.options).await.unwrap();
+    // This connection takes the role over, as another instance would once the app's lapsed.
+    sqlx::raw_sql(&format!(
+        "UPDATE change_relay SET holder = 'plans', expires_at = now() + interval '1 hour'; \
+         PREPARE turn(text, boolean, bigint) AS {}",
+        snapfence::store::watch::relay_turn()
+    ))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let epochs = "SELECT count(*) FROM change_epochs";
+    let before: i64 = sqlx::query_scalar(epochs)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    for _ in 0..10 {
+        // A change committed before each turn, so that each makes an epoch, as under load.
+        sqlx::raw_sql(
+            "INSERT INTO change_log (kind, key, token, at) VALUES ('lease.granted', 'k', 1, now())",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        sqlx::raw_sql("EXECUTE turn('plans', true, 3600000)")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    let after: i64 = sqlx::query_scalar(epochs)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(after - before, 10, "each turn made an epoch");
+    let (generic, custom): (i64, i64) = sqlx::query_as(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = 'turn'",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        (generic, custom),
+        (5, 5),
+        "planned once for the connection's later turns"
+    );
+    conn.close().await.unwrap();
+    app.stop().await;
+}
+
 /// Every read of the change feed goes through `epoch_changes()`, whose body a connection plans
 /// on its first call and keeps. Checked on that body as the database has it, with the
 /// function's own settings, planned generically on a table of a few rows.

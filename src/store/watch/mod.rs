@@ -53,6 +53,13 @@ pub fn relay_statements() -> [(&'static str, &'static str); 2] {
     [("expire", relay::EXPIRE), ("pending", relay::PENDING)]
 }
 
+/// The relay's turn ($1 the holder's name, $2 whether it holds the role, $3 the role's length
+/// in milliseconds): for the test that a connection plans it once, not at every turn.
+#[doc(hidden)]
+pub fn relay_turn() -> &'static str {
+    relay::TURN
+}
+
 /// The history of changes and this instance's watchers. Cheap to clone; its tasks stop when
 /// the last clone is dropped.
 #[derive(Debug, Clone)]

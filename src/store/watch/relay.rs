@@ -21,6 +21,8 @@ use super::history::{Epoch, Read, ReadRow};
 use crate::domain::ChangeKind;
 use crate::store::{Bounded, Result};
 
+/// One turn: keep or take the role, number what committed since the last epoch.
+pub(super) const TURN: &str = include_str!("sql/turn.sql");
 /// The report of due expiries.
 pub(super) const EXPIRE: &str = include_str!("sql/expire.sql");
 /// The leases of a report that are still to expire.
@@ -211,7 +213,7 @@ async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<Duration> {
         r.stale = true;
     }
     let turning = Turning::start(i);
-    let rows: Vec<TurnRow> = sqlx::query_as(include_str!("sql/turn.sql"))
+    let rows: Vec<TurnRow> = sqlx::query_as(TURN)
         .bind(&i.name)
         .bind(role.is_some())
         .bind(ROLE_MS)
