@@ -30,39 +30,12 @@ fn scans_not_by_key(plan: &Value, found: &mut Vec<String>) {
     }
 }
 
-/// The scans not by key in the generic plan of `statement` on `conn`, each named after it.
-async fn generic_scans_not_by_key(
-    conn: &mut PgConnection,
-    name: &str,
-    statement: &str,
-) -> Vec<String> {
-    sqlx::raw_sql(&format!("PREPARE planned AS {statement}"))
-        .execute(&mut *conn)
-        .await
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
-    let params: i32 = sqlx::query_scalar(
-        "SELECT cardinality(parameter_types) FROM pg_prepared_statements WHERE name = 'planned'",
-    )
-    .fetch_one(&mut *conn)
-    .await
-    .unwrap();
-    let nulls = vec!["NULL"; usize::try_from(params).unwrap()].join(", ");
-    let (plan,): (Value,) =
-        sqlx::query_as(&format!("EXPLAIN (FORMAT JSON) EXECUTE planned({nulls})"))
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap();
-    let mut scans = Vec::new();
-    scans_not_by_key(&plan[0]["Plan"], &mut scans);
-    sqlx::raw_sql("DEALLOCATE planned")
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-    scans.into_iter().map(|s| format!("{name}: {s}")).collect()
-}
-
-#[tokio::test]
-async fn hot_statements_planned_on_empty_tables_read_rows_by_key_only() {
+/// Plans each of `statements` generically on a new, empty database, on a connection with the
+/// hot connections' settings (a generic plan, as any connection keeps one once it looks no
+/// dearer than planning), and asserts that none reads a table other than by key.
+async fn assert_planned_on_empty_tables_by_key<'a>(
+    statements: impl IntoIterator<Item = (&'a str, &'a str)>,
+) {
     let app = TestApp::spawn().await;
     let options = app.options.clone().options(snapfence::store::HOT_SETTINGS);
     let mut conn = PgConnection::connect_with(&options).await.unwrap();
@@ -71,12 +44,39 @@ async fn hot_statements_planned_on_empty_tables_read_rows_by_key_only() {
         .await
         .unwrap();
     let mut found = Vec::new();
-    for (name, statement) in snapfence::store::hot_statements() {
-        found.extend(generic_scans_not_by_key(&mut conn, name, statement).await);
+    for (name, statement) in statements {
+        sqlx::raw_sql(&format!("PREPARE planned AS {statement}"))
+            .execute(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let params: i32 = sqlx::query_scalar(
+            "SELECT cardinality(parameter_types) FROM pg_prepared_statements WHERE name = 'planned'",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        let nulls = vec!["NULL"; usize::try_from(params).unwrap()].join(", ");
+        let (plan,): (Value,) =
+            sqlx::query_as(&format!("EXPLAIN (FORMAT JSON) EXECUTE planned({nulls})"))
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+        let mut scans = Vec::new();
+        scans_not_by_key(&plan[0]["Plan"], &mut scans);
+        found.extend(scans.into_iter().map(|s| format!("{name}: {s}")));
+        sqlx::raw_sql("DEALLOCATE planned")
+            .execute(&mut conn)
+            .await
+            .unwrap();
     }
     assert!(found.is_empty(), "{found:#?}");
     conn.close().await.unwrap();
     app.stop().await;
+}
+
+#[tokio::test]
+async fn hot_statements_planned_on_empty_tables_read_rows_by_key_only() {
+    assert_planned_on_empty_tables_by_key(snapfence::store::hot_statements()).await;
 }
 
 /// The relay reports a few hundred expiries at a time under load; a plan that read all of
@@ -84,19 +84,7 @@ async fn hot_statements_planned_on_empty_tables_read_rows_by_key_only() {
 /// the table weighs.
 #[tokio::test]
 async fn the_relays_statements_over_leases_planned_on_empty_tables_read_them_by_key_only() {
-    let app = TestApp::spawn().await;
-    let mut conn = PgConnection::connect_with(&app.options).await.unwrap();
-    sqlx::raw_sql("SET plan_cache_mode = force_generic_plan")
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    let mut found = Vec::new();
-    for (name, statement) in snapfence::store::watch::relay_statements() {
-        found.extend(generic_scans_not_by_key(&mut conn, name, statement).await);
-    }
-    assert!(found.is_empty(), "{found:#?}");
-    conn.close().await.unwrap();
-    app.stop().await;
+    assert_planned_on_empty_tables_by_key(snapfence::store::watch::relay_statements()).await;
 }
 
 /// The relay turns every few milliseconds under load, on an ordinary connection, which plans a
