@@ -97,6 +97,7 @@ pub fn hot_statements() -> Vec<(&'static str, &'static str)> {
     let fenced = &*snapshots::FENCED;
     vec![
         ("acquire", leases::ACQUIRE.text()),
+        ("acquire_one", leases::ACQUIRE_ONE.text()),
         ("renew", leases::RENEW.text()),
         ("end", leases::END.text()),
         ("reconciled", leases::RECONCILED.text()),

@@ -4,6 +4,7 @@
 
 use snapfence_testkit::harness;
 
+mod acquire_forms;
 mod audit;
 mod auth;
 mod batching;

@@ -143,13 +143,7 @@ pub(crate) fn changing<J: Change>(
     parts: &[&'static str],
     fills: &[(&'static str, &'static str)],
 ) -> Batched<J> {
-    let gate = [
-        column!(J, "idem": "text" = |j| j.ctx().idempotency.as_ref().map(|i| i.key.as_str())),
-        column!(J, "fp": "bytea" = |j| j.ctx().idempotency.as_ref().map(|i| &i.fingerprint[..])),
-        column!(J, "principal": "text" = |j| j.ctx().principal.as_deref()),
-        column!(J, "key_id": "bigint" = |j| j.ctx().key_id),
-    ];
-    let mut b = Batched::builder(gate.into_iter().chain(columns));
+    let mut b = Batched::builder(gate_columns().into_iter().chain(columns));
     for (name, sql) in derived {
         b = b.derive(name, sql);
     }
@@ -162,6 +156,17 @@ pub(crate) fn changing<J: Change>(
         b = b.fill(name, sql);
     }
     b.build()
+}
+
+/// The gate's columns of a changing request (`sql/gate.sql` reads them): its Idempotency-Key
+/// (`idem`) and fingerprint (`fp`), its principal and the id of its API key.
+pub(crate) fn gate_columns<J: Change>() -> [Column<J>; 4] {
+    [
+        column!(J, "idem": "text" = |j| j.ctx().idempotency.as_ref().map(|i| i.key.as_str())),
+        column!(J, "fp": "bytea" = |j| j.ctx().idempotency.as_ref().map(|i| &i.fingerprint[..])),
+        column!(J, "principal": "text" = |j| j.ctx().principal.as_deref()),
+        column!(J, "key_id": "bigint" = |j| j.ctx().key_id),
+    ]
 }
 
 /// A change in a batch claims its key, whose row its statement locks, and its Idempotency-Key

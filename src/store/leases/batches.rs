@@ -19,26 +19,43 @@ use crate::store::idempotency::{self, Change, GatedRow};
 /// statement, with its row in the key's queue and whether it is its last try.
 pub(crate) static ACQUIRE: LazyLock<Batched<AcquireJob>> = LazyLock::new(|| {
     idempotency::changing(
-        [
-            column!(AcquireJob, "key": "text" = |j| j.req.key.as_str()),
-            column!(AcquireJob, "owner": "text" = |j| j.req.owner.as_str()),
-            column!(AcquireJob, "ttl_ms": "bigint" = |j| j.req.ttl.get()),
-            column!(AcquireJob, "metadata": "text" = |j| {
-                j.req.metadata.as_ref().map(|m| m.as_json().to_string())
-            }),
-            column!(AcquireJob, "crash_recovery": "boolean" = |j| j.req.crash_recovery),
-            column!(AcquireJob, "reconciled": "boolean" = |j| j.req.reconciled),
-            column!(AcquireJob, "request_id": "text" = |j| j.ctx.request_id.as_deref()),
-            column!(AcquireJob, "remote_addr": "text" = |j| j.ctx.remote_addr.as_deref()),
-            column!(AcquireJob, "reconciling": "boolean" = |j| j.req.reconciling),
-            column!(AcquireJob, "waiter": "bigint" = |j| j.waiter),
-            column!(AcquireJob, "last_try": "boolean" = |j| j.last_try),
-        ],
+        acquire_columns(),
         &[],
         &[include_str!("sql/acquire.sql")],
         &[],
     )
 });
+
+/// The acquire of a request alone in its batch: the same requests' columns, and the same rules
+/// as [`ACQUIRE`] run as a function that takes only the request's branch (`sql/acquire_one.sql`).
+pub(crate) static ACQUIRE_ONE: LazyLock<Batched<AcquireJob>> = LazyLock::new(|| {
+    Batched::builder(
+        idempotency::gate_columns()
+            .into_iter()
+            .chain(acquire_columns()),
+    )
+    .part(include_str!("sql/acquire_one.sql"))
+    .build()
+});
+
+/// An acquire's columns, after the gate's.
+fn acquire_columns() -> [Column<AcquireJob>; 11] {
+    [
+        column!(AcquireJob, "key": "text" = |j| j.req.key.as_str()),
+        column!(AcquireJob, "owner": "text" = |j| j.req.owner.as_str()),
+        column!(AcquireJob, "ttl_ms": "bigint" = |j| j.req.ttl.get()),
+        column!(AcquireJob, "metadata": "text" = |j| {
+            j.req.metadata.as_ref().map(|m| m.as_json().to_string())
+        }),
+        column!(AcquireJob, "crash_recovery": "boolean" = |j| j.req.crash_recovery),
+        column!(AcquireJob, "reconciled": "boolean" = |j| j.req.reconciled),
+        column!(AcquireJob, "request_id": "text" = |j| j.ctx.request_id.as_deref()),
+        column!(AcquireJob, "remote_addr": "text" = |j| j.ctx.remote_addr.as_deref()),
+        column!(AcquireJob, "reconciling": "boolean" = |j| j.req.reconciling),
+        column!(AcquireJob, "waiter": "bigint" = |j| j.waiter),
+        column!(AcquireJob, "last_try": "boolean" = |j| j.last_try),
+    ]
+}
 
 /// The dispatchers of the lease calls' batches ([`super::engine::batch`]); each ends when this
 /// is dropped.
@@ -119,7 +136,11 @@ impl Kind for AcquireBatch {
     const EFFECT: Effect = Effect::Changes;
 
     fn query<'q>(jobs: &[&'q AcquireJob]) -> QueryAs<'q, Indexed<Self::Row>> {
-        ACQUIRE.query(jobs)
+        if jobs.len() == 1 {
+            ACQUIRE_ONE.query(jobs)
+        } else {
+            ACQUIRE.query(jobs)
+        }
     }
 }
 

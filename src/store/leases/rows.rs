@@ -114,7 +114,7 @@ impl StatusRow {
     }
 }
 
-/// What an acquire did (`result` in `sql/acquire.sql`).
+/// What an acquire did (`result` in `sql/acquire.sql`, `answer` of `lease_acquire_one()`).
 #[derive(Debug, Deserialize)]
 pub(crate) struct AcquireAnswer {
     pub(super) verdict: String,

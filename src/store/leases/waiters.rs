@@ -4,8 +4,9 @@
 //! until it is woken; then it tries again with the acquire statement, as a waiter.
 //!
 //! Order: the acquire statement grants a free key only to its first live waiter
-//! (`sql/acquire.sql`, `decision`), so the queue's order is the grant order, whichever instance
-//! each waiter is on, and an acquire that does not wait cannot pass the queue.
+//! (`sql/acquire.sql`, `decision`; a lone request's `lease_acquire_one()` alike), so the queue's
+//! order is the grant order, whichever instance each waiter is on, and an acquire that does not
+//! wait cannot pass the queue.
 //!
 //! Wake-ups come from the database, never from a polling loop: a release or an abandon notifies
 //! the key on `snapfence_waiters` at commit, and so does a waiter that leaves the queue, with the
