@@ -4,7 +4,6 @@
 
 use snapfence_testkit::harness;
 
-mod acquire_forms;
 mod audit;
 mod auth;
 mod batching;
@@ -15,6 +14,7 @@ mod idempotency;
 mod inputs;
 mod leases;
 mod limits;
+mod lone_forms;
 mod metrics;
 mod openapi;
 mod plans;

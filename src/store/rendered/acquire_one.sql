@@ -15,7 +15,7 @@ WITH req AS (
 -- Acquire of a request alone in its batch (one client's, or the only one that arrived while the
 -- batch before it ran): lease_acquire_one() holds the same rules as acquire.sql, run as a
 -- function that takes only its request's branch, which costs a lone request about a quarter
--- less (migrations/20261209000000_lease_acquire_one.sql says why and what holds the two forms
+-- less (migrations/20261209000000_lone_requests.sql says why and what holds the two forms
 -- together). It settles the race for a new key itself, so its answer is always settled but for
 -- a waiter's `held` that is not its last try.
 acquired AS (

@@ -1,23 +1,55 @@
--- Acquire of a request that has its batch to itself (src/store/leases/sql/acquire_one.sql calls
--- it; batches of several requests run src/store/leases/sql/acquire.sql). The rules are the
--- batch statement's, step for step (the gate of the Idempotency-Key, the decision on the key's
--- locked row, the grant, the recovery record, the watch's changes, the record of the answer),
--- and a test holds the two to the same answers and effects (tests/api/acquire_forms.rs). Why a
--- second form: the batch statement starts ~90 plan nodes whatever its requests need, which is
--- most of what a lone request paid (one client: 0.84 ms a grant, 0.64 ms with this function);
--- a function runs only the branch its request takes. Over a batch of 16 the statement is
--- cheaper (per request: 0.06 ms of PostgreSQL's time against 0.11), so it stays for batches.
+-- The hot calls of a request that has its batch to itself, as functions: an acquire
+-- (lease_acquire_one(), called by src/store/leases/sql/acquire_one.sql) and a fenced write with
+-- its body bound (snapshot_put_one(), src/store/snapshots/sql/put_one.sql). Batches of several
+-- requests run the batch statements (acquire.sql, put.sql). The rules are the batch statements',
+-- step for step, and tests hold each pair to the same answers and changes
+-- (tests/api/lone_forms.rs). Why a second form: a batch statement starts ~90 plan nodes whatever
+-- its requests need, which is most of what a lone request paid (one client: 0.84 ms a grant,
+-- 0.64 ms with the function); a function runs only the branch its request takes. Over a batch
+-- of 16 the statement is cheaper (per request: 0.06 ms of PostgreSQL's time against 0.11), so it
+-- stays for batches.
 --
--- Race-freedom, under READ COMMITTED: each statement here takes a new snapshot, after the locks
--- taken before it. The Idempotency-Key's advisory lock is taken before its record is looked up,
--- so a request that holds it sees the record of any earlier holder (which committed as it let
--- go), and two requests with one key never both run. On an existing key the row lock (FOR NO
--- KEY UPDATE) orders every acquire, renew, release and write of the key, so the decision reads
--- the state the last of them left. On a new key there is no row to lock: concurrent first
--- acquires all try the INSERT, the primary key lets one win, and a loser's ON CONFLICT DO
--- NOTHING waits for the winner's commit, after which the loop finds and locks the winner's row.
--- Tokens are drawn only once the row is locked (or being inserted), so per key they increase in
--- grant order, and only after secure_token_timeline(), so a promoted standby never repeats one.
+-- Race-freedom, under READ COMMITTED: each statement in a function takes a new snapshot, after
+-- the locks taken before it. The Idempotency-Key's advisory lock is taken before its record is
+-- looked up (change_gate()), so a request that holds it sees the record of any earlier holder
+-- (which committed as it let go), and two requests with one key never both run. On an existing
+-- key the row lock (FOR NO KEY UPDATE) orders every acquire, renew, release and write of the
+-- key, so a decision reads the state the last of them left.
+
+-- The gate of a changing request (src/store/idempotency/sql/gate.sql, as a function): `revoked`
+-- when its API key was revoked, `replay` with the record's fingerprint and answer when its
+-- Idempotency-Key has one, `in_progress` when another statement holds the key, else `run`.
+-- A refused gate's answer is not read: it says the verdict alone.
+CREATE FUNCTION change_gate(p_idem text, p_principal text, p_key_id bigint,
+    OUT gate text, OUT prior_fingerprint bytea, OUT answer json)
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF p_key_id IS NOT NULL
+        AND NOT EXISTS (SELECT FROM api_keys WHERE id = p_key_id AND revoked_at IS NULL) THEN
+        gate := 'revoked';
+    ELSIF p_idem IS NULL THEN
+        gate := 'run';
+    ELSE
+        gate := CASE WHEN pg_try_advisory_xact_lock(
+            hashtextextended(p_idem, hashtext(coalesce(p_principal, ''))))
+            THEN 'run' ELSE 'in_progress' END;
+        SELECT r.fingerprint, r.answer INTO prior_fingerprint, answer FROM idempotency_records r
+        WHERE r.principal = coalesce(p_principal, '') AND r.key = p_idem;
+        IF FOUND THEN
+            gate := 'replay';
+        END IF;
+    END IF;
+    IF gate IN ('revoked', 'in_progress') THEN
+        answer := json_build_object('verdict', gate, 'settled', true);
+    END IF;
+END
+$$;
+
+-- Acquire. On a new key there is no row to lock: concurrent first acquires all try the INSERT,
+-- the primary key lets one win, and a loser's ON CONFLICT DO NOTHING waits for the winner's
+-- commit, after which the loop finds and locks the winner's row. Tokens are drawn only once the
+-- row is locked (or being inserted), so per key they increase in grant order, and only after
+-- secure_token_timeline(), so a promoted standby never repeats one.
 CREATE FUNCTION lease_acquire_one(
     p_idem text, p_fp bytea, p_principal text, p_key_id bigint, p_key text, p_owner text,
     p_ttl_ms bigint, p_metadata text, p_crash_recovery boolean, p_reconciled boolean,
@@ -44,32 +76,13 @@ DECLARE
     v_rec_ended_at timestamptz;
     v_rec_metadata json;
 BEGIN
-    -- The gate: a revoked API key first, then the Idempotency-Key (run, replay, in progress).
-    IF p_key_id IS NOT NULL
-        AND NOT EXISTS (SELECT FROM api_keys WHERE id = p_key_id AND revoked_at IS NULL) THEN
-        gate := 'revoked';
-        answer := json_build_object('verdict', gate, 'settled', true, 'clock', now());
+    SELECT g.gate, g.prior_fingerprint, g.answer INTO gate, prior_fingerprint, answer
+    FROM change_gate(p_idem, p_principal, p_key_id) g;
+    IF gate <> 'run' THEN
+        -- Answered by the gate, which settles a waiter's wait: it leaves its queue.
         DELETE FROM lease_waiters WHERE id = p_waiter;
         RETURN;
     END IF;
-    IF p_idem IS NOT NULL THEN
-        gate := CASE WHEN pg_try_advisory_xact_lock(
-            hashtextextended(p_idem, hashtext(coalesce(p_principal, ''))))
-            THEN 'run' ELSE 'in_progress' END;
-        SELECT r.fingerprint, r.answer INTO prior_fingerprint, answer FROM idempotency_records r
-        WHERE r.principal = coalesce(p_principal, '') AND r.key = p_idem;
-        IF NOT FOUND AND gate = 'in_progress' THEN
-            answer := json_build_object('verdict', gate, 'settled', true, 'clock', now());
-        ELSIF FOUND THEN
-            gate := 'replay';
-        END IF;
-        IF gate <> 'run' THEN
-            -- Answered by the gate, which settles a waiter's wait: it leaves its queue.
-            DELETE FROM lease_waiters WHERE id = p_waiter;
-            RETURN;
-        END IF;
-    END IF;
-    gate := 'run';
 
     LOOP
         SELECT * INTO l FROM leases WHERE key = p_key FOR NO KEY UPDATE;
@@ -206,6 +219,78 @@ BEGIN
     -- The answer is stored under the request's Idempotency-Key in the same transaction, so the
     -- record commits exactly when the change does.
     IF p_idem IS NOT NULL AND v_settled THEN
+        INSERT INTO idempotency_records (principal, key, fingerprint, answer)
+        VALUES (coalesce(p_principal, ''), p_idem, p_fp, answer);
+    END IF;
+END
+$$;
+
+-- A fenced write of a bound body (src/store/snapshots/sql/fenced.sql and put.sql, as a
+-- function): refused and audited unless its token is the key's newest granted one and that lease
+-- is not ended; else checked against If-Match, then written as the key's next version, with the
+-- versions past the key's `keep` pruned (migrations/20261208000000_versions_pruned_through.sql).
+CREATE FUNCTION snapshot_put_one(
+    p_idem text, p_fp bytea, p_principal text, p_key_id bigint, p_key text, p_token bigint,
+    p_has_if_match boolean, p_tags text[], p_request_id text, p_remote_addr text,
+    p_operation text, p_etag text, p_size bigint, p_content_type text, p_body bytea,
+    p_keep bigint,
+    OUT gate text, OUT prior_fingerprint bytea, OUT answer json)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    l record;
+    v_found boolean;
+    v_outcome text;
+    v_audit_id bigint;
+    v_audit_at timestamptz;
+    v_version bigint;
+    v_updated_at timestamptz;
+BEGIN
+    SELECT g.gate, g.prior_fingerprint, g.answer INTO gate, prior_fingerprint, answer
+    FROM change_gate(p_idem, p_principal, p_key_id) g;
+    IF gate <> 'run' THEN
+        RETURN;
+    END IF;
+    SELECT key, token, owner, end_reason, snapshot_version, snapshot_etag,
+        versions_pruned_through
+    INTO l FROM leases WHERE key = p_key FOR NO KEY UPDATE;
+    v_found := FOUND;
+    v_outcome := CASE
+        WHEN NOT v_found OR p_token > l.token THEN 'unknown_token'
+        WHEN p_token < l.token OR l.end_reason IS NOT NULL THEN 'stale_token'
+        WHEN p_has_if_match AND (l.snapshot_etag IS NULL
+                OR NOT (p_tags IS NULL OR l.snapshot_etag = ANY(p_tags)))
+            THEN 'precondition_failed'
+        ELSE 'accepted'
+    END;
+    IF v_outcome IN ('stale_token', 'unknown_token') THEN
+        INSERT INTO rejections (key, reason, presented_token, highest_token, holder,
+            operation, request_id, remote_addr, principal)
+        VALUES (p_key, v_outcome, p_token, l.token, l.owner, p_operation, p_request_id,
+            p_remote_addr, p_principal)
+        RETURNING id, at INTO v_audit_id, v_audit_at;
+        INSERT INTO change_log (kind, key, token, at, owner, reason, audit_id, operation,
+            highest_token)
+        VALUES ('write.refused', p_key, p_token, v_audit_at, l.owner, v_outcome, v_audit_id,
+            p_operation, l.token);
+    ELSIF v_outcome = 'accepted' THEN
+        v_version := l.snapshot_version + 1;
+        UPDATE leases SET snapshot_version = v_version, snapshot_etag = p_etag,
+            versions_pruned_through = greatest(versions_pruned_through, v_version - p_keep)
+        WHERE key = p_key;
+        INSERT INTO snapshot_versions (key, version, token, etag, size, content_type,
+            updated_at, body)
+        VALUES (p_key, v_version, p_token, p_etag, p_size, p_content_type, now(), p_body)
+        RETURNING updated_at INTO v_updated_at;
+        INSERT INTO change_log (kind, key, token, at, version, etag)
+        VALUES ('snapshot.written', p_key, p_token, now(), v_version, p_etag);
+        DELETE FROM snapshot_versions
+        WHERE key = p_key AND version > l.versions_pruned_through
+            AND version <= v_version - p_keep;
+    END IF;
+    answer := json_build_object('outcome', v_outcome, 'highest_token', l.token,
+        'created', NOT v_found OR l.snapshot_etag IS NULL, 'audit_id', v_audit_id,
+        'version', v_version, 'updated_at', v_updated_at, 'settled', true);
+    IF p_idem IS NOT NULL THEN
         INSERT INTO idempotency_records (principal, key, fingerprint, answer)
         VALUES (coalesce(p_principal, ''), p_idem, p_fp, answer);
     END IF;
