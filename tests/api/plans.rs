@@ -190,3 +190,117 @@ async fn the_change_feed_reads_an_epoch_by_index_whatever_the_statistics() {
     conn.close().await.unwrap();
     app.stop().await;
 }
+
+/// The statements inside the functions a lone acquire or write runs
+/// (`migrations/20261209000000_lone_requests.sql`) are planned by PL/pgSQL, out of EXPLAIN's
+/// reach: `auto_explain` sends each of their plans to the client as a notice, which the
+/// connection passes on as a tracing event, collected here. Planned generically on an empty
+/// database, as a hot connection plans them, through every branch that writes.
+#[tokio::test]
+async fn the_lone_functions_statements_planned_on_empty_tables_read_rows_by_key_only() {
+    let app = TestApp::spawn().await;
+    let options = app.options.clone().options(snapfence::store::HOT_SETTINGS);
+    let mut conn = PgConnection::connect_with(&options).await.unwrap();
+    let events = Events::default();
+    let collector = tracing_subscriber::fmt()
+        .json()
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(events.clone())
+        .finish();
+    let _collecting = tracing::subscriber::set_default(collector);
+    sqlx::raw_sql(
+        "LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0; \
+         SET auto_explain.log_nested_statements = on; SET auto_explain.log_format = json; \
+         SET auto_explain.log_level = notice; \
+         INSERT INTO leases (key, token, owner, ttl_ms, crash_recovery, acquired_at, expires_at, \
+             end_reason, ended_at) \
+         VALUES ('ended', 5, 'o', 1000, false, now() - interval '1 minute', \
+             now() - interval '59 seconds', 'abandoned', now() - interval '59 seconds'), \
+             ('expired', 6, 'o', 1000, false, now() - interval '1 minute', \
+             now() - interval '59 seconds', NULL, NULL); \
+         INSERT INTO api_keys (id, name, scope, secret_sha256) OVERRIDING SYSTEM VALUE \
+             VALUES (4242, 'plans', 'write', sha256('plans')); \
+         SELECT lease_acquire_one('i1', '\\x01', NULL, 4242, 'new', 'me', 1000, NULL, false, \
+             false, 'r', 'a', false, NULL, true); \
+         SELECT lease_acquire_one(NULL, NULL, NULL, NULL, 'ended', 'me', 1000, NULL, false, \
+             true, 'r', 'a', false, NULL, true); \
+         SELECT lease_acquire_one(NULL, NULL, NULL, NULL, 'expired', 'me', 1000, NULL, false, \
+             false, 'r', 'a', false, 1, true); \
+         SELECT snapshot_put_one('i2', '\\x01', NULL, NULL, 'new', \
+             (SELECT token FROM leases WHERE key = 'new'), true, NULL, 'r', 'a', \
+             'put', 'e', 1, 'text/plain', '\\x00', 1); \
+         SELECT snapshot_put_one(NULL, NULL, NULL, NULL, 'new', \
+             (SELECT token FROM leases WHERE key = 'new'), false, NULL, 'r', 'a', 'put', 'f', 1, 'text/plain', '\\x00', 1); \
+         SELECT snapshot_put_one(NULL, NULL, NULL, NULL, 'new', 0, false, NULL, 'r', 'a', \
+             'put', 'g', 1, 'text/plain', '\\x00', 1);",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let logged = events.lines();
+    // The calls took the branches that write: a grant, a reconciliation, an expiry's mark, an
+    // accepted write that prunes, an If-Match refused, a stale token refused.
+    let written: (i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM leases WHERE owner = 'me'), \
+         (SELECT count(*) FROM recoveries), (SELECT count(*) FROM expiry_reports), \
+         (SELECT count(*) FROM snapshot_versions) + (SELECT count(*) FROM rejections)",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(written, (3, 1, 1, 2));
+    let (mut plans, mut found) = (0, Vec::new());
+    for line in logged {
+        let event: Value = serde_json::from_str(&line).unwrap();
+        let message = event["fields"]["message"].as_str().unwrap_or("");
+        let Some(start) = message.find('{') else {
+            continue;
+        };
+        let logged: Value = serde_json::from_str(&message[start..]).unwrap();
+        plans += 1;
+        let mut scans = Vec::new();
+        scans_not_by_key(&logged["Plan"], &mut scans);
+        // The timeline is one row, read whole by design (migrations/20261202000003_token_timeline.sql), as in the batch statements.
+        scans.retain(|s| s != "Seq Scan on token_timeline");
+        let query = logged["Query Text"].as_str().unwrap_or("");
+        found.extend(scans.into_iter().map(|s| format!("{s} in {query}")));
+    }
+    // Each call's statements: the gate, the row, the writes of each branch.
+    assert!(plans > 30, "auto_explain logged {plans} plans");
+    assert!(found.is_empty(), "{found:#?}");
+    conn.close().await.unwrap();
+    app.stop().await;
+}
+
+/// What a tracing subscriber writes, one event a line.
+#[derive(Clone, Default)]
+struct Events(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Events {
+    fn lines(&self) -> Vec<String> {
+        let bytes = self.0.lock().unwrap();
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+impl std::io::Write for Events {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Events {
+    type Writer = Self;
+
+    fn make_writer(&'a self) -> Self {
+        self.clone()
+    }
+}
