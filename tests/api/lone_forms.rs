@@ -50,6 +50,16 @@ const HELD: &str = "INSERT INTO leases (key, token, owner, ttl_ms, crash_recover
     expires_at) VALUES ('{key}', 100, 'prev', 60000, false, now(), now() + interval '1 minute');";
 /// A waiter of `{key}` (id 5000) queued by a live instance (4242, whose lock the test holds).
 const QUEUED: &str = "INSERT INTO lease_waiters (id, key, instance) OVERRIDING SYSTEM VALUE VALUES (5000, '{key}', 4242);";
+/// API key 777, revoked.
+const REVOKED: &str = "INSERT INTO api_keys (id, name, scope, secret_sha256, revoked_at) \
+    OVERRIDING SYSTEM VALUE VALUES (777, 'gone', 'write', sha256('x'), now());";
+/// A record of Idempotency-Key `idem` (no principal) that answered `answer`.
+fn recorded(idem: &str, answer: &str) -> String {
+    format!(
+        "INSERT INTO idempotency_records (principal, key, fingerprint, answer) \
+         VALUES ('', '{idem}', '\\x01', '{answer}');"
+    )
+}
 /// The lease of `{key}` ended by its holder a second ago, as `how`.
 fn ended(how: &str) -> String {
     format!(
@@ -173,9 +183,7 @@ fn cases() -> Vec<(&'static str, String, Request)> {
         ),
         (
             "an Idempotency-Key with a record",
-            "INSERT INTO idempotency_records (principal, key, fingerprint, answer) \
-             VALUES ('', 'idem-seen', '\\x01', '{\"verdict\": \"grant\"}');"
-                .into(),
+            recorded("idem-seen", r#"{"verdict": "grant"}"#),
             Request {
                 idem: Some("idem-seen"),
                 ..PLAIN
@@ -184,8 +192,8 @@ fn cases() -> Vec<(&'static str, String, Request)> {
         (
             "an Idempotency-Key with a record, a waiter's try",
             format!(
-                "{HELD} {QUEUED} INSERT INTO idempotency_records (principal, key, fingerprint, \
-                 answer) VALUES ('', 'idem-waited', '\\x01', '{{\"verdict\": \"grant\"}}');"
+                "{HELD} {QUEUED} {}",
+                recorded("idem-waited", r#"{"verdict": "grant"}"#)
             ),
             Request {
                 idem: Some("idem-waited"),
@@ -196,9 +204,7 @@ fn cases() -> Vec<(&'static str, String, Request)> {
         ),
         (
             "a revoked API key",
-            "INSERT INTO api_keys (id, name, scope, secret_sha256, revoked_at) OVERRIDING SYSTEM \
-             VALUE VALUES (777, 'gone', 'write', sha256('x'), now());"
-                .into(),
+            REVOKED.into(),
             Request {
                 key_id: Some(777),
                 ..PLAIN
@@ -516,9 +522,7 @@ fn writes() -> Vec<(&'static str, String, Write)> {
         ),
         (
             "an Idempotency-Key with a record",
-            "INSERT INTO idempotency_records (principal, key, fingerprint, answer) \
-             VALUES ('', 'idem-put-seen', '\\x01', '{\"outcome\": \"accepted\"}');"
-                .into(),
+            recorded("idem-put-seen", r#"{"outcome": "accepted"}"#),
             Write {
                 idem: Some("idem-put-seen"),
                 ..WRITE
@@ -526,9 +530,7 @@ fn writes() -> Vec<(&'static str, String, Write)> {
         ),
         (
             "a revoked API key",
-            "INSERT INTO api_keys (id, name, scope, secret_sha256, revoked_at) OVERRIDING SYSTEM \
-             VALUE VALUES (777, 'gone', 'write', sha256('x'), now());"
-                .into(),
+            REVOKED.into(),
             Write {
                 key_id: Some(777),
                 ..WRITE
