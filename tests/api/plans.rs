@@ -170,7 +170,13 @@ async fn the_change_feed_reads_an_epoch_by_index_whatever_the_statistics() {
             .await
             .unwrap();
     }
-    let body = body
+    // The PL/pgSQL body's one query (migrations/20261210000000_epoch_changes_planned_once.sql).
+    let query = body
+        .split_once("RETURN QUERY")
+        .and_then(|(_, rest)| rest.rsplit_once(';'))
+        .map(|(query, _)| query)
+        .expect("the body is one RETURN QUERY");
+    let body = query
         .replace("after_snap", "$1")
         .replace("(snap)", "($2)")
         .replace(", snap)", ", $2)");
