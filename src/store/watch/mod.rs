@@ -9,10 +9,10 @@
 //!   their ids by recording an epoch, a snapshot, every few milliseconds while changes come;
 //!   it reports expiries; it drops the history older than the retention; and it notifies
 //!   `snapfence_changes` at each epoch.
-//! - Every instance reads each new epoch once, on that notification (or every second, should
-//!   one be missed while its listening connection was down), and hands its changes to its
-//!   watchers (`fan_out`); the relay's own instance reads none: its turn returns the epoch's
-//!   changes, which it hands on as they are (`reader.rs`). A watcher first catches up from the tables
+//! - Every instance reads each new epoch once (`reader.rs`), on that notification (or every
+//!   second, should one be missed while its listening connection was down), and hands its
+//!   changes to its watchers; the relay's own instance reads none: its turn returns the epoch's
+//!   changes, which it hands on as they are. A watcher first catches up from the tables
 //!   (through the epochs the instance's watchers share, `history.rs`), then follows the live
 //!   changes, and catches up again if it fell behind: it sees every change after its starting
 //!   id once, in id order ([`Watch`]).
