@@ -34,6 +34,10 @@
 #                 against the same put just before and just after (issue 34: target >= 0.80 x)
 #   --growth      the 32-client acquire and put again with 1,000,000 keys and 10,000,000 audit rows
 #   --profile     perf record the server through a 32-client put run; summary in the work dir
+#   --repeat N    each cell of the service and the baseline N times, interleaved (service, baseline,
+#                 service, ...), and its row from the round of median answers/s: one cell's ratio
+#                 to an unchanged baseline moves by ±10 % from run to run (bench/README.md, ninth
+#                 pass), so a smaller change shows only over rounds. Every round's answers are checked
 #   --dev         build with the dev profile (quick to build, slow to run: a smoke test of this
 #                 script, as CI runs it, not figures)
 #   --clean       remove the work directory (the tools' logs) at the end
@@ -44,7 +48,7 @@
 set -euo pipefail
 
 duration=10s clients="1 8 32" keys=10000 ops="acquire renew put get"
-rounds=200 expiry_rounds=40 rates="200 2000"
+rounds=200 expiry_rounds=40 rates="200 2000" repeat=1
 with_etcd=0 with_watcher=0 install=0 memory=0 catch_up=0 growth=0 profile=0 baseline= profile_dir=release clean=0
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -53,6 +57,7 @@ while [ $# -gt 0 ]; do
     --keys) keys=$2; shift ;;
     --ops) ops=$2; shift ;;
     --rounds) rounds=$2; shift ;;
+    --repeat) repeat=$2; shift ;;
     --expiry-rounds) expiry_rounds=$2; shift ;;
     --rates) rates=$2; shift ;;
     --baseline) baseline=$2; shift ;;
@@ -293,6 +298,9 @@ bench() { # op clients [extra args] -> the JSON report (also kept in the work di
 }
 field() { python3 -c 'import json,sys; r=json.load(sys.stdin); v=r; [v:=v[k] for k in sys.argv[1].split(".")]; print(v if not isinstance(v,float) else (f"{v:.0f}" if v >= 100 else f"{v:.2f}"))' "$1"; }
 errors() { python3 -c 'import json,sys; r=json.load(sys.stdin); e=r["errors"]; v=r["verified"]; print((",".join(f"{k}:{n}" for k,n in e.items()) or "-") + ("" if "ok" in v else " CHECK-FAILED"))'; }
+median() { # JSON reports, one per line -> the one of median ops_per_sec
+    python3 -c 'import json,sys; r=sorted((json.loads(l) for l in sys.stdin if l.strip()), key=lambda r: r["ops_per_sec"]); print(json.dumps(r[(len(r) - 1) // 2]))'
+}
 ratio() { python3 -c 'import sys; a,b=sys.argv[1:]; print(f"{float(a)/float(b):.2f}" if "-" not in (a, b) and float(b) else "-")' "$1" "$2"; }
 
 wrk_get() { # clients prefix keys -> requests/s of wrk reading the snapshots `snapfence-bench` prepared
@@ -332,20 +340,30 @@ for op in $load_ops; do
         pg=$(pgbench_run "$op" "$c" "$secs")
         floor=$(floor_run "$op" "$c")
         if [ "$op" = acquire ]; then sleep 0.2; fi
-        say "$op x$c: snapfence bench"
-        report=$(bench "$op" "$c")
+        reports= base_reports= errs=-
+        for n in $(seq "$repeat"); do
+            round=; [ "$repeat" = 1 ] || round=" (round $n of $repeat)"
+            say "$op x$c: snapfence bench$round"
+            one=$(bench "$op" "$c")
+            reports+="$(tr -d '\n' <<<"$one")"$'\n'
+            e=$(errors <<<"$one"); [ "$e" = - ] || errs="$errs $e"
+            if [ -n "$base_url" ]; then
+                say "$op x$c: the baseline$round"
+                one=$(target_url=$base_url target_key=$baseline_api_key bench "$op" "$c")
+                base_reports+="$(tr -d '\n' <<<"$one")"$'\n'
+                e=$(errors <<<"$one"); [ "$e" = - ] || errs="$errs baseline:$e"
+            fi
+        done
+        errs=${errs#- }
+        report=$(median <<<"$reports")
         ops_s=$(field ops_per_sec <<<"$report")
         p50=$(field latency_ms.p50 <<<"$report") p99=$(field latency_ms.p99 <<<"$report")
-        errs=$(errors <<<"$report")
         base_s=- vs_base=- base_p50=-
         if [ -n "$base_url" ]; then
-            say "$op x$c: the baseline"
-            base_report=$(target_url=$base_url target_key=$baseline_api_key bench "$op" "$c")
+            base_report=$(median <<<"$base_reports")
             base_s=$(field ops_per_sec <<<"$base_report")
             base_p50=$(field latency_ms.p50 <<<"$base_report")
             vs_base=$(ratio "$ops_s" "$base_s")
-            base_errs=$(errors <<<"$base_report")
-            [ "$base_errs" = - ] || errs="$errs baseline:$base_errs"
         fi
         watched_s=- vs_watched=-
         if [ "$with_watcher" = 1 ]; then
