@@ -340,7 +340,7 @@ for op in $load_ops; do
         pg=$(pgbench_run "$op" "$c" "$secs")
         floor=$(floor_run "$op" "$c")
         if [ "$op" = acquire ]; then sleep 0.2; fi
-        reports= base_reports= errs=-
+        reports= base_reports= errs=
         for n in $(seq "$repeat"); do
             round=; [ "$repeat" = 1 ] || round=" (round $n of $repeat)"
             say "$op x$c: snapfence bench$round"
@@ -354,7 +354,7 @@ for op in $load_ops; do
                 e=$(errors <<<"$one"); [ "$e" = - ] || errs="$errs baseline:$e"
             fi
         done
-        errs=${errs#- }
+        errs=${errs# } errs=${errs:--}
         report=$(median <<<"$reports")
         ops_s=$(field ops_per_sec <<<"$report")
         p50=$(field latency_ms.p50 <<<"$report") p99=$(field latency_ms.p99 <<<"$report")
