@@ -211,12 +211,7 @@ psql -c "INSERT INTO floor_snapshots SELECT (50000000 + i)::text, 0, decode(repe
 # statement and commit.
 script() { # op -> a pgbench script on stdout: the service's statement over a batch of one
     local op=$1 sql
-    # A lone acquire runs the function form of acquire (src/store/leases/sql/acquire_one.sql).
-    if [ "$op" = acquire ]; then
-        sql=$(cat "$root/src/store/rendered/acquire_one.sql")
-    else
-        sql=$(cat "$root/src/store/rendered/$op.sql")
-    fi
+    sql=$(cat "$root/src/store/rendered/$op.sql")
     sql=$(grep -v '^[[:space:]]*--' <<<"$sql")
     # Each array parameter `$n::type[]` becomes a one-element array of pgbench's `:pn`; the gate's
     # $1 to $4 (no Idempotency-Key, no authentication) are NULL.

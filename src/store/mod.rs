@@ -97,15 +97,10 @@ pub fn hot_statements() -> Vec<(&'static str, &'static str)> {
     let fenced = &*snapshots::FENCED;
     vec![
         ("acquire", leases::ACQUIRE.text()),
-        ("acquire_one", leases::ACQUIRE_ONE.text()),
         ("renew", leases::RENEW.text()),
         ("end", leases::END.text()),
         ("reconciled", leases::RECONCILED.text()),
         ("put", fenced.put.text()),
-        (
-            "put_one",
-            fenced.put_one.as_ref().expect("the function form").text(),
-        ),
         ("put_uploaded", fenced.put_uploaded.text()),
         ("precheck", fenced.precheck.text()),
         ("delete_head", fenced.delete_head.text()),

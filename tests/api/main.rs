@@ -14,7 +14,6 @@ mod idempotency;
 mod inputs;
 mod leases;
 mod limits;
-mod lone_forms;
 mod metrics;
 mod openapi;
 mod plans;

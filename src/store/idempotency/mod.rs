@@ -160,7 +160,7 @@ pub(crate) fn changing<J: Change>(
 
 /// The gate's columns of a changing request (`sql/gate.sql` reads them): its Idempotency-Key
 /// (`idem`) and fingerprint (`fp`), its principal and the id of its API key.
-pub(crate) fn gate_columns<J: Change>() -> [Column<J>; 4] {
+fn gate_columns<J: Change>() -> [Column<J>; 4] {
     [
         column!(J, "idem": "text" = |j| j.ctx().idempotency.as_ref().map(|i| i.key.as_str())),
         column!(J, "fp": "bytea" = |j| j.ctx().idempotency.as_ref().map(|i| &i.fingerprint[..])),

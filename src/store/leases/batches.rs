@@ -26,18 +26,6 @@ pub(crate) static ACQUIRE: LazyLock<Batched<AcquireJob>> = LazyLock::new(|| {
     )
 });
 
-/// The acquire of a request alone in its batch: the same requests' columns, and the same rules
-/// as [`ACQUIRE`] run as a function that takes only the request's branch (`sql/acquire_one.sql`).
-pub(crate) static ACQUIRE_ONE: LazyLock<Batched<AcquireJob>> = LazyLock::new(|| {
-    Batched::builder(
-        idempotency::gate_columns()
-            .into_iter()
-            .chain(acquire_columns()),
-    )
-    .part(include_str!("sql/acquire_one.sql"))
-    .build()
-});
-
 /// An acquire's columns, after the gate's.
 fn acquire_columns() -> [Column<AcquireJob>; 11] {
     [
@@ -136,11 +124,7 @@ impl Kind for AcquireBatch {
     const EFFECT: Effect = Effect::Changes;
 
     fn query<'q>(jobs: &[&'q AcquireJob]) -> QueryAs<'q, Indexed<Self::Row>> {
-        if jobs.len() == 1 {
-            ACQUIRE_ONE.query(jobs)
-        } else {
-            ACQUIRE.query(jobs)
-        }
+        ACQUIRE.query(jobs)
     }
 }
 

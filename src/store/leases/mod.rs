@@ -14,9 +14,7 @@ pub mod timeline;
 pub mod waiters;
 
 use batches::ChangeJob;
-pub(crate) use batches::{
-    ACQUIRE, ACQUIRE_ONE, AcquireBatch, AcquireJob, Batches, END, RECONCILED, RENEW,
-};
+pub(crate) use batches::{ACQUIRE, AcquireBatch, AcquireJob, Batches, END, RECONCILED, RENEW};
 use rows::{AcquireAnswer, ChangeAnswer, StatusRow};
 
 use sqlx::PgPool;
@@ -94,8 +92,7 @@ pub enum LeaseChange {
     Lost,
 }
 
-/// Acquires a key: its request goes in the next batch of acquires (`ACQUIRE`, or `ACQUIRE_ONE`
-/// when it is alone in its batch), and again only when the batch statement lost the race to
+/// Acquires a key: its request goes in the next batch of acquires (`ACQUIRE`), and again only when the batch statement lost the race to
 /// create a new key's row (rows are never deleted, so a second run always finds one).
 #[tracing::instrument(level = "debug", skip_all, fields(key = %req.key))]
 pub async fn acquire(

@@ -21,10 +21,6 @@ use crate::store::idempotency::{self, Change, GatedRow};
 pub(crate) struct Fenced {
     /// The write, its body bound (`sql/put.sql`).
     pub(crate) put: Batched<FencedJob>,
-    /// The write of a bound body alone in its batch, as a function that takes only its branch
-    /// (`sql/put_one.sql`); none under the negative control, whose broken rule is the batch
-    /// statement's alone.
-    pub(crate) put_one: Option<Batched<FencedJob>>,
     /// The write of a body uploaded beforehand into the connection's upload table (a batch of
     /// one, see `Conns::fetch_one_uploading`) rather than bound (bound NULL, unused); the same
     /// checks, locks and audit otherwise.
@@ -46,9 +42,8 @@ const TAGS: (&str, &str) = (
 );
 
 impl Fenced {
-    /// The statements, with `stale_below` deciding what a lower token is stale against, and the
-    /// function form of a lone write when `lone`.
-    fn build(stale_below: &'static str, lone: bool) -> Self {
+    /// The statements, with `stale_below` deciding what a lower token is stale against.
+    fn build(stale_below: &'static str) -> Self {
         let fenced = |part: &'static str, body: Option<&'static str>| {
             let mut fills = vec![("stale_below", stale_below)];
             fills.extend(body.map(|b| ("body", b)));
@@ -60,19 +55,8 @@ impl Fenced {
             )
         };
         let put = include_str!("sql/put.sql");
-        let put_one = lone.then(|| {
-            Batched::builder(
-                idempotency::gate_columns()
-                    .into_iter()
-                    .chain(FencedJob::columns()),
-            )
-            .derive(TAGS.0, TAGS.1)
-            .part(include_str!("sql/put_one.sql"))
-            .build()
-        });
         Self {
             put: fenced(put, Some("r.body")),
-            put_one,
             put_uploaded: fenced(put, Some("(SELECT body FROM pg_temp.snapfence_upload)")),
             precheck: fenced(include_str!("sql/precheck.sql"), None),
             delete_head: fenced(include_str!("sql/delete_head.sql"), None),
@@ -82,7 +66,7 @@ impl Fenced {
 
 /// The fenced statements the service runs.
 pub(crate) static FENCED: LazyLock<Fenced> =
-    LazyLock::new(|| Fenced::build(STALE_BELOW_NEWEST_GRANT, true));
+    LazyLock::new(|| Fenced::build(STALE_BELOW_NEWEST_GRANT));
 
 /// The negative control of the fault tests, compiled only with the `fault-controls` feature:
 /// the fenced statements with the classic fencing bug of checking a token against the highest
@@ -93,7 +77,6 @@ pub(crate) static FENCED: LazyLock<Fenced> =
 static BROKEN: LazyLock<Fenced> = LazyLock::new(|| {
     Fenced::build(
         "r.token < coalesce((SELECT max(w.token) FROM snapshot_versions w WHERE w.key = r.key), 0) OR",
-        false,
     )
 });
 
@@ -160,16 +143,16 @@ impl FencedJob {
         ]
     }
 
-    /// The write statement over `jobs`, for a bound or an uploaded body, or a lone bound one.
+    /// The write statement over `jobs`, for a bound or an uploaded body.
     pub(super) fn put<'q>(jobs: &[&'q Self]) -> QueryAs<'q, Indexed<GatedRow<FencedRow>>> {
         let uploaded = jobs
             .iter()
             .any(|j| j.write.as_ref().is_some_and(|w| w.uploaded));
         let statements = fenced();
-        match &statements.put_one {
-            _ if uploaded => statements.put_uploaded.query(jobs),
-            Some(put_one) if jobs.len() == 1 => put_one.query(jobs),
-            _ => statements.put.query(jobs),
+        if uploaded {
+            statements.put_uploaded.query(jobs)
+        } else {
+            statements.put.query(jobs)
         }
     }
 }
