@@ -88,6 +88,15 @@ pub struct ServeConfig {
     #[arg(long, env = "SNAPFENCE_MAX_SNAPSHOT_BYTES", default_value_t = 8 * 1024 * 1024)]
     pub max_snapshot_bytes: usize,
 
+    /// The most ops one transaction (POST /v1/txn) may have.
+    #[arg(long, env = "SNAPFENCE_MAX_TXN_OPS", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_txn_ops: u32,
+
+    /// The most snapshots the prefix deletes of one transaction may remove together; past it
+    /// the transaction is refused with 400 and the client deletes in pages.
+    #[arg(long, env = "SNAPFENCE_MAX_TXN_PREFIX_KEYS", default_value_t = 10_000, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
+    pub max_txn_prefix_keys: i64,
+
     /// How long audit rows are kept before the background pruner deletes them.
     #[arg(long, env = "SNAPFENCE_AUDIT_RETENTION", value_parser = humantime::parse_duration, default_value = "30days")]
     pub audit_retention: Duration,
@@ -217,6 +226,8 @@ impl ServeConfig {
             },
             keep_versions: self.keep_versions,
             max_snapshot_bytes: self.max_snapshot_bytes,
+            max_txn_ops: self.max_txn_ops as usize,
+            max_txn_prefix_keys: self.max_txn_prefix_keys,
             audit_retention: self.audit_retention,
             idempotency_retention: self.idempotency_retention,
             body_timeout: self.body_timeout,

@@ -21,8 +21,12 @@ pub struct Rules {
     pub ttl_bounds: TtlBounds,
     /// Snapshot versions kept per key, the current one included.
     pub keep_versions: i64,
-    /// The largest snapshot body, in bytes.
+    /// The largest snapshot body, in bytes; also the largest transaction body.
     pub max_snapshot_bytes: usize,
+    /// The most ops one transaction may have.
+    pub max_txn_ops: usize,
+    /// The most snapshots one transaction's prefix deletes may remove together.
+    pub max_txn_prefix_keys: i64,
     /// How long audit rows are kept.
     pub audit_retention: Duration,
     /// How long Idempotency-Key records are kept.
@@ -85,6 +89,8 @@ impl Default for Rules {
             ttl_bounds: TtlBounds::default(),
             keep_versions: 10,
             max_snapshot_bytes: 8 * 1024 * 1024,
+            max_txn_ops: 128,
+            max_txn_prefix_keys: 10_000,
             audit_retention: Duration::from_secs(30 * 86_400),
             idempotency_retention: Duration::from_secs(86_400),
             body_timeout: Duration::from_secs(30),

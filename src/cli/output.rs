@@ -220,6 +220,8 @@ pub fn problem(url: &str, e: &Error, check: Option<&str>) -> Problem {
             waiters: None,
             recovery: None,
             refusal: None,
+            fencing_key: None,
+            op_index: None,
         };
     };
     let mut problem = Problem::new(code, reason(code.status()), e.to_string());

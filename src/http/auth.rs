@@ -94,8 +94,8 @@ pub async fn authorize(
     Ok(response)
 }
 
-/// A key confined to a prefix may name only keys under it: in the path (`{key}`), in a list's
-/// `prefix`, or in an audit query's `key` (which it must then send).
+/// A key confined to a prefix may name only keys under it: in the path (`{key}`), the
+/// `Fencing-Key` header, a list's `prefix`, or an audit query's `key` (which it must then send).
 async fn check_prefix(
     principal: &Principal,
     parts: &mut axum::http::request::Parts,
@@ -107,6 +107,16 @@ async fn check_prefix(
             principal.name, principal.prefix
         ))
     };
+    // A namespace fence (v1.3) is written under as well: the key must cover it. A
+    // transaction's keys are all in its fence's namespace, so covering the fence covers them.
+    if let Some(fence) = super::extract::fencing_key(&parts.headers)? {
+        if !principal.covers(&fence) {
+            return Err(outside());
+        }
+        if parts.uri.path() == "/v1/txn" {
+            return Ok(());
+        }
+    }
     let params = RawPathParams::from_request_parts(parts, state)
         .await
         .map_err(|_| outside())?;

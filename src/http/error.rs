@@ -163,6 +163,14 @@ pub enum ApiError {
         "If-Match matches no current snapshot (another ETag, or none yet); GET it again and retry with its ETag, or leave If-Match out to write the first one"
     )]
     PreconditionFailed,
+    /// 412: a transaction's op's precondition did not hold.
+    #[error(
+        "the precondition of op {op_index} (if_match or if_none_match) does not hold; nothing of the transaction was written. GET the key again and retry with its ETag"
+    )]
+    OpPreconditionFailed {
+        /// The op, from 0.
+        op_index: usize,
+    },
     /// 404: nothing at this address.
     #[error("{0}")]
     NotFound(String),
@@ -342,14 +350,20 @@ fn refusal_detail(key: &Key, r: &Refusal) -> String {
         || "none (the key never had a lease)".to_owned(),
         |t| t.to_string(),
     );
+    let fence = if &r.fence == key {
+        format!("key {key:?}")
+    } else {
+        format!("key {key:?} under the fence {:?}", r.fence)
+    };
     match r.reason {
         RefusalReason::StaleToken => format!(
-            "token {} is stale for key {key:?} (newest token {highest}, or its lease was released or abandoned): \
-             this holder was superseded. Stop writing and acquire the key again; the refusal is audit row {}",
+            "token {} is stale for {fence} (newest token {highest}, or its lease was released or abandoned, \
+             or a newer token wrote the key): this holder was superseded. Stop writing and acquire the \
+             key again; the refusal is audit row {}",
             r.presented, r.audit_id
         ),
         RefusalReason::UnknownToken => format!(
-            "token {} was never issued for key {key:?} (newest token {highest}): write with the token of \
+            "token {} was never issued for {fence} (newest token {highest}): write with the token of \
              your own grant; the refusal is audit row {}",
             r.presented, r.audit_id
         ),
@@ -385,7 +399,9 @@ impl ApiError {
             Self::Refused { refusal, .. } => refusal.reason.code(),
             Self::Unauthorized(_) => ErrorCode::Unauthorized,
             Self::Forbidden(_) => ErrorCode::Forbidden,
-            Self::PreconditionFailed => ErrorCode::PreconditionFailed,
+            Self::PreconditionFailed | Self::OpPreconditionFailed { .. } => {
+                ErrorCode::PreconditionFailed
+            }
             Self::NotFound(_) => ErrorCode::NotFound,
             Self::MethodNotAllowed => ErrorCode::MethodNotAllowed,
             Self::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
@@ -448,7 +464,9 @@ impl ApiError {
                     highest_token: refusal.highest,
                     audit_id: AuditId(refusal.audit_id),
                 });
+                problem.fencing_key = Some(refusal.fence.clone());
             }
+            Self::OpPreconditionFailed { op_index } => problem.op_index = Some(*op_index),
             _ => {}
         }
         problem

@@ -22,13 +22,17 @@ use super::error::{ApiError, Unavailability};
 use super::idempotency::IdempotencyHeader;
 use super::limits::BodyBudget;
 use crate::domain::{
-    Cursor, EntityTagCondition, FencingToken, Key, KeyPrefix, PageLimit, Principal,
+    Cursor, EntityTagCondition, FencingToken, Key, KeyPrefix, Metadata, PageLimit, Principal,
 };
 use crate::state::AppState;
 use crate::store::RequestContext;
 
 /// The header that carries a fencing token.
 pub static FENCING_TOKEN: HeaderName = HeaderName::from_static("fencing-token");
+/// The header that names the lease whose namespace fences a write (v1.3).
+pub static FENCING_KEY: HeaderName = HeaderName::from_static("fencing-key");
+/// The header that carries a snapshot version's metadata (v1.3).
+pub static SNAPSHOT_METADATA: HeaderName = HeaderName::from_static("snapshot-metadata");
 /// The header that carries a snapshot's version.
 pub static SNAPSHOT_VERSION: HeaderName = HeaderName::from_static("snapshot-version");
 /// The request id header, taken from the request or made.
@@ -55,25 +59,31 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
             budget: state.limits.bodies().clone(),
         };
         let bytes = read_limited(req.into_body(), length, limit).await?;
-        if bytes.is_empty() {
-            return Err(ApiError::InvalidRequest(
-                "a JSON object body is required; see openapi.yaml for its fields".into(),
-            ));
-        }
-        let mut json = serde_json::Deserializer::from_slice(&bytes);
-        let value = serde_path_to_error::deserialize(&mut json).map_err(|e| {
-            let path = e.path().to_string();
-            let inner = e.into_inner();
-            if path == "." {
-                ApiError::InvalidRequest(format!("request body: {inner}"))
-            } else {
-                ApiError::InvalidRequest(format!("request body field `{path}`: {inner}"))
-            }
-        })?;
-        json.end()
-            .map_err(|e| ApiError::InvalidRequest(format!("request body: {e}")))?;
-        Ok(ApiJson(value))
+        Ok(ApiJson(json_body(&bytes)?))
     }
+}
+
+/// A JSON request body as `T`, with unknown fields and type errors reported as
+/// `invalid_request` naming the field.
+pub fn json_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    if bytes.is_empty() {
+        return Err(ApiError::InvalidRequest(
+            "a JSON object body is required; see openapi.yaml for its fields".into(),
+        ));
+    }
+    let mut json = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut json).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." {
+            ApiError::InvalidRequest(format!("request body: {inner}"))
+        } else {
+            ApiError::InvalidRequest(format!("request body field `{path}`: {inner}"))
+        }
+    })?;
+    json.end()
+        .map_err(|e| ApiError::InvalidRequest(format!("request body: {e}")))?;
+    Ok(value)
 }
 
 /// Query parameters, with unknown parameters and bad values reported as `invalid_request`.
@@ -220,6 +230,56 @@ impl<S: Send + Sync> FromRequestParts<S> for FencingTokenHeader {
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
         let raw = single_header(&parts.headers, &FENCING_TOKEN)?.ok_or(ApiError::TokenRequired)?;
         Ok(Self(FencingToken::parse_header(raw)?))
+    }
+}
+
+/// The `Fencing-Key` header, percent-decoded as a key in a path is; `None` when not sent.
+pub fn fencing_key(headers: &HeaderMap) -> Result<Option<Key>, ApiError> {
+    let Some(raw) = single_header(headers, &FENCING_KEY)? else {
+        return Ok(None);
+    };
+    let bad = || {
+        ApiError::InvalidRequest(format!(
+            "the Fencing-Key header {raw:?} is not a percent-encoded key; encode it as a key in a path is (jobs%2F42)"
+        ))
+    };
+    well_escaped(raw).map_err(|_| bad())?;
+    let decoded = percent_encoding::percent_decode_str(raw)
+        .decode_utf8()
+        .map_err(|_| bad())?;
+    Ok(Some(Key::parse(decoded.into_owned())?))
+}
+
+/// The optional `Fencing-Key` header of a fenced write (v1.3): the lease that fences it.
+pub struct FencingKeyHeader(pub Option<Key>);
+
+impl<S: Send + Sync> FromRequestParts<S> for FencingKeyHeader {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        Ok(Self(fencing_key(&parts.headers)?))
+    }
+}
+
+/// The optional `Snapshot-Metadata` header of a write (v1.3): a JSON object of at most 4 KiB,
+/// kept as sent.
+pub struct SnapshotMetadataHeader(pub Option<Metadata>);
+
+impl<S: Send + Sync> FromRequestParts<S> for SnapshotMetadataHeader {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let Some(raw) = single_header(&parts.headers, &SNAPSHOT_METADATA)? else {
+            return Ok(Self(None));
+        };
+        let value: serde_json::Value = serde_json::from_str(raw).map_err(|e| {
+            ApiError::InvalidRequest(format!(
+                "the Snapshot-Metadata header is not JSON ({e}); send a JSON object, e.g. {{\"step\": 7}}"
+            ))
+        })?;
+        Ok(Self(Some(Metadata::new(value).map_err(|e| {
+            ApiError::InvalidRequest(format!("Snapshot-Metadata: {e}"))
+        })?)))
     }
 }
 

@@ -12,6 +12,7 @@ pub mod leases;
 pub mod limits;
 pub mod ops;
 pub mod snapshots;
+mod txn;
 pub mod ui;
 pub mod watch;
 
@@ -206,6 +207,7 @@ fn api_routes() -> Routes {
     Routes::new()
         .merge(leases::routes())
         .merge(snapshots::routes())
+        .merge(txn::routes())
         .merge(audit::routes())
         .merge(watch::routes())
 }

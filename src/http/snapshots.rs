@@ -15,14 +15,15 @@ use serde::Deserialize;
 use super::Routes;
 use super::error::ApiError;
 use super::extract::{
-    ApiQuery, BodyLimit, Context, FENCING_TOKEN, FencingTokenHeader, IfMatch, IfNoneMatch, KeyPath,
-    KeyVersionPath, PageParams, SNAPSHOT_VERSION, content_length, key_page, read_limited,
+    ApiQuery, BodyLimit, Context, FENCING_KEY, FENCING_TOKEN, FencingKeyHeader, FencingTokenHeader,
+    IfMatch, IfNoneMatch, KeyPath, KeyVersionPath, PageParams, SNAPSHOT_METADATA, SNAPSHOT_VERSION,
+    SnapshotMetadataHeader, content_length, key_page, read_limited,
 };
-use crate::domain::{ETag, EntityTagCondition, Key, Page, SnapshotMeta, Version};
+use crate::domain::{ETag, EntityTagCondition, Key, Metadata, Page, SnapshotMeta, Version};
 use crate::state::AppState;
 use crate::store::idempotency::Gated;
-use crate::store::snapshots::list::{self, SnapshotKeysQuery};
-use crate::store::snapshots::{self, PutRequest, Read, Snapshot, WriteOutcome, Written};
+use crate::store::snapshots::list::{self, ListOrder, SnapshotKeysQuery};
+use crate::store::snapshots::{self, Fenced, PutRequest, Read, Snapshot, WriteOutcome, Written};
 
 const SNAPSHOT_TOO_LARGE: &str =
     "Send a smaller snapshot, or raise the server's --max-snapshot-bytes";
@@ -51,6 +52,46 @@ fn etag_header(meta: &SnapshotMeta) -> HeaderValue {
     HeaderValue::from_str(meta.etag.as_str()).expect("an ETag is visible ASCII")
 }
 
+/// The fence of a write to `key`: the `Fencing-Key` header's, which must hold `key` in its
+/// namespace, or the key itself.
+pub(super) fn fence_of(key: &Key, header: Option<Key>) -> Result<Key, ApiError> {
+    match header {
+        None => Ok(key.clone()),
+        Some(fence) if key.in_namespace_of(&fence) => Ok(fence),
+        Some(fence) => Err(ApiError::InvalidRequest(format!(
+            "key {key:?} is not in the namespace of the Fencing-Key {fence:?} (that key itself, or keys beginning with {:?}); name the lease that covers the key, or leave Fencing-Key out to fence the key by its own lease",
+            format!("{fence}/")
+        ))),
+    }
+}
+
+/// A key as a header value: percent-encoded as in a path.
+pub(super) fn key_header(key: &Key) -> HeaderValue {
+    const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    let encoded = percent_encoding::utf8_percent_encode(key.as_str(), SEGMENT).to_string();
+    HeaderValue::from_str(&encoded).expect("a percent-encoded key is visible ASCII")
+}
+
+/// Metadata as a header value: its JSON with every non-ASCII character escaped.
+fn metadata_header(metadata: &Metadata) -> HeaderValue {
+    let mut ascii = String::new();
+    for c in metadata.as_json().to_string().chars() {
+        if c.is_ascii() {
+            ascii.push(c);
+        } else {
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                ascii.push_str(&format!("\\u{unit:04x}"));
+            }
+        }
+    }
+    HeaderValue::from_str(&ascii).expect("escaped JSON is ASCII")
+}
+
 /// The raw `If-Match` header, as it enters a fenced call's Idempotency-Key fingerprint.
 fn raw_if_match(headers: &HeaderMap) -> &[u8] {
     headers
@@ -58,15 +99,19 @@ fn raw_if_match(headers: &HeaderMap) -> &[u8] {
         .map_or(&[], HeaderValue::as_bytes)
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn write(
     State(state): State<AppState>,
     KeyPath(key): KeyPath,
     FencingTokenHeader(token): FencingTokenHeader,
+    FencingKeyHeader(fence): FencingKeyHeader,
+    SnapshotMetadataHeader(metadata): SnapshotMetadataHeader,
     IfMatch(if_match): IfMatch,
     Context(mut ctx, idempotency): Context,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    let fence = fence_of(&key, fence)?;
     let content_type = match headers.get(header::CONTENT_TYPE) {
         None => DEFAULT_CONTENT_TYPE.to_owned(),
         Some(v) => v
@@ -81,10 +126,13 @@ async fn write(
         budget: state.limits.bodies().clone(),
     };
     let token_bytes = token.get().to_be_bytes();
-    let head: [&[u8]; 3] = [
+    let metadata_text = metadata.as_ref().map(|m| m.as_json().to_string());
+    let head: [&[u8]; 5] = [
         &token_bytes,
         raw_if_match(&headers),
         content_type.as_bytes(),
+        fence.as_str().as_bytes(),
+        metadata_text.as_deref().unwrap_or("").as_bytes(),
     ];
     let length = content_length(&headers);
     // A client that asked to be told to go on (`Expect: 100-continue`) has sent no body yet, and
@@ -104,7 +152,12 @@ async fn write(
         // is refused (and audited) at once, never received.
         let mut early = ctx.clone();
         idempotency.attach_head(&mut early, &key, &head);
-        match snapshots::precheck(&state.db, &key, token, &early).await {
+        let target = Fenced {
+            key: &key,
+            fence: &fence,
+            token,
+        };
+        match snapshots::precheck(&state.db, target, &early).await {
             Ok(Gated::Ran(None) | Gated::KeyReused | Gated::InProgress) => {}
             checked => {
                 return idempotency.respond(checked, |refusal| {
@@ -119,11 +172,13 @@ async fn write(
     idempotency.attach_put(&mut ctx, &key, &head, etag.as_str().as_bytes());
     let req = PutRequest {
         key: key.clone(),
+        fence,
         token,
         if_match,
         body,
         etag,
         content_type,
+        metadata,
     };
     let done = snapshots::put(&state.db, &req, state.rules.keep_versions, &ctx).await;
     idempotency.respond(done, |outcome| {
@@ -142,17 +197,28 @@ async fn delete(
     State(state): State<AppState>,
     KeyPath(key): KeyPath,
     FencingTokenHeader(token): FencingTokenHeader,
+    FencingKeyHeader(fence): FencingKeyHeader,
     IfMatch(if_match): IfMatch,
     Context(mut ctx, idempotency): Context,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    let fence = fence_of(&key, fence)?;
     idempotency.attach(
         &mut ctx,
         "delete",
         &key,
-        &[&token.get().to_be_bytes(), raw_if_match(&headers)],
+        &[
+            &token.get().to_be_bytes(),
+            raw_if_match(&headers),
+            fence.as_str().as_bytes(),
+        ],
     );
-    let done = snapshots::delete(&state.db, &key, token, if_match.as_ref(), &ctx).await;
+    let target = Fenced {
+        key: &key,
+        fence: &fence,
+        token,
+    };
+    let done = snapshots::delete(&state.db, target, if_match.as_ref(), &ctx).await;
     idempotency.respond(done, |outcome| {
         refused(key, outcome)?;
         Ok(StatusCode::NO_CONTENT.into_response())
@@ -201,6 +267,12 @@ fn snapshot_response(
         SNAPSHOT_VERSION.clone(),
         HeaderValue::from(meta.version.get()),
     );
+    if let Some(fence) = &meta.fencing_key {
+        headers.insert(FENCING_KEY.clone(), key_header(fence));
+    }
+    if let Some(metadata) = &meta.metadata {
+        headers.insert(SNAPSHOT_METADATA.clone(), metadata_header(metadata));
+    }
     let last_modified = meta
         .updated_at
         .format("%a, %d %b %Y %H:%M:%S GMT")
@@ -303,19 +375,69 @@ pub struct ListParams {
     limit: Option<i64>,
     #[serde(default)]
     cursor: Option<String>,
+    #[serde(default)]
+    start_after: Option<String>,
+    #[serde(default)]
+    order: Option<String>,
+    #[serde(default)]
+    include: Option<String>,
 }
 
-/// Beyond the contract: the keys with a current snapshot, in byte order, each with that
-/// snapshot's metadata.
+/// The keys with a current snapshot, in byte order (or reversed), each with that snapshot's
+/// head, and its metadata with `include=metadata`.
 async fn list(
     State(state): State<AppState>,
     ApiQuery(params): ApiQuery<ListParams>,
-) -> Result<Json<Page<SnapshotMeta>>, ApiError> {
+) -> Result<Response, ApiError> {
     let (prefix, limit, after) = key_page(params.prefix, params.limit, params.cursor.as_deref())?;
+    let order = match params.order.as_deref() {
+        None | Some("asc") => ListOrder::Asc,
+        Some("desc") => ListOrder::Desc,
+        Some(other) => {
+            return Err(ApiError::InvalidRequest(format!(
+                "order {other:?} is not `asc` or `desc`"
+            )));
+        }
+    };
+    let with_metadata = match params.include.as_deref() {
+        None | Some("") => false,
+        Some("metadata") => true,
+        Some(other) => {
+            return Err(ApiError::InvalidRequest(format!(
+                "include {other:?} is not `metadata`, the only thing a listing can include"
+            )));
+        }
+    };
+    // The cursor of a later page goes on from the page before; `start_after` starts the first.
+    let after = match (after, params.start_after) {
+        (Some(cursor), _) => Some(cursor),
+        (None, Some(start)) => Some(
+            crate::domain::KeyPrefix::parse(start)
+                .map_err(|e| ApiError::InvalidRequest(format!("start_after: {e}")))?
+                .as_str()
+                .to_owned(),
+        ),
+        (None, None) => None,
+    };
     let q = SnapshotKeysQuery {
         prefix,
         limit,
         after,
+        order,
     };
-    Ok(Json(list::list(&state.db, &q).await?))
+    let mut page = list::list(&state.db, &q).await?;
+    if !with_metadata {
+        for item in &mut page.items {
+            item.metadata = None;
+        }
+        // Without `include=metadata` an item has no `metadata` member at all.
+        let mut json = serde_json::to_value(&page).expect("a page serializes");
+        if let Some(items) = json["items"].as_array_mut() {
+            for item in items {
+                item.as_object_mut().map(|o| o.remove("metadata"));
+            }
+        }
+        return Ok(Json(json).into_response());
+    }
+    Ok(Json(page).into_response())
 }

@@ -104,6 +104,7 @@ pub fn hot_statements() -> Vec<(&'static str, &'static str)> {
         ("put_uploaded", fenced.put_uploaded.text()),
         ("precheck", fenced.precheck.text()),
         ("delete_head", fenced.delete_head.text()),
+        ("txn", fenced.txn.text()),
         ("get", snapshots::GET.text()),
         ("status", leases::STATUS),
         ("wait_enqueue", waiters::ENQUEUE),

@@ -196,3 +196,62 @@ async fn the_change_feed_reads_an_epoch_by_index_whatever_the_statistics() {
     conn.close().await.unwrap();
     app.stop().await;
 }
+
+/// Every node of a plan, by type.
+fn node_types(plan: &Value, found: &mut Vec<String>) {
+    if let Some(t) = plan["Node Type"].as_str() {
+        let on = plan["Relation Name"].as_str().unwrap_or("");
+        found.push(format!("{t} {on}").trim().to_owned());
+    }
+    for child in plan["Plans"].as_array().into_iter().flatten() {
+        node_types(child, found);
+    }
+}
+
+/// The ordered listing (v1.3) reads the heads' key index forwards or backwards from
+/// `start_after`: no sort, whichever order, over a few thousand analysed keys.
+#[tokio::test]
+async fn the_ordered_listing_walks_the_key_index_without_a_sort() {
+    let app = TestApp::spawn().await;
+    let options = app.options.clone().options(snapfence::store::HOT_SETTINGS);
+    let mut conn = PgConnection::connect_with(&options).await.unwrap();
+    sqlx::raw_sql(
+        "INSERT INTO snapshot_heads (key, version, etag, written_token) \
+             SELECT 't/' || lpad(n::text, 5, '0'), 1, 'e', 1 FROM generate_series(1, 5000) n; \
+         INSERT INTO snapshot_versions (key, version, token, etag, size, content_type, \
+             updated_at, body) \
+             SELECT key, 1, 1, 'e', 1, 'x', now(), '\\x00' FROM snapshot_heads; \
+         ANALYZE snapshot_heads; ANALYZE snapshot_versions;",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let statement = snapfence::store::snapshots::list::STATEMENT;
+    sqlx::raw_sql(&format!("PREPARE listing AS {statement}"))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    for order in ["asc", "desc"] {
+        let (plan,): (Value,) = sqlx::query_as(&format!(
+            "EXPLAIN (FORMAT JSON) EXECUTE listing('t/', 't0', 't/02500', 101, '{order}')"
+        ))
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        let mut nodes = Vec::new();
+        node_types(&plan[0]["Plan"], &mut nodes);
+        assert!(
+            !nodes.iter().any(|n| n.starts_with("Sort")),
+            "{order}: {nodes:?}"
+        );
+        assert!(
+            nodes.iter().any(|n| n == "Index Scan snapshot_heads"),
+            "{order}: {nodes:?}"
+        );
+        let mut scans = Vec::new();
+        scans_not_by_key(&plan[0]["Plan"], &mut scans);
+        assert!(scans.is_empty(), "{order}: {scans:?}");
+    }
+    conn.close().await.unwrap();
+    app.stop().await;
+}

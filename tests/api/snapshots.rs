@@ -929,7 +929,12 @@ async fn a_listed_snapshot_has_the_metadata_of_its_current_version() {
     let t = token(&app.acquire("k", "a", 30000).await);
     app.put("k", t, "one").await;
     let written: Value = app.put("k", t, "second").await.json().await.unwrap();
-    let page: Value = app.get("/v1/snapshots").await.json().await.unwrap();
+    let page: Value = app
+        .get("/v1/snapshots?include=metadata")
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(page["items"], serde_json::json!([written]));
     app.stop().await;
 }

@@ -1293,3 +1293,46 @@ async fn a_stream_whose_client_stops_reading_is_cut_between_events() {
     );
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_transactions_changes_share_its_id_and_size_and_name_their_fence() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("th", "w", 30000).await);
+    let mut watch = Stream::open(&app.http, &app.instance.base, "?prefix=th", None).await;
+    let ops = json!({"ops": [
+        {"op": "put", "key": "th/a", "body": "MQ=="},
+        {"op": "put", "key": "th/b", "body": "Mg=="},
+        {"op": "delete", "key": "th/none"},
+    ]});
+    let r = app
+        .request(Method::POST, "/v1/txn")
+        .header("Fencing-Key", "th")
+        .header("Fencing-Token", t.to_string())
+        .json(&ops)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(app.put("th", t, "single").await.status(), 201);
+    let events = watch.take(3).await;
+    assert_eq!(
+        summary(&events),
+        vec![
+            change("snapshot.written", "th/a", t),
+            change("snapshot.written", "th/b", t),
+            change("snapshot.written", "th", t),
+        ]
+    );
+    let (a, b, single) = (&events[0], &events[1], &events[2]);
+    assert_eq!(
+        a.data["txn"], a.id,
+        "a transaction's id is its first change's"
+    );
+    assert_eq!(b.data["txn"], a.id);
+    assert_eq!(a.data["txn_size"], 2);
+    assert_eq!(b.data["txn_size"], 2);
+    assert_eq!(a.data["fencing_key"], "th");
+    assert!(single.data.get("txn").is_none(), "{:?}", single.data);
+    assert!(single.data.get("txn_size").is_none(), "{:?}", single.data);
+    app.stop().await;
+}

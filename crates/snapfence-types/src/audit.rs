@@ -68,6 +68,8 @@ pub enum AuditOperation {
     /// v1.2: the reconciling holder confirmed (`POST /v1/leases/{key}/reconciled`) and the
     /// record moved to the audit log.
     Reconciled,
+    /// v1.3: a transaction (`POST /v1/txn`), refused as a whole.
+    Txn,
 }
 
 impl AuditOperation {
@@ -79,6 +81,7 @@ impl AuditOperation {
             Self::Reconcile => "reconcile",
             Self::Reconciling => "reconciling",
             Self::Reconciled => "reconciled",
+            Self::Txn => "txn",
         }
     }
 }
@@ -101,7 +104,7 @@ pub struct Rejection {
     pub highest_token: Option<FencingToken>,
     /// The owner of the key's newest lease then.
     pub holder: Option<Owner>,
-    /// `put` or `delete`.
+    /// `put`, `delete` or `txn`.
     pub operation: AuditOperation,
     /// The refused request's `x-request-id`.
     pub request_id: Option<String>,
@@ -109,6 +112,9 @@ pub struct Rejection {
     pub remote_addr: Option<String>,
     /// The authenticated principal, if authentication is configured.
     pub principal: Option<String>,
+    /// The lease that fenced the write (v1.3): the key itself unless a namespace's.
+    #[serde(default)]
+    pub fencing_key: Option<Key>,
 }
 
 /// One row of `GET /v1/audit/recoveries`: a recovery record replaced by a `reconciled` grant

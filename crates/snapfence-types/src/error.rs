@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{AuditId, FencingToken, Holder, LeaseState, RecoveryRecord};
+use super::{AuditId, FencingToken, Holder, Key, LeaseState, RecoveryRecord};
 
 /// Declares [`ErrorCode`] from one table, so that the name, the status and the meaning of a
 /// code are written once.
@@ -124,6 +124,12 @@ pub struct Problem {
     /// `stale_token` and `unknown_token`: the refusal.
     #[serde(flatten)]
     pub refusal: Option<RefusalFields>,
+    /// `stale_token` and `unknown_token` (v1.3): the lease that fenced the refused write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_key: Option<Key>,
+    /// `precondition_failed` of a transaction (v1.3): the op whose precondition failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op_index: Option<usize>,
 }
 
 /// The members of a refused fenced write's problem.
@@ -151,6 +157,8 @@ impl Problem {
             waiters: None,
             recovery: None,
             refusal: None,
+            fencing_key: None,
+            op_index: None,
         }
     }
 }

@@ -2,6 +2,10 @@
 
 /// The fencing token of a fenced call, and of the snapshot served.
 pub const FENCING_TOKEN: &str = "fencing-token";
+/// The lease whose namespace fences a write (v1.3), and the one that fenced the snapshot served.
+pub const FENCING_KEY: &str = "fencing-key";
+/// A snapshot version's metadata, a JSON object (v1.3).
+pub const SNAPSHOT_METADATA: &str = "snapshot-metadata";
 /// The version of the snapshot served.
 pub const SNAPSHOT_VERSION: &str = "snapshot-version";
 /// The id of a request, taken from the client or made by the service.

@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::{FencingToken, InvalidInput, Key, Version, rfc3339_millis};
+use super::{FencingToken, InvalidInput, Key, Metadata, Version, rfc3339_millis};
 
 /// A strong entity tag: the quoted SHA-256 of the body, e.g. `"9f86d0…"`. The same text is
 /// sent in the `ETag` header and in JSON, as S3 does, so a client can pass either to `If-Match`.
@@ -205,6 +205,13 @@ pub struct SnapshotMeta {
     /// When it was written (database clock).
     #[serde(with = "rfc3339_millis")]
     pub updated_at: DateTime<Utc>,
+    /// The lease that fenced the write: the key itself, or a key whose namespace holds it
+    /// (v1.3). Absent only from servers before v1.3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_key: Option<Key>,
+    /// The version's `Snapshot-Metadata` (v1.3), null when it has none.
+    #[serde(default)]
+    pub metadata: Option<Metadata>,
 }
 
 #[cfg(test)]

@@ -158,6 +158,15 @@ pub struct ChangeData {
     /// `lease.reconciled`: the token of the lease that left the record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub record_token: Option<FencingToken>,
+    /// `snapshot.*` and `write.refused` (v1.3): the lease that fenced the write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_key: Option<Key>,
+    /// `snapshot.*` of a transaction (v1.3): the id of its first change, shared by all of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub txn: Option<ChangeId>,
+    /// `snapshot.*` of a transaction (v1.3): how many changes it made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub txn_size: Option<u32>,
 }
 
 /// One change as a watch delivers it: the SSE `id:`, `event:` and `data:`.

@@ -91,12 +91,14 @@ struct RejectionRow {
     request_id: Option<String>,
     remote_addr: Option<String>,
     principal: Option<String>,
+    fencing_key: Option<String>,
 }
 
 impl RejectionRow {
     /// The row as the audit log shows it; every column was checked on the way in (the table's
     /// check constraints, and the domain types of the statement that wrote it).
     fn into_rejection(self) -> Rejection {
+        let fencing_key = self.fencing_key.unwrap_or_else(|| self.key.clone());
         Rejection {
             id: AuditId(self.id),
             at: self.at,
@@ -112,11 +114,13 @@ impl RejectionRow {
                 .map(|h| Owner::parse(h).expect("stored owners are valid")),
             operation: match self.operation.as_str() {
                 "delete" => AuditOperation::Delete,
+                "txn" => AuditOperation::Txn,
                 _ => AuditOperation::Put,
             },
             request_id: self.request_id,
             remote_addr: self.remote_addr,
             principal: self.principal,
+            fencing_key: Some(Key::parse(fencing_key).expect("stored keys are valid")),
         }
     }
 }

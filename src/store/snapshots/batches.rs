@@ -8,16 +8,19 @@ use std::sync::LazyLock;
 use bytes::Bytes;
 
 use super::{BodyRow, FencedRow};
-use crate::domain::{AuditOperation, ETag, EntityTagCondition, FencingToken, Key, Version};
+use crate::domain::{
+    AuditOperation, ETag, EntityTagCondition, FencingToken, Key, KeyPrefix, Metadata, Version,
+};
 use crate::store::RequestContext;
 use crate::store::engine::batch::{Batcher, Indexed, Job, Kind};
 use crate::store::engine::conns::{Conns, Effect};
 use crate::store::engine::statement::{Batched, Column, QueryAs, column};
 use crate::store::idempotency::{self, Change, GatedRow};
 
-/// The fenced statements over a batch: each is its requests, the gate, the fencing rule and the
-/// refusals' audit rows (`sql/fenced.sql`), then its own part, then the record. What each part
-/// locks and why the whole is race-free is written beside it in those files.
+/// The fenced statements: each is its requests, the gate, its writes (`sql/writes.sql`, or a
+/// transaction's `sql/txn_writes.sql`), the fencing rules and the refusals' audit rows
+/// (`sql/fenced.sql`), then its own parts, then the record. What each part locks and why the
+/// whole is race-free is written beside it in those files.
 pub(crate) struct Fenced {
     /// The write, its body bound (`sql/put.sql`).
     pub(crate) put: Batched<FencedJob>,
@@ -27,13 +30,16 @@ pub(crate) struct Fenced {
     pub(crate) put_uploaded: Batched<FencedJob>,
     /// The check before a body is read (`sql/precheck.sql`).
     pub(crate) precheck: Batched<FencedJob>,
-    /// The delete's first statement (`sql/delete_head.sql`); its versions are removed by a
-    /// second statement in the same transaction (see [`delete`]).
+    /// The delete's first statement (`sql/delete.sql`); its versions are removed by a second
+    /// statement in the same transaction (see [`delete`]).
     pub(crate) delete_head: Batched<FencedJob>,
+    /// A transaction's first statement over its ops (`sql/txn.sql`, after the puts and the
+    /// deletes); the versions of the keys it deleted go in a second statement, as a delete's.
+    pub(crate) txn: Batched<FencedJob>,
 }
 
 /// In `sql/fenced.sql`, what a lower token is stale against: the key's newest granted token.
-const STALE_BELOW_NEWEST_GRANT: &str = "r.token < c.token OR";
+const STALE_BELOW_NEWEST_GRANT: &str = "w.token < c.token OR";
 
 /// If-Match's strong tags as an array (bound as a JSON array, NULL for `*`).
 const TAGS: (&str, &str) = (
@@ -44,22 +50,42 @@ const TAGS: (&str, &str) = (
 impl Fenced {
     /// The statements, with `stale_below` deciding what a lower token is stale against.
     fn build(stale_below: &'static str) -> Self {
-        let fenced = |part: &'static str, body: Option<&'static str>| {
+        const WRITES: &str = include_str!("sql/writes.sql");
+        const FENCED: &str = include_str!("sql/fenced.sql");
+        const PUT: &str = include_str!("sql/put.sql");
+        const DELETE: &str = include_str!("sql/delete.sql");
+        let fenced = |parts: &[&'static str], body: Option<&'static str>| {
             let mut fills = vec![("stale_below", stale_below)];
             fills.extend(body.map(|b| ("body", b)));
-            idempotency::changing(
-                FencedJob::columns(),
-                &[TAGS],
-                &[include_str!("sql/fenced.sql"), part],
-                &fills,
-            )
+            idempotency::changing(FencedJob::columns(), &[TAGS], parts, &fills)
         };
-        let put = include_str!("sql/put.sql");
+        let put_answer = include_str!("sql/put_answer.sql");
         Self {
-            put: fenced(put, Some("r.body")),
-            put_uploaded: fenced(put, Some("(SELECT body FROM pg_temp.snapfence_upload)")),
-            precheck: fenced(include_str!("sql/precheck.sql"), None),
-            delete_head: fenced(include_str!("sql/delete_head.sql"), None),
+            put: fenced(&[WRITES, FENCED, PUT, put_answer], Some("w.body")),
+            put_uploaded: fenced(
+                &[WRITES, FENCED, PUT, put_answer],
+                Some("(SELECT body FROM pg_temp.snapfence_upload)"),
+            ),
+            precheck: fenced(&[WRITES, FENCED, include_str!("sql/precheck.sql")], None),
+            delete_head: fenced(
+                &[
+                    WRITES,
+                    FENCED,
+                    DELETE,
+                    include_str!("sql/delete_answer.sql"),
+                ],
+                None,
+            ),
+            txn: fenced(
+                &[
+                    include_str!("sql/txn_writes.sql"),
+                    FENCED,
+                    PUT,
+                    DELETE,
+                    include_str!("sql/txn.sql"),
+                ],
+                Some("w.body"),
+            ),
         }
     }
 }
@@ -76,7 +102,7 @@ pub(crate) static FENCED: LazyLock<Fenced> =
 #[cfg(feature = "fault-controls")]
 static BROKEN: LazyLock<Fenced> = LazyLock::new(|| {
     Fenced::build(
-        "r.token < coalesce((SELECT max(w.token) FROM snapshot_versions w WHERE w.key = r.key), 0) OR",
+        "w.token < coalesce((SELECT max(v.token) FROM snapshot_versions v WHERE v.key = w.key), 0) OR",
     )
 });
 
@@ -94,13 +120,30 @@ pub(super) fn fenced() -> &'static Fenced {
 /// [`FencedJob::columns`] binds.
 #[derive(Debug)]
 pub(crate) struct FencedJob {
+    /// The key written; for a transaction's delete_prefix, its fence (the key of no write).
     pub(super) key: Key,
+    /// The lease whose token fences the write: the key itself, or a key whose namespace holds it.
+    pub(super) fence: Key,
     pub(super) token: FencingToken,
     pub(super) if_match: Option<EntityTagCondition>,
+    /// Create only: the key must have no current snapshot (a transaction's `if_none_match: "*"`).
+    pub(super) if_none_match: bool,
     pub(super) operation: AuditOperation,
+    pub(super) op: Op,
     /// For a write, what it stores.
     pub(super) write: Option<Write>,
     pub(super) ctx: RequestContext,
+}
+
+/// What a fenced request does to its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Op {
+    /// Stores a version (a check before a body, too).
+    Put,
+    /// Removes the current snapshot.
+    Delete,
+    /// Removes every current snapshot under the prefix in the fence's namespace, at most `limit`.
+    DeletePrefix { prefix: KeyPrefix, limit: i64 },
 }
 
 /// What a fenced write stores, and the versions its key keeps.
@@ -112,14 +155,31 @@ pub(super) struct Write {
     /// Whether the body is uploaded beforehand rather than bound ([`UPLOAD_FROM`]).
     pub(super) uploaded: bool,
     pub(super) keep_versions: i64,
+    /// The version's Snapshot-Metadata, a JSON object.
+    pub(super) metadata: Option<Metadata>,
 }
 
 impl FencedJob {
     /// The requests' columns of every fenced statement.
     fn columns() -> Vec<Column<Self>> {
         vec![
-            column!(Self, "key": "text" = |j| j.key.as_str()),
+            column!(Self, "key": "text" = |j| {
+                (!matches!(j.op, Op::DeletePrefix { .. })).then(|| j.key.as_str())
+            }),
+            column!(Self, "fence": "text" = |j| j.fence.as_str()),
             column!(Self, "token": "bigint" = |j| j.token.get()),
+            column!(Self, "if_none_match": "boolean" = |j| j.if_none_match),
+            column!(Self, "op": "text" = |j| match j.op {
+                Op::Put => "put",
+                Op::Delete => "delete",
+                Op::DeletePrefix { .. } => "delete_prefix",
+            }),
+            column!(Self, "prefix": "text" = |j| j.prefix().map(KeyPrefix::as_str)),
+            column!(Self, "prefix_end": "text" = |j| j.prefix().map(KeyPrefix::upper_bound)),
+            column!(Self, "prefix_limit": "bigint" = |j| match j.op {
+                Op::DeletePrefix { limit, .. } => Some(limit),
+                _ => None,
+            }),
             column!(Self, "has_if_match": "boolean" = |j| j.if_match.is_some()),
             // The strong tags as a JSON array, NULL for `*` (req makes it an array).
             column!(Self, "tags": "text" = |j| {
@@ -140,7 +200,18 @@ impl FencedJob {
                 j.write.as_ref().filter(|w| !w.uploaded).map(|w| w.body.as_ref())
             }),
             column!(Self, "keep": "bigint" = |j| j.write.as_ref().map_or(0, |w| w.keep_versions)),
+            column!(Self, "metadata": "text" = |j| {
+                j.write.as_ref().and_then(|w| w.metadata.as_ref()).map(|m| m.as_json().to_string())
+            }),
         ]
+    }
+
+    /// A delete_prefix's prefix.
+    fn prefix(&self) -> Option<&KeyPrefix> {
+        match &self.op {
+            Op::DeletePrefix { prefix, .. } => Some(prefix),
+            _ => None,
+        }
     }
 
     /// The write statement over `jobs`, for a bound or an uploaded body.

@@ -1,5 +1,5 @@
-//! Listing the keys that have a snapshot, by prefix, each with its current snapshot's metadata
-//! (`GET /v1/snapshots`, beyond the contract, as S3's ListObjectsV2 lists objects).
+//! Listing the keys that have a snapshot, by prefix, in key order or reversed, each with its
+//! current snapshot's head (`GET /v1/snapshots`, as S3's ListObjectsV2 lists objects).
 
 use sqlx::{FromRow, PgPool};
 
@@ -7,16 +7,32 @@ use super::VersionRow;
 use crate::domain::{Cursor, Key, KeyPrefix, Page, PageLimit, SnapshotMeta};
 use crate::store::{Bounded, Result};
 
-/// A page of snapshot keys in key order, after `after`, under `prefix`.
+/// A page of snapshot keys in key order (or reversed), after `after` in that order, under
+/// `prefix`.
 #[derive(Debug, Clone)]
 pub struct SnapshotKeysQuery {
     /// Only keys that start with this.
     pub prefix: KeyPrefix,
     /// Page size.
     pub limit: PageLimit,
-    /// Resume after this key.
+    /// Resume after this key, in the order asked for.
     pub after: Option<String>,
+    /// Byte order of the keys' UTF-8, or its reverse.
+    pub order: ListOrder,
 }
+
+/// The order of a listing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListOrder {
+    /// Byte order of the keys' UTF-8.
+    Asc,
+    /// Reversed.
+    Desc,
+}
+
+/// The listing's statement (`sql/list.sql`), for the test of its plan.
+#[doc(hidden)]
+pub const STATEMENT: &str = include_str!("sql/list.sql");
 
 #[derive(Debug, FromRow)]
 struct KeyedVersionRow {
@@ -29,11 +45,15 @@ struct KeyedVersionRow {
 /// so a page is one committed state; a key written or deleted between two pages is listed by
 /// the state its page saw.
 pub async fn list(pool: &PgPool, q: &SnapshotKeysQuery) -> Result<Page<SnapshotMeta>> {
-    let rows: Vec<KeyedVersionRow> = sqlx::query_as(include_str!("sql/list.sql"))
+    let rows: Vec<KeyedVersionRow> = sqlx::query_as(STATEMENT)
         .bind(q.prefix.as_str())
         .bind(q.prefix.upper_bound())
-        .bind(q.after.as_deref().unwrap_or(""))
+        .bind(q.after.as_deref())
         .bind(q.limit.get() + 1)
+        .bind(match q.order {
+            ListOrder::Asc => "asc",
+            ListOrder::Desc => "desc",
+        })
         .fetch_all(pool)
         .bounded(pool)
         .await?;

@@ -1,16 +1,17 @@
-//! The `snapshot_versions` table and the snapshot head on `leases`: fenced writes and deletes,
+//! Snapshots (`snapshot_heads`, `snapshot_versions`): fenced writes, deletes and transactions,
 //! and reads.
 //!
-//! The fencing rule is checked against the key's lease row while holding its row lock, by the
-//! same statement that writes (or refuses and audits). Grants take the same lock, so a write and
-//! a grant on one key, from any instances, are ordered: a write that commits before a grant was
-//! made with the then-newest token, and a write after it sees the new token and is refused.
+//! The fencing rules (`sql/fenced.sql`) are checked against the fence's lease row and the
+//! written keys' heads while holding their row locks, by the same statement that writes (or
+//! refuses and audits). Grants take the lease row's lock, so a write and a grant, from any
+//! instances, are ordered.
 
 mod batches;
 pub mod list;
+pub mod txn;
 
 pub(crate) use batches::{Batches, FENCED, GET};
-use batches::{FencedJob, GetJob, Write, fenced};
+use batches::{FencedJob, GetJob, Op, Write, fenced};
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
@@ -21,7 +22,7 @@ use super::engine::batch::Indexed;
 use super::idempotency::{self, Gated, GatedRow};
 use super::{Bounded, Db, RequestContext, Result};
 use crate::domain::{
-    AuditOperation, Cursor, ETag, EntityTagCondition, FencingToken, Key, Page, PageLimit,
+    AuditOperation, Cursor, ETag, EntityTagCondition, FencingToken, Key, Metadata, Page, PageLimit,
     RefusalReason, SnapshotMeta, Version,
 };
 
@@ -32,10 +33,13 @@ pub struct Refusal {
     pub reason: RefusalReason,
     /// The token the writer presented.
     pub presented: FencingToken,
-    /// The key's newest token, or `None` for a key that never had a lease.
+    /// The fence's newest token (or the key's highest written one, when that refused it), or
+    /// `None` for a fence that never had a lease.
     pub highest: Option<FencingToken>,
     /// The id of the audit row.
     pub audit_id: i64,
+    /// The lease that fenced the write.
+    pub fence: Key,
 }
 
 /// How a fenced write or delete ended.
@@ -45,7 +49,7 @@ pub enum WriteOutcome<T> {
     Accepted(T),
     /// The token was not acceptable; the refusal is recorded and nothing else changed.
     Refused(Refusal),
-    /// The token was acceptable but `If-Match` did not match; nothing changed.
+    /// The token was acceptable but a precondition (`If-Match`) did not hold; nothing changed.
     PreconditionFailed,
 }
 
@@ -64,6 +68,8 @@ pub struct Written {
 pub struct PutRequest {
     /// The key.
     pub key: Key,
+    /// The lease that fences it: the key itself, or a key whose namespace holds it.
+    pub fence: Key,
     /// The token presented in `Fencing-Token`.
     pub token: FencingToken,
     /// The `If-Match` condition, if any.
@@ -74,6 +80,8 @@ pub struct PutRequest {
     pub etag: ETag,
     /// The content type to store.
     pub content_type: String,
+    /// The version's Snapshot-Metadata.
+    pub metadata: Option<Metadata>,
 }
 
 /// Bodies of this size and more are uploaded before the fenced write instead of being bound
@@ -103,12 +111,24 @@ pub(crate) struct FencedRow {
     audit_id: Option<i64>,
     version: Option<i64>,
     updated_at: Option<DateTime<Utc>>,
+    /// False when the write lost the race to create its key's head: it is sent again.
+    #[serde(default = "settled")]
+    settled: bool,
+}
+
+fn settled() -> bool {
+    true
 }
 
 impl FencedRow {
     /// Splits the shared part of a fenced statement's answer into an outcome; `accepted` maps the
     /// row of an accepted change.
-    fn outcome<T>(self, token: FencingToken, accepted: impl FnOnce(Self) -> T) -> WriteOutcome<T> {
+    fn outcome<T>(
+        self,
+        token: FencingToken,
+        fence: &Key,
+        accepted: impl FnOnce(Self) -> T,
+    ) -> WriteOutcome<T> {
         match self.outcome.as_str() {
             "accepted" => WriteOutcome::Accepted(accepted(self)),
             "precondition_failed" => WriteOutcome::PreconditionFailed,
@@ -119,6 +139,7 @@ impl FencedRow {
                     .highest_token
                     .map(|t| FencingToken::new(t).expect("stored tokens are positive")),
                 audit_id: self.audit_id.expect("a refusal has its audit row"),
+                fence: fence.clone(),
             }),
         }
     }
@@ -140,33 +161,43 @@ pub async fn put(
     let uploaded = req.body.len() >= UPLOAD_FROM;
     let job = || FencedJob {
         key: req.key.clone(),
+        fence: req.fence.clone(),
         token: req.token,
         if_match: req.if_match.clone(),
+        if_none_match: false,
         operation: AuditOperation::Put,
+        op: Op::Put,
         write: Some(Write {
             body: req.body.clone(),
             etag: etag.clone(),
             content_type: req.content_type.clone(),
             uploaded,
             keep_versions,
+            metadata: req.metadata.clone(),
         }),
         ctx: ctx.clone(),
     };
-    let gated = idempotency::gated(ctx, || async {
-        if uploaded {
-            let job = job();
-            let row = db
-                .conns()
-                .fetch_one_uploading(&req.body, || FencedJob::put(&[&job]))
-                .await?;
-            Ok(row.row)
-        } else {
-            db.snapshots().put.answer(job()).await
+    let gated = loop {
+        let gated = idempotency::gated(ctx, || async {
+            if uploaded {
+                let job = job();
+                let row = db
+                    .conns()
+                    .fetch_one_uploading(&req.body, || FencedJob::put(&[&job]))
+                    .await?;
+                Ok(row.row)
+            } else {
+                db.snapshots().put.answer(job()).await
+            }
+        })
+        .await?;
+        match gated {
+            Gated::Ran(FencedRow { settled: false, .. }) => continue,
+            gated => break gated,
         }
-    })
-    .await?;
+    };
     Ok(gated.map(|row: FencedRow| {
-        row.outcome(req.token, |r| Written {
+        row.outcome(req.token, &req.fence, |r| Written {
             created: r.created.unwrap_or(true),
             meta: SnapshotMeta {
                 key: Some(req.key.clone()),
@@ -176,6 +207,8 @@ pub async fn put(
                 size: req.body.len() as i64,
                 content_type: req.content_type.clone(),
                 updated_at: r.updated_at.expect("an accepted write has a time"),
+                fencing_key: Some(req.fence.clone()),
+                metadata: req.metadata.clone(),
             },
         })
     }))
@@ -183,44 +216,59 @@ pub async fn put(
 
 /// A fenced request with no body to store (a check before a body, a delete).
 fn bodiless(
-    key: &Key,
-    token: FencingToken,
+    target: &Fenced<'_>,
     if_match: Option<&EntityTagCondition>,
-    operation: AuditOperation,
+    op: Op,
     ctx: &RequestContext,
 ) -> FencedJob {
     FencedJob {
-        key: key.clone(),
-        token,
+        key: target.key.clone(),
+        fence: target.fence.clone(),
+        token: target.token,
         if_match: if_match.cloned(),
-        operation,
+        if_none_match: false,
+        operation: match op {
+            Op::Put => AuditOperation::Put,
+            _ => AuditOperation::Delete,
+        },
+        op,
         write: None,
         ctx: ctx.clone(),
     }
+}
+
+/// What a fenced call writes, under which lease, with which token.
+#[derive(Debug, Clone, Copy)]
+pub struct Fenced<'a> {
+    /// The key written.
+    pub key: &'a Key,
+    /// The lease that fences it: the key itself, or a key whose namespace holds it.
+    pub fence: &'a Key,
+    /// The token presented.
+    pub token: FencingToken,
 }
 
 /// The fencing rule for a write whose body has not been read: one statement
 /// (`sql/precheck.sql`), in the next batch of checks, that refuses a stale or unknown token at
 /// once, with its audit row (and its Idempotency-Key's record), and otherwise changes nothing;
 /// the write's own statement checks again once the body is in. `Some` is the refusal.
-#[tracing::instrument(level = "debug", skip_all, fields(key = %key, token = %token))]
+#[tracing::instrument(level = "debug", skip_all, fields(key = %target.key, token = %target.token))]
 pub async fn precheck(
     db: &Db,
-    key: &Key,
-    token: FencingToken,
+    target: Fenced<'_>,
     ctx: &RequestContext,
 ) -> Result<Gated<Option<Refusal>>> {
     let gated = idempotency::gated(ctx, || {
-        let job = bodiless(key, token, None, AuditOperation::Put, ctx);
+        let job = bodiless(&target, None, Op::Put, ctx);
         db.snapshots().precheck.answer(job)
     })
     .await?;
-    Ok(
-        gated.map(|row: FencedRow| match row.outcome(token, |_| ()) {
+    Ok(gated.map(
+        |row: FencedRow| match row.outcome(target.token, target.fence, |_| ()) {
             WriteOutcome::Refused(refusal) => Some(refusal),
             WriteOutcome::Accepted(()) | WriteOutcome::PreconditionFailed => None,
-        }),
-    )
+        },
+    ))
 }
 
 /// A fenced delete: one short transaction of its own. The first statement (`FENCED.delete_head`, a
@@ -228,15 +276,14 @@ pub async fn precheck(
 /// records the answer under the Idempotency-Key. The second removes the key's versions; it runs
 /// with a snapshot taken after the lock was granted, so it sees every version committed before,
 /// and no writer can add one until this commits.
-#[tracing::instrument(level = "debug", skip_all, fields(key = %key, token = %token))]
+#[tracing::instrument(level = "debug", skip_all, fields(key = %target.key, token = %target.token))]
 pub async fn delete(
     pool: &PgPool,
-    key: &Key,
-    token: FencingToken,
+    target: Fenced<'_>,
     if_match: Option<&EntityTagCondition>,
     ctx: &RequestContext,
 ) -> Result<Gated<WriteOutcome<()>>> {
-    let job = bodiless(key, token, if_match, AuditOperation::Delete, ctx);
+    let job = bodiless(&target, if_match, Op::Delete, ctx);
     idempotency::gated(ctx, || async {
         let mut tx = pool.begin().bounded(pool).await?;
         let row = fenced()
@@ -248,7 +295,7 @@ pub async fn delete(
             .row;
         if row.ran()?.is_some_and(|r| r.outcome == "accepted") {
             sqlx::query(include_str!("sql/delete_versions.sql"))
-                .bind(key.as_str())
+                .bind([target.key.as_str()])
                 .execute(&mut *tx)
                 .bounded(pool)
                 .await?;
@@ -257,7 +304,7 @@ pub async fn delete(
         Ok(row)
     })
     .await
-    .map(|gated| gated.map(|row| row.outcome(token, |_| ())))
+    .map(|gated| gated.map(|row| row.outcome(target.token, target.fence, |_| ())))
 }
 
 /// A stored snapshot version with its body.
@@ -288,6 +335,8 @@ pub(super) struct VersionRow {
     size: i64,
     content_type: String,
     updated_at: DateTime<Utc>,
+    fencing_key: String,
+    metadata: Option<sqlx::types::Json<serde_json::Value>>,
 }
 
 impl VersionRow {
@@ -300,6 +349,8 @@ impl VersionRow {
             size: self.size,
             content_type: self.content_type,
             updated_at: self.updated_at,
+            fencing_key: Some(Key::parse(self.fencing_key).expect("stored keys are valid")),
+            metadata: self.metadata.map(|m| Metadata::from_stored(m.0)),
         }
     }
 }
@@ -327,6 +378,8 @@ struct ListedVersion {
     size: Option<i64>,
     content_type: Option<String>,
     updated_at: Option<DateTime<Utc>>,
+    fencing_key: Option<String>,
+    metadata: Option<sqlx::types::Json<serde_json::Value>>,
 }
 
 impl ListedVersion {
@@ -338,6 +391,8 @@ impl ListedVersion {
             size: self.size?,
             content_type: self.content_type?,
             updated_at: self.updated_at?,
+            fencing_key: self.fencing_key?,
+            metadata: self.metadata,
         })
     }
 }

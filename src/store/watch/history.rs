@@ -227,6 +227,9 @@ struct ChangeRow {
     operation: Option<String>,
     highest_token: Option<i64>,
     record_token: Option<i64>,
+    fencing_key: Option<String>,
+    txn: Option<i64>,
+    txn_size: Option<i32>,
 }
 
 impl ChangeRow {
@@ -240,6 +243,7 @@ impl ChangeRow {
         });
         let operation = self.operation.map(|o| match o.as_str() {
             "put" => AuditOperation::Put,
+            "txn" => AuditOperation::Txn,
             _ => AuditOperation::Delete,
         });
         ChangeEvent {
@@ -260,6 +264,11 @@ impl ChangeRow {
                 operation,
                 highest_token: self.highest_token.map(token),
                 record_token: self.record_token.map(token),
+                fencing_key: self
+                    .fencing_key
+                    .map(|k| Key::parse(k).expect("stored keys are valid")),
+                txn: self.txn.map(ChangeId::from_stored),
+                txn_size: self.txn_size.map(|n| n.unsigned_abs()),
             },
         }
     }

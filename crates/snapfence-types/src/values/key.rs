@@ -52,6 +52,14 @@ impl Key {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// Whether this key is in the namespace of `fence` (v1.3): `fence` itself, or a key that
+    /// begins with `fence/`.
+    pub fn in_namespace_of(&self, fence: &Key) -> bool {
+        self.0
+            .strip_prefix(fence.as_str())
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    }
 }
 
 impl<'de> Deserialize<'de> for Key {
@@ -102,6 +110,19 @@ impl KeyPrefix {
         &self.0
     }
 
+    /// Whether every key this prefix selects in `fence`'s namespace is there, and it names part
+    /// of it (v1.3): `fence` itself, or a prefix that begins with `fence/`.
+    pub fn in_namespace_of(&self, fence: &Key) -> bool {
+        self.0
+            .strip_prefix(fence.as_str())
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    }
+
+    /// Whether `key` starts with this prefix.
+    pub fn selects(&self, key: &Key) -> bool {
+        key.as_str().starts_with(&self.0)
+    }
+
     /// The smallest string, in code point order (which is the byte order of UTF-8 and so the
     /// order of the `"C"` collation), greater than every string that starts with this prefix.
     /// With it a prefix scan is a closed index range instead of a scan to the end of the table.
@@ -129,6 +150,38 @@ mod tests {
         assert!(Key::parse("jobs/42").is_ok());
         assert!(Key::parse("é".repeat(256)).is_ok());
         assert!(Key::parse("a".repeat(512)).is_ok());
+    }
+
+    #[test]
+    fn a_namespace_is_its_key_and_the_keys_under_it() {
+        let fence = Key::parse("threads/42").unwrap();
+        for inside in ["threads/42", "threads/42/c/1", "threads/42/"] {
+            assert!(
+                Key::parse(inside).unwrap().in_namespace_of(&fence),
+                "{inside}"
+            );
+        }
+        for outside in ["threads/420", "threads/4", "threads", "other/threads/42"] {
+            assert!(
+                !Key::parse(outside).unwrap().in_namespace_of(&fence),
+                "{outside}"
+            );
+        }
+        assert!(
+            KeyPrefix::parse("threads/42/w/")
+                .unwrap()
+                .in_namespace_of(&fence)
+        );
+        assert!(
+            KeyPrefix::parse("threads/42")
+                .unwrap()
+                .in_namespace_of(&fence)
+        );
+        assert!(
+            !KeyPrefix::parse("threads/4")
+                .unwrap()
+                .in_namespace_of(&fence)
+        );
     }
 
     #[test]

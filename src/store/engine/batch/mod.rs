@@ -99,6 +99,13 @@ pub(crate) struct Indexed<R> {
     pub(crate) row: R,
 }
 
+impl<R> Indexed<R> {
+    /// The request's position in its statement, from 1.
+    pub(crate) fn position(&self) -> i64 {
+        self.i
+    }
+}
+
 impl<'r, R: FromRow<'r, PgRow>> FromRow<'r, PgRow> for Indexed<R> {
     fn from_row(row: &'r PgRow) -> sqlx::Result<Self> {
         Ok(Self {

@@ -1,51 +1,78 @@
--- The first part of every fenced statement (put.sql, delete_head.sql and precheck.sql follow
--- it), for each request of the batch: the fencing rule, in this one place, and the audit row of
--- a refusal (`refused`), written by the same statement so that it commits with the verdict.
+-- The fencing rules, in this one place, for every write `w` (writes.sql for single requests,
+-- txn_writes.sql for a transaction), and the audit row of each refused group, written by the
+-- same statement so that it commits with the verdict. A write of key `key` under lease `fence`
+-- with token `token` is accepted only if (1) the token is the fence's newest and that lease was
+-- not given up, and (2) the token is at least the highest that wrote the key, under any fence.
+-- `{{stale_below}}` is rule (1)'s lower bound; only the fault tests' negative control fills it
+-- otherwise.
 --
--- The requests (`req`: key, token, has_if_match, tags, request_id, remote_addr, operation, and for
--- a write etag, size, content_type, body and keep; src/store/snapshots/mod.rs names them) and
--- gate.sql come before it (nothing of a request is checked, refused or written unless its gate
--- verdict is `run`), and remember.sql after the statement that follows it. `{{stale_below}}`
--- is what a lower token is stale against: the key's newest granted token (`r.token < c.token
--- OR`); only the fault tests' negative control fills it otherwise.
---
--- Locks: `cur` takes each key's lease row FOR NO KEY UPDATE, in key order (the order every
--- batched statement locks in), the lock every grant, renewal, release and fenced write of the
--- key takes, so the verdict is made on the row as the last of them left it and nothing can
--- change it until this statement's transaction ends. A grant that commits first is seen (its
--- token is the newest: a lower one is stale); one that comes after waits, and then sees what this
--- statement did. A key with no row has nothing to lock: it never had a lease, so every token is
--- unknown for it. Race-free under READ COMMITTED with any number of instances.
+-- Locks, under READ COMMITTED with any number of instances: `cur` takes the fences' lease rows
+-- FOR NO KEY UPDATE in key order, the lock every grant and ending takes, so no grant can slip
+-- between the verdict and the commit; only then (its one-time filter reads all of `cur`) does
+-- `heads` lock the written keys' heads in key order. Every statement takes lease rows before
+-- heads, so two never wait on each other in a circle. A key with no head yet is created by
+-- the part that follows with ON CONFLICT DO NOTHING: one that lost that race is not settled
+-- and runs again, then finding the head.
 cur AS (
-    SELECT r.i, l.key, l.token, l.owner, l.end_reason, l.snapshot_version, l.snapshot_etag,
-        l.versions_pruned_through
-    FROM req r JOIN gate g ON g.i = r.i AND g.verdict = 'run' JOIN leases l ON l.key = r.key
+    SELECT w.i, l.key, l.token, l.owner, l.end_reason
+    FROM w JOIN gate g ON g.i = w.gi AND g.verdict = 'run' JOIN leases l ON l.key = w.fence
     ORDER BY l.key FOR NO KEY UPDATE OF l),
-verdict AS (
-    SELECT r.i, r.key, CASE
+heads AS (
+    SELECT w.i, h.key, h.version, h.etag, h.pruned_through, h.written_token
+    FROM w JOIN gate g ON g.i = w.gi AND g.verdict = 'run' JOIN snapshot_heads h ON h.key = w.key
+    WHERE (SELECT count(*) FROM cur) >= 0
+    ORDER BY h.key FOR NO KEY UPDATE OF h),
+checked AS (
+    SELECT w.i, w.gi, w.key, w.op, w.in_txn, c.token AS fence_token, c.owner AS holder, h.written_token,
+        h.key IS NOT NULL AS has_head, h.etag AS current_etag, coalesce(h.version, 0) AS version,
+        coalesce(h.pruned_through, 0) AS pruned_through, CASE
         WHEN g.verdict <> 'run' THEN g.verdict
-        WHEN c.key IS NULL OR r.token > c.token THEN 'unknown_token'
+        WHEN c.key IS NULL OR w.token > c.token THEN 'unknown_token'
         WHEN {{stale_below}} c.end_reason IS NOT NULL THEN 'stale_token'
-        WHEN r.has_if_match AND (c.snapshot_etag IS NULL
-                     OR NOT (r.tags IS NULL OR c.snapshot_etag = ANY(r.tags)))
+        WHEN w.token < h.written_token THEN 'stale_written'
+        WHEN w.over_limit THEN 'too_many_keys'
+        WHEN w.has_if_match AND (h.etag IS NULL
+                     OR NOT (w.tags IS NULL OR h.etag = ANY(w.tags)))
             THEN 'precondition_failed'
+        WHEN w.if_none_match AND h.etag IS NOT NULL THEN 'precondition_failed'
         ELSE 'accepted'
-    END AS outcome,
-    c.token AS highest_token, c.owner AS holder,
-    c.snapshot_etag IS NULL AS created, c.snapshot_version,
-    c.versions_pruned_through AS pruned_through
-    FROM req r JOIN gate g ON g.i = r.i LEFT JOIN cur c ON c.i = r.i),
+    END AS rule
+    FROM w JOIN gate g ON g.i = w.gi LEFT JOIN cur c ON c.i = w.i LEFT JOIN heads h ON h.i = w.i),
+-- A group (a request, or a transaction's writes) is decided by its first failing write, a
+-- rule's refusal before a bound's before a precondition's: all of a group is written, or none.
+failed AS (
+    SELECT DISTINCT ON (k.gi) k.*
+    FROM checked k WHERE k.rule <> 'accepted'
+    ORDER BY k.gi, CASE k.rule WHEN 'precondition_failed' THEN 2 WHEN 'too_many_keys' THEN 1
+        ELSE 0 END, k.i),
+-- A refusal by rule (2) is `stale_token` against the key's highest written token. A
+-- transaction's changes are counted for the watch (`txn_size`): its puts, and its deletes of a
+-- current snapshot.
+verdict AS (
+    SELECT k.i, k.gi, k.key, k.holder, k.has_head, k.current_etag, k.version,
+        k.pruned_through, k.current_etag IS NULL AS created, f.i AS failed_i,
+        CASE WHEN k.in_txn THEN count(*) FILTER (WHERE k.op = 'put' OR k.current_etag IS NOT NULL)
+            OVER (PARTITION BY k.gi) END AS txn_size,
+        CASE f.rule WHEN 'stale_written' THEN 'stale_token' ELSE coalesce(f.rule, 'accepted') END
+            AS outcome,
+        CASE f.rule WHEN 'stale_written' THEN f.written_token ELSE f.fence_token END
+            AS highest_token
+    FROM checked k LEFT JOIN failed f ON f.gi = k.gi),
+-- The audit row of each group refused by a rule, naming its first write so refused.
 refused AS (
     INSERT INTO rejections (key, reason, presented_token, highest_token, holder,
-        operation, request_id, remote_addr, principal)
-    SELECT r.key, v.outcome, r.token, v.highest_token, v.holder, r.operation, r.request_id,
-        r.remote_addr, r.principal
-    FROM verdict v JOIN req r ON r.i = v.i WHERE v.outcome IN ('stale_token', 'unknown_token')
-    RETURNING id, key, at, reason, presented_token, highest_token, holder, operation),
+        operation, request_id, remote_addr, principal, fencing_key)
+    SELECT w.subject, v.outcome, w.token, v.highest_token, v.holder, w.operation,
+        w.request_id, w.remote_addr, w.principal, w.fence
+    FROM verdict v JOIN w ON w.i = v.i
+    WHERE v.i = v.failed_i AND v.outcome IN ('stale_token', 'unknown_token')
+    ORDER BY v.gi
+    RETURNING id, key, at, reason, presented_token, highest_token, holder, operation,
+        fencing_key),
 -- The watch's change of each refusal (`write.refused`, migrations/20261205000000_change_log.sql).
 refusals_noted AS (
     INSERT INTO change_log (kind, key, token, at, owner, reason, audit_id, operation,
-        highest_token)
+        highest_token, fencing_key)
     SELECT 'write.refused', f.key, f.presented_token, f.at, f.holder, f.reason, f.id,
-        f.operation, f.highest_token
+        f.operation, f.highest_token, f.fencing_key
     FROM refused f ORDER BY f.id),

@@ -1,41 +1,47 @@
--- The fenced write, for each request of the batch: fenced.sql, then this. One statement, so the
--- checks, the writes (or the refusals and their audit rows) and the pruning commit together.
+-- The fenced write of each request of the batch, after fenced.sql: one statement, so the checks,
+-- the writes (or the refusals and their audit rows) and the pruning commit together.
 --
--- `{{body}}` is the request's bound body (`r.body`), or for a body uploaded beforehand (a batch
--- of one) the connection's upload table's; `r.keep` is the versions each key keeps.
---
--- `head` bumps each accepted key's version counter and sets its ETag on the row `cur` locked, so
--- versions are gapless however many writers race, and returns what the rest writes, so that no
--- part after it joins `req` again (each join built a hash table per batch, bench/README.md,
--- fifth pass); `stored` inserts the bodies under those versions; `pruned` drops, in one DELETE
--- for the batch, the versions that fall out of the retention window: those above the key's
--- `versions_pruned_through` (as `cur` locked it), which then moves up to the window's start, so
--- that the DELETE walks none of the index entries its earlier runs left for the vacuum
--- (migrations/20261208000000_versions_pruned_through.sql). Pruned as far as its own `keep`: an
--- instance that keeps more versions than another finds them gone, as before.
-head AS (
-    UPDATE leases SET snapshot_version = leases.snapshot_version + 1, snapshot_etag = r.etag,
-        versions_pruned_through = greatest(leases.versions_pruned_through,
-            leases.snapshot_version + 1 - r.keep)
-    FROM verdict v JOIN req r ON r.i = v.i
-    WHERE leases.key = r.key AND v.outcome = 'accepted'
-    RETURNING leases.key, leases.snapshot_version AS version, v.pruned_through, r.token, r.etag,
-        r.size, r.content_type, r.keep, {{body}} AS body),
+-- `{{body}}` is the request's bound body (`w.body`), or for a body uploaded beforehand (a batch
+-- of one) the connection's upload table's; `w.keep` is the versions each key keeps. `put_old`
+-- bumps each accepted key's version on the head `heads` locked (versions are gapless however
+-- many writers race), or `put_new` creates the head of a key never written; `stored` inserts
+-- the bodies; `pruned` drops, in one DELETE, the versions that fall out of the retention window above the
+-- head's `pruned_through` (migrations/20261208000000_versions_pruned_through.sql).
+put_old AS (
+    UPDATE snapshot_heads h SET version = h.version + 1, etag = w.etag,
+        pruned_through = greatest(h.pruned_through, h.version + 1 - w.keep),
+        written_token = greatest(h.written_token, w.token)
+    FROM verdict v JOIN w ON w.i = v.i
+    WHERE h.key = w.key AND v.outcome = 'accepted' AND v.has_head AND w.op = 'put'
+    RETURNING w.i, h.key, h.version, v.pruned_through, w.token, w.etag, w.size,
+        w.content_type, w.keep, w.fence, w.metadata, v.txn_size, {{body}} AS body),
+put_new AS (
+    INSERT INTO snapshot_heads (key, version, etag, written_token)
+    SELECT w.key, 1, w.etag, w.token
+    FROM verdict v JOIN w ON w.i = v.i
+    WHERE v.outcome = 'accepted' AND NOT v.has_head AND w.op = 'put'
+    ORDER BY w.key
+    ON CONFLICT (key) DO NOTHING
+    RETURNING key),
+written AS (
+    SELECT * FROM put_old
+    UNION ALL
+    SELECT w.i, n.key, 1, 0, w.token, w.etag, w.size, w.content_type, w.keep, w.fence,
+        w.metadata, v.txn_size, {{body}}
+    FROM put_new n JOIN w ON w.key = n.key JOIN verdict v ON v.i = w.i),
 stored AS (
-    INSERT INTO snapshot_versions (key, version, token, etag, size, content_type, updated_at, body)
-    SELECT h.key, h.version, h.token, h.etag, h.size, h.content_type, now(), h.body
-    FROM head h
+    INSERT INTO snapshot_versions (key, version, token, etag, size, content_type, updated_at,
+        body, fencing_key, metadata)
+    SELECT h.key, h.version, h.token, h.etag, h.size, h.content_type, now(), h.body, h.fence,
+        h.metadata::json
+    FROM written h
     RETURNING key, version, updated_at),
--- The watch's change of each write, drawn after the row lock (migrations/20261205000000_change_log.sql).
+-- The watch's change of each write (migrations/20261205000000_change_log.sql).
 written_noted AS (
-    INSERT INTO change_log (kind, key, token, at, version, etag)
-    SELECT 'snapshot.written', h.key, h.token, now(), h.version, h.etag
-    FROM head h ORDER BY h.key),
+    INSERT INTO change_log (kind, key, token, at, version, etag, fencing_key, txn_size)
+    SELECT 'snapshot.written', h.key, h.token, now(), h.version, h.etag, h.fence, h.txn_size
+    FROM written h ORDER BY h.key),
 pruned AS (
     DELETE FROM snapshot_versions sv
-    USING head h
+    USING written h
     WHERE sv.key = h.key AND sv.version > h.pruned_through AND sv.version <= h.version - h.keep),
-result AS (
-    SELECT v.i, v.outcome, v.highest_token, v.created, f.id AS audit_id,
-        s.version, s.updated_at, true AS settled
-    FROM verdict v LEFT JOIN refused f ON f.key = v.key LEFT JOIN stored s ON s.key = v.key),

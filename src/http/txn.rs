@@ -1,0 +1,304 @@
+//! `POST /v1/txn` (contract v1.3): puts, deletes and prefix deletes under one fence, all or
+//! nothing. The body is checked whole here (each key once, all in the fence's namespace, no key
+//! also under a prefix delete) before the store runs it as one statement.
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use base64::Engine;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use super::Routes;
+use super::error::ApiError;
+use super::extract::{
+    BodyLimit, Context, FencingTokenHeader, content_length, fencing_key, json_body, read_limited,
+};
+use crate::domain::{EntityTagCondition, FencingToken, Key, KeyPrefix, Metadata, SnapshotMeta};
+use crate::state::AppState;
+use crate::store::snapshots::txn::{self, TxnOp, TxnOutcome, TxnRequest, TxnResult};
+
+const TXN_TOO_LARGE: &str = "Send fewer or smaller puts, or raise the server's --max-snapshot-bytes (the bound of a transaction's body too)";
+
+pub(super) fn routes() -> Routes {
+    Routes::new().route("/v1/txn", post(run))
+}
+
+/// The body: its ops, in order.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TxnBody {
+    ops: Vec<OpBody>,
+}
+
+/// One op as sent.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+enum OpBody {
+    Put {
+        key: Key,
+        /// The body, base64 (standard alphabet, padded).
+        body: String,
+        #[serde(default)]
+        content_type: Option<String>,
+        #[serde(default)]
+        metadata: Option<Metadata>,
+        #[serde(default)]
+        if_match: Option<String>,
+        #[serde(default)]
+        if_none_match: Option<String>,
+    },
+    Delete {
+        key: Key,
+    },
+    DeletePrefix {
+        prefix: String,
+    },
+}
+
+/// The answer of a committed transaction.
+#[derive(Debug, Serialize)]
+struct TxnAnswer {
+    token: FencingToken,
+    fencing_key: Key,
+    results: Vec<OpAnswer>,
+}
+
+/// One op's result.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum OpAnswer {
+    Put {
+        #[serde(flatten)]
+        meta: SnapshotMeta,
+        created: bool,
+    },
+    Delete {
+        key: Key,
+        deleted: bool,
+    },
+    DeletePrefix {
+        prefix: String,
+        deleted: i64,
+    },
+}
+
+async fn run(
+    State(state): State<AppState>,
+    FencingTokenHeader(token): FencingTokenHeader,
+    Context(mut ctx, idempotency): Context,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let fence = fencing_key(&headers)?.ok_or_else(|| {
+        ApiError::InvalidRequest(
+            "a transaction needs the Fencing-Key header: the key of the lease whose namespace holds every key it writes"
+                .into(),
+        )
+    })?;
+    let limit = BodyLimit {
+        max_bytes: state.rules.max_snapshot_bytes,
+        timeout: state.rules.body_timeout,
+        hint: TXN_TOO_LARGE,
+        budget: state.limits.bodies().clone(),
+    };
+    let raw = read_limited(body, content_length(&headers), limit).await?;
+    let parsed: TxnBody = json_body(&raw)?;
+    let req = checked(fence, token, parsed, state.rules.max_txn_ops)?;
+    idempotency.attach(
+        &mut ctx,
+        "txn",
+        &req.fence,
+        &[&token.get().to_be_bytes(), &raw],
+    );
+    let done = txn::txn(
+        &state.db,
+        &req,
+        state.rules.keep_versions,
+        state.rules.max_txn_prefix_keys,
+        &ctx,
+    )
+    .await;
+    let prefix_limit = state.rules.max_txn_prefix_keys;
+    idempotency.respond(done, |outcome| match outcome {
+        TxnOutcome::Committed(results) => Ok(Json(TxnAnswer {
+            token: req.token,
+            fencing_key: req.fence.clone(),
+            results: results.into_iter().map(answer).collect(),
+        })
+        .into_response()),
+        TxnOutcome::Refused(refusal) => Err(ApiError::Refused {
+            key: refusal.fence.clone(),
+            refusal,
+        }),
+        TxnOutcome::PreconditionFailed { op_index } => {
+            Err(ApiError::OpPreconditionFailed { op_index })
+        }
+        TxnOutcome::TooManyKeys => Err(ApiError::InvalidRequest(format!(
+            "the prefix deletes of this transaction match more than {prefix_limit} snapshots; delete in pages (list the keys with GET /v1/snapshots?prefix=…&limit=…, then delete them in several transactions)"
+        ))),
+    })
+}
+
+fn answer(result: TxnResult) -> OpAnswer {
+    match result {
+        TxnResult::Put(written) => OpAnswer::Put {
+            meta: written.meta,
+            created: written.created,
+        },
+        TxnResult::Delete { key, deleted } => OpAnswer::Delete { key, deleted },
+        TxnResult::DeletePrefix { prefix, deleted } => OpAnswer::DeletePrefix {
+            prefix: prefix.as_str().to_owned(),
+            deleted,
+        },
+    }
+}
+
+/// The body checked against the contract: 1..=`max_ops` ops, every key and prefix in the
+/// fence's namespace, each key once and under no prefix that is deleted, prefixes disjoint.
+fn checked(
+    fence: Key,
+    token: FencingToken,
+    body: TxnBody,
+    max_ops: usize,
+) -> Result<TxnRequest, ApiError> {
+    let invalid = |n: usize, what: String| ApiError::InvalidRequest(format!("ops[{n}]: {what}"));
+    if body.ops.is_empty() || body.ops.len() > max_ops {
+        return Err(ApiError::InvalidRequest(format!(
+            "a transaction has 1 to {max_ops} ops; this one has {}",
+            body.ops.len()
+        )));
+    }
+    let outside = |what: &str| {
+        format!(
+            "{what} is not in the namespace of the Fencing-Key {fence:?} (that key, or keys beginning with \"{fence}/\")"
+        )
+    };
+    let mut ops = Vec::with_capacity(body.ops.len());
+    for (n, op) in body.ops.into_iter().enumerate() {
+        let op = match op {
+            OpBody::Put {
+                key,
+                body,
+                content_type,
+                metadata,
+                if_match,
+                if_none_match,
+            } => {
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(body.as_bytes())
+                    .map_err(|e| invalid(n, format!("body is not base64 ({e})")))?;
+                let content_type =
+                    content_type.unwrap_or_else(|| "application/octet-stream".to_owned());
+                if content_type.is_empty()
+                    || !content_type
+                        .bytes()
+                        .all(|b| b == b' ' || b.is_ascii_graphic())
+                {
+                    return Err(invalid(
+                        n,
+                        "content_type must be visible ASCII, e.g. application/json".into(),
+                    ));
+                }
+                let if_match = if_match
+                    .map(|m| EntityTagCondition::parse(&m))
+                    .transpose()
+                    .map_err(|e| invalid(n, format!("if_match: {e}")))?;
+                let if_none_match = match if_none_match.as_deref() {
+                    None => false,
+                    Some("*") => true,
+                    Some(other) => {
+                        return Err(invalid(
+                            n,
+                            format!(
+                                "if_none_match is {other:?}; only \"*\" (create only) is supported"
+                            ),
+                        ));
+                    }
+                };
+                if if_match.is_some() && if_none_match {
+                    return Err(invalid(
+                        n,
+                        "send if_match or if_none_match, not both".into(),
+                    ));
+                }
+                TxnOp::Put {
+                    key,
+                    body: Bytes::from(bytes),
+                    content_type,
+                    metadata,
+                    if_match,
+                    if_none_match,
+                }
+            }
+            OpBody::Delete { key } => TxnOp::Delete { key },
+            OpBody::DeletePrefix { prefix } => TxnOp::DeletePrefix {
+                prefix: KeyPrefix::parse(prefix).map_err(|e| invalid(n, e.to_string()))?,
+            },
+        };
+        match &op {
+            TxnOp::Put { key, .. } | TxnOp::Delete { key } if !key.in_namespace_of(&fence) => {
+                return Err(invalid(n, outside(&format!("key {key:?}"))));
+            }
+            TxnOp::DeletePrefix { prefix } if !prefix.in_namespace_of(&fence) => {
+                return Err(invalid(
+                    n,
+                    outside(&format!("prefix {:?}", prefix.as_str())),
+                ));
+            }
+            _ => {}
+        }
+        ops.push(op);
+    }
+    check_disjoint(&ops)?;
+    Ok(TxnRequest { fence, token, ops })
+}
+
+/// Each key at most once, no key under a deleted prefix, no prefix under another.
+fn check_disjoint(ops: &[TxnOp]) -> Result<(), ApiError> {
+    let keys: Vec<(usize, &Key)> = ops
+        .iter()
+        .enumerate()
+        .filter_map(|(n, op)| match op {
+            TxnOp::Put { key, .. } | TxnOp::Delete { key } => Some((n, key)),
+            TxnOp::DeletePrefix { .. } => None,
+        })
+        .collect();
+    let prefixes: Vec<(usize, &KeyPrefix)> = ops
+        .iter()
+        .enumerate()
+        .filter_map(|(n, op)| match op {
+            TxnOp::DeletePrefix { prefix } => Some((n, prefix)),
+            _ => None,
+        })
+        .collect();
+    let mut seen = std::collections::HashMap::new();
+    for &(n, key) in &keys {
+        if let Some(first) = seen.insert(key, n) {
+            return Err(ApiError::InvalidRequest(format!(
+                "ops[{first}] and ops[{n}] both name key {key:?}; a key may appear once in a transaction"
+            )));
+        }
+        if let Some((p, prefix)) = prefixes.iter().find(|(_, p)| p.selects(key)) {
+            return Err(ApiError::InvalidRequest(format!(
+                "ops[{n}] names key {key:?}, which the delete_prefix of ops[{p}] ({:?}) also deletes; a key may appear once in a transaction",
+                prefix.as_str()
+            )));
+        }
+    }
+    for (i, &(n, a)) in prefixes.iter().enumerate() {
+        for &(m, b) in &prefixes[i + 1..] {
+            if a.as_str().starts_with(b.as_str()) || b.as_str().starts_with(a.as_str()) {
+                return Err(ApiError::InvalidRequest(format!(
+                    "the delete_prefix of ops[{n}] ({:?}) and of ops[{m}] ({:?}) overlap; send the shorter one alone",
+                    a.as_str(),
+                    b.as_str()
+                )));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,26 @@
+-- A transaction's answer, after fenced.sql, put.sql and delete.sql: all of it was written, or
+-- none (fenced.sql decides the transaction as one group). One answer, on the first request's
+-- row: the outcome, what refused it (the audit row; the op whose precondition failed), each op's
+-- result in order, and the keys whose versions the transaction's second statement removes. Not
+-- settled when a put lost the race to create its key's head: the transaction runs again.
+op_results AS (
+    SELECT r.i, CASE r.op
+        WHEN 'put' THEN json_build_object('key', r.key, 'version', s.version, 'etag', r.etag,
+            'size', r.size, 'content_type', r.content_type, 'updated_at', s.updated_at,
+            'created', v.created)
+        WHEN 'delete' THEN json_build_object('key', r.key, 'deleted',
+            EXISTS (SELECT FROM cleared d WHERE d.key = r.key AND d.current_etag IS NOT NULL))
+        ELSE json_build_object('prefix', r.prefix, 'deleted',
+            (SELECT count(*) FROM expanded x JOIN cleared d ON d.key = x.key WHERE x.prefix_i = r.i))
+    END AS result
+    FROM req r JOIN verdict v ON v.i = r.i LEFT JOIN stored s ON s.key = r.key),
+result AS (
+    SELECT v.i, v.outcome, v.highest_token, (SELECT f.id FROM refused f) AS audit_id,
+        CASE WHEN v.outcome = 'precondition_failed' THEN v.failed_i - 1 END AS op_index,
+        CASE WHEN v.outcome = 'accepted'
+            THEN (SELECT json_agg(o.result ORDER BY o.i) FROM op_results o) END AS results,
+        (SELECT array_agg(d.key) FROM cleared d WHERE d.current_etag IS NOT NULL) AS deleted_keys,
+        v.outcome <> 'accepted'
+            OR (SELECT count(*) FROM req r WHERE r.op = 'put') = (SELECT count(*) FROM stored)
+            AS settled
+    FROM verdict v WHERE v.i = 1),

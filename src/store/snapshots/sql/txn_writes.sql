@@ -1,0 +1,28 @@
+-- A transaction's writes (`w`, which fenced.sql checks), all decided by the first request's gate
+-- (`gi` 1): each op; a delete_prefix as a write of no key, so that the fence is checked even when
+-- it matches nothing; and a delete of each current snapshot it matches in the fence's namespace,
+-- at most `prefix_limit` + 1 over all of them (one more than allowed refuses the transaction:
+-- `over_limit`). The request rows are numbered from 1; a prefix's matches from 1,000,000 times
+-- its op's number, so that a refusal names the first key in op order. Matches are read, not
+-- locked, here: fenced.sql locks their heads, in key order, after the fence.
+expanded AS (
+    SELECT p.i AS prefix_i, m.key, p.i * 1000000 + row_number() OVER (PARTITION BY p.i ORDER BY m.key) AS n
+    FROM req p CROSS JOIN LATERAL (
+        SELECT h.key FROM snapshot_heads h
+        WHERE h.key >= p.prefix AND h.key < p.prefix_end AND h.etag IS NOT NULL
+            AND (h.key = p.fence OR starts_with(h.key, p.fence || '/'))
+        ORDER BY h.key LIMIT p.prefix_limit + 1) m
+    WHERE p.op = 'delete_prefix'),
+bound AS (
+    SELECT (SELECT count(*) FROM expanded) > max(r.prefix_limit) AS over_limit FROM req r),
+w AS (
+    SELECT r.i, 1::bigint AS gi, r.op, r.key, coalesce(r.key, r.prefix) AS subject, r.fence,
+        r.token, r.has_if_match, r.tags, r.if_none_match, r.operation, r.request_id,
+        r.remote_addr, r.principal, r.etag, r.size, r.content_type, r.keep, r.metadata, r.body,
+        b.over_limit, true AS in_txn
+    FROM req r CROSS JOIN bound b
+    UNION ALL
+    SELECT x.n, 1, 'delete', x.key, x.key, r.fence, r.token, false, NULL, false, r.operation,
+        r.request_id, r.remote_addr, r.principal, NULL, NULL, NULL, r.keep, NULL, NULL,
+        b.over_limit, true
+    FROM expanded x JOIN req r ON r.i = x.prefix_i CROSS JOIN bound b),

@@ -1,0 +1,299 @@
+//! Transactions (`POST /v1/txn`): puts, deletes and prefix deletes under one fence, all or
+//! nothing. One statement (`FENCED.txn`) checks every write by the rules of `sql/fenced.sql` and
+//! writes all of them or none; a second removes the deleted keys' versions; both in one short
+//! transaction, which is rolled back and run again if a put lost the race to create its head.
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use sqlx::PgPool;
+
+use super::batches::{FencedJob, Op, Write, fenced};
+use super::{Refusal, Written};
+use crate::domain::{
+    AuditOperation, ETag, EntityTagCondition, FencingToken, Key, KeyPrefix, Metadata,
+    RefusalReason, SnapshotMeta, Version,
+};
+use crate::store::engine::batch::Indexed;
+use crate::store::idempotency::{self, Gated, GatedRow};
+use crate::store::{Bounded, RequestContext, Result};
+
+/// A transaction: its ops, fenced by `token` of the lease on `fence`.
+#[derive(Debug, Clone)]
+pub struct TxnRequest {
+    /// The lease whose namespace holds every key of the ops.
+    pub fence: Key,
+    /// The token presented.
+    pub token: FencingToken,
+    /// The ops, in order; each key at most once, checked by the caller.
+    pub ops: Vec<TxnOp>,
+}
+
+/// One op of a transaction.
+#[derive(Debug, Clone)]
+pub enum TxnOp {
+    /// Stores a version of `key`.
+    Put {
+        /// The key.
+        key: Key,
+        /// The body.
+        body: Bytes,
+        /// The content type to store.
+        content_type: String,
+        /// The version's metadata.
+        metadata: Option<Metadata>,
+        /// Only if the current ETag matches.
+        if_match: Option<EntityTagCondition>,
+        /// Only if the key has no current snapshot.
+        if_none_match: bool,
+    },
+    /// Removes the current snapshot of `key`, if any.
+    Delete {
+        /// The key.
+        key: Key,
+    },
+    /// Removes every current snapshot under `prefix` in the fence's namespace.
+    DeletePrefix {
+        /// The prefix.
+        prefix: KeyPrefix,
+    },
+}
+
+/// What one op did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TxnResult {
+    /// The version a put stored.
+    Put(Written),
+    /// Whether a delete removed a current snapshot.
+    Delete {
+        /// The key.
+        key: Key,
+        /// Whether it had a current snapshot.
+        deleted: bool,
+    },
+    /// How many snapshots a prefix delete removed.
+    DeletePrefix {
+        /// The prefix.
+        prefix: KeyPrefix,
+        /// How many.
+        deleted: i64,
+    },
+}
+
+/// How a transaction ended; nothing was written unless it committed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TxnOutcome {
+    /// Every op was done; their results in order.
+    Committed(Vec<TxnResult>),
+    /// A fencing rule refused it; the refusal is recorded.
+    Refused(Refusal),
+    /// The precondition of this op (from 0) did not hold.
+    PreconditionFailed {
+        /// The op.
+        op_index: usize,
+    },
+    /// Its prefix deletes match more keys than a transaction may delete.
+    TooManyKeys,
+}
+
+/// The answer of `sql/txn.sql`.
+#[derive(Debug, Deserialize)]
+struct TxnRow {
+    outcome: String,
+    highest_token: Option<i64>,
+    audit_id: Option<i64>,
+    op_index: Option<usize>,
+    results: Option<Vec<OpRow>>,
+    deleted_keys: Option<Vec<String>>,
+    settled: bool,
+}
+
+/// One op's result in `sql/txn.sql`'s answer.
+#[derive(Debug, Deserialize)]
+struct OpRow {
+    version: Option<i64>,
+    updated_at: Option<DateTime<Utc>>,
+    created: Option<bool>,
+    deleted: Option<serde_json::Value>,
+}
+
+/// Runs a transaction; `prefix_limit` bounds the keys its prefix deletes may remove together.
+#[tracing::instrument(level = "debug", skip_all, fields(fence = %req.fence, ops = req.ops.len()))]
+pub async fn txn(
+    pool: &PgPool,
+    req: &TxnRequest,
+    keep_versions: i64,
+    prefix_limit: i64,
+    ctx: &RequestContext,
+) -> Result<Gated<TxnOutcome>> {
+    let jobs = jobs(req, keep_versions, prefix_limit, ctx);
+    let refs: Vec<&FencedJob> = jobs.iter().collect();
+    let gated = loop {
+        let gated = idempotency::gated(ctx, || async {
+            let mut tx = pool.begin().bounded(pool).await?;
+            let rows: Vec<Indexed<GatedRow<TxnRow>>> = fenced()
+                .txn
+                .query(&refs)
+                .fetch_all(&mut *tx)
+                .bounded(pool)
+                .await?;
+            let first = rows
+                .into_iter()
+                .find(|r| r.position() == 1)
+                .expect("a transaction's statement answers on its first op's row")
+                .row;
+            match first.ran()? {
+                Some(TxnRow { settled: false, .. }) => {
+                    tx.rollback().bounded(pool).await?;
+                    return Ok(first);
+                }
+                Some(TxnRow {
+                    deleted_keys: Some(keys),
+                    ..
+                }) if !keys.is_empty() => {
+                    sqlx::query(include_str!("sql/delete_versions.sql"))
+                        .bind(keys)
+                        .execute(&mut *tx)
+                        .bounded(pool)
+                        .await?;
+                }
+                _ => {}
+            }
+            tx.commit().bounded_change(pool).await?;
+            Ok(first)
+        })
+        .await?;
+        match gated {
+            Gated::Ran(TxnRow { settled: false, .. }) => continue,
+            gated => break gated,
+        }
+    };
+    Ok(gated.map(|row| outcome(req, row)))
+}
+
+/// The statement's requests: one per op, the Idempotency-Key on the first alone (its gate
+/// decides the transaction, and its row carries the answer).
+fn jobs(
+    req: &TxnRequest,
+    keep_versions: i64,
+    prefix_limit: i64,
+    ctx: &RequestContext,
+) -> Vec<FencedJob> {
+    req.ops
+        .iter()
+        .enumerate()
+        .map(|(n, op)| {
+            let mut ctx = ctx.clone();
+            if n > 0 {
+                ctx.idempotency = None;
+            }
+            let (key, op, write, if_match, if_none_match) = match op {
+                TxnOp::Put {
+                    key,
+                    body,
+                    content_type,
+                    metadata,
+                    if_match,
+                    if_none_match,
+                } => (
+                    key.clone(),
+                    Op::Put,
+                    Some(Write {
+                        body: body.clone(),
+                        etag: ETag::of(body),
+                        content_type: content_type.clone(),
+                        uploaded: false,
+                        keep_versions,
+                        metadata: metadata.clone(),
+                    }),
+                    if_match.clone(),
+                    *if_none_match,
+                ),
+                TxnOp::Delete { key } => (key.clone(), Op::Delete, None, None, false),
+                TxnOp::DeletePrefix { prefix } => (
+                    req.fence.clone(),
+                    Op::DeletePrefix {
+                        prefix: prefix.clone(),
+                        limit: prefix_limit,
+                    },
+                    None,
+                    None,
+                    false,
+                ),
+            };
+            FencedJob {
+                key,
+                fence: req.fence.clone(),
+                token: req.token,
+                if_match,
+                if_none_match,
+                operation: AuditOperation::Txn,
+                op,
+                write,
+                ctx,
+            }
+        })
+        .collect()
+}
+
+/// The outcome a transaction's answer says.
+fn outcome(req: &TxnRequest, row: TxnRow) -> TxnOutcome {
+    let token = |t: i64| FencingToken::new(t).expect("stored tokens are positive");
+    match row.outcome.as_str() {
+        "accepted" => {
+            let results = row.results.unwrap_or_default();
+            TxnOutcome::Committed(
+                req.ops
+                    .iter()
+                    .zip(results)
+                    .map(|(op, r)| result(req, op, r))
+                    .collect(),
+            )
+        }
+        "precondition_failed" => TxnOutcome::PreconditionFailed {
+            op_index: row.op_index.expect("a failed precondition names its op"),
+        },
+        "too_many_keys" => TxnOutcome::TooManyKeys,
+        reason => TxnOutcome::Refused(Refusal {
+            reason: RefusalReason::parse(reason).expect("fenced verdicts"),
+            presented: req.token,
+            highest: row.highest_token.map(token),
+            audit_id: row.audit_id.expect("a refusal has its audit row"),
+            fence: req.fence.clone(),
+        }),
+    }
+}
+
+/// One op's result, from the op and its row of the answer.
+fn result(req: &TxnRequest, op: &TxnOp, r: OpRow) -> TxnResult {
+    match op {
+        TxnOp::Put {
+            key,
+            body,
+            content_type,
+            metadata,
+            ..
+        } => TxnResult::Put(Written {
+            created: r.created.unwrap_or(true),
+            meta: SnapshotMeta {
+                key: Some(key.clone()),
+                version: Version::from_stored(r.version.expect("a put's version")),
+                token: req.token,
+                etag: ETag::of(body),
+                size: body.len() as i64,
+                content_type: content_type.clone(),
+                updated_at: r.updated_at.expect("a put's time"),
+                fencing_key: Some(req.fence.clone()),
+                metadata: metadata.clone(),
+            },
+        }),
+        TxnOp::Delete { key } => TxnResult::Delete {
+            key: key.clone(),
+            deleted: r.deleted.and_then(|d| d.as_bool()).unwrap_or(false),
+        },
+        TxnOp::DeletePrefix { prefix } => TxnResult::DeletePrefix {
+            prefix: prefix.clone(),
+            deleted: r.deleted.and_then(|d| d.as_i64()).unwrap_or(0),
+        },
+    }
+}
