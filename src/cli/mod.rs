@@ -13,6 +13,7 @@ mod output;
 mod run;
 mod serve;
 mod snapshot;
+mod txn;
 mod watch;
 
 use std::ffi::OsString;
@@ -101,6 +102,8 @@ pub enum ClientCommand {
     /// Write, read and delete fenced snapshots.
     #[command(subcommand)]
     Snapshot(snapshot::SnapshotCommand),
+    /// Write several snapshots under one lease's fence, all or nothing (a transaction).
+    Txn(txn::TxnArgs),
     /// Read the audit log.
     #[command(subcommand)]
     Audit(audit::AuditCommand),
@@ -166,6 +169,7 @@ pub fn main() -> ExitCode {
         match command {
             ClientCommand::Lease(c) => lease::main(&ctx, c).await,
             ClientCommand::Snapshot(c) => snapshot::main(&ctx, c).await,
+            ClientCommand::Txn(args) => txn::main(&ctx, args).await,
             ClientCommand::Audit(c) => audit::main(&ctx, c).await,
             ClientCommand::Run(args) => run::main(&ctx, args).await,
             ClientCommand::Watch(args) => watch::main(&ctx, args).await,

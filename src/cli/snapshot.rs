@@ -9,8 +9,10 @@ use clap::Subcommand;
 use super::lease::Fenced;
 use super::output::{self, fields, time};
 use super::{Ctx, Exit, parse};
-use crate::domain::{Cursor, EntityTagCondition, Key, KeyPrefix, PageLimit, SnapshotMeta, Version};
-use snapfence_client::{PageRequest, PutOptions, SnapshotFilter, SnapshotHead, Written};
+use crate::domain::{
+    Cursor, EntityTagCondition, Key, KeyPrefix, Metadata, PageLimit, SnapshotMeta, Version,
+};
+use snapfence_client::{ListOrder, PageRequest, PutOptions, SnapshotFilter, SnapshotHead, Written};
 
 /// The snapshot subcommands.
 #[derive(Debug, Subcommand)]
@@ -29,6 +31,13 @@ pub enum SnapshotCommand {
         /// Write only if the current snapshot has this ETag (or `*`: only if there is one).
         #[arg(long, value_parser = parse::condition)]
         if_match: Option<EntityTagCondition>,
+        /// Fence the write by the lease on this key, whose namespace holds KEY (KEY itself or
+        /// keys under FENCE/) [default: KEY's own lease].
+        #[arg(long, value_name = "FENCE")]
+        fence: Option<Key>,
+        /// Store this JSON object with the version, e.g. '{"step": 7}' (at most 4 KiB).
+        #[arg(long, value_parser = parse::metadata)]
+        metadata: Option<Metadata>,
     },
     /// Read a snapshot. The body goes to stdout, or to --out with its metadata on stdout.
     Get {
@@ -57,6 +66,15 @@ pub enum SnapshotCommand {
         /// Only keys starting with this.
         #[arg(long, value_parser = parse::prefix)]
         prefix: Option<KeyPrefix>,
+        /// Byte order of the keys, or its reverse.
+        #[arg(long, value_enum, default_value = "asc")]
+        order: Order,
+        /// Only keys after this one, in the order asked for.
+        #[arg(long, value_name = "KEY")]
+        start_after: Option<String>,
+        /// Show each version's metadata too.
+        #[arg(long)]
+        metadata: bool,
         /// Keys per page (1..=1000) [default: 100].
         #[arg(long)]
         limit: Option<PageLimit>,
@@ -72,7 +90,20 @@ pub enum SnapshotCommand {
         /// Delete only if the current snapshot has this ETag.
         #[arg(long, value_parser = parse::condition)]
         if_match: Option<EntityTagCondition>,
+        /// Fence the delete by the lease on this key, whose namespace holds KEY
+        /// [default: KEY's own lease].
+        #[arg(long, value_name = "FENCE")]
+        fence: Option<Key>,
     },
+}
+
+/// The order of `snapshot list`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum Order {
+    /// Byte order of the keys' UTF-8.
+    Asc,
+    /// Reversed.
+    Desc,
 }
 
 /// Runs a snapshot subcommand.
@@ -83,6 +114,8 @@ pub async fn main(ctx: &Ctx, command: SnapshotCommand) -> Exit {
             file,
             content_type,
             if_match,
+            fence,
+            metadata,
         } => {
             let body = match read_body(file.as_ref()) {
                 Ok(body) => body,
@@ -94,6 +127,8 @@ pub async fn main(ctx: &Ctx, command: SnapshotCommand) -> Exit {
             let options = PutOptions {
                 content_type,
                 if_match,
+                fence,
+                metadata,
             };
             let check = format!(
                 "Check whether it was stored with `snapfence snapshot versions {key}` (look for token {token} and the body's ETag) before you retry"
@@ -167,36 +202,53 @@ pub async fn main(ctx: &Ctx, command: SnapshotCommand) -> Exit {
         }
         SnapshotCommand::List {
             prefix,
+            order,
+            start_after,
+            metadata,
             limit,
             cursor,
         } => {
             let filter = SnapshotFilter {
                 prefix,
+                order: Some(match order {
+                    Order::Asc => ListOrder::Asc,
+                    Order::Desc => ListOrder::Desc,
+                }),
+                start_after,
+                with_metadata: metadata,
                 page: PageRequest { limit, cursor },
             };
             match ctx.client.list_snapshots(&filter).await {
                 Ok(page) => {
-                    ctx.output.print_page(
-                        &page,
-                        &[
-                            "KEY",
-                            "VERSION",
-                            "TOKEN",
-                            "SIZE",
-                            "CONTENT_TYPE",
-                            "UPDATED_AT",
-                        ],
-                        |m: &SnapshotMeta| {
-                            vec![
-                                output::opt(m.key.as_ref()),
-                                m.version.to_string(),
-                                m.token.to_string(),
-                                m.size.to_string(),
-                                m.content_type.clone(),
-                                time(&m.updated_at),
-                            ]
-                        },
-                    );
+                    let mut headers = vec![
+                        "KEY",
+                        "VERSION",
+                        "TOKEN",
+                        "SIZE",
+                        "CONTENT_TYPE",
+                        "UPDATED_AT",
+                    ];
+                    if metadata {
+                        headers.push("METADATA");
+                    }
+                    ctx.output.print_page(&page, &headers, |m: &SnapshotMeta| {
+                        let mut row = vec![
+                            output::opt(m.key.as_ref()),
+                            m.version.to_string(),
+                            m.token.to_string(),
+                            m.size.to_string(),
+                            m.content_type.clone(),
+                            time(&m.updated_at),
+                        ];
+                        if metadata {
+                            row.push(
+                                m.metadata
+                                    .as_ref()
+                                    .map_or_else(|| "-".to_owned(), |v| v.as_json().to_string()),
+                            );
+                        }
+                        row
+                    });
                     Exit::Success
                 }
                 Err(e) => ctx.fail(&e, None),
@@ -205,13 +257,14 @@ pub async fn main(ctx: &Ctx, command: SnapshotCommand) -> Exit {
         SnapshotCommand::Delete {
             fenced: Fenced { key, token },
             if_match,
+            fence,
         } => {
             let check = format!(
                 "Check with `snapfence snapshot get {key}` (not_found means it is gone) before you retry"
             );
             match ctx
                 .client
-                .delete_snapshot(&key, token, if_match.as_ref())
+                .delete_snapshot_under(&key, fence.as_ref(), token, if_match.as_ref())
                 .await
             {
                 Ok(()) => {
@@ -246,8 +299,8 @@ fn read_body(file: Option<&PathBuf>) -> Result<Vec<u8>, String> {
     }
 }
 
-fn meta_fields(m: &SnapshotMeta) -> Vec<(&'static str, String)> {
-    vec![
+pub(super) fn meta_fields(m: &SnapshotMeta) -> Vec<(&'static str, String)> {
+    let mut rows = vec![
         ("key", output::opt(m.key.as_ref())),
         ("version", m.version.to_string()),
         ("token", m.token.to_string()),
@@ -255,7 +308,14 @@ fn meta_fields(m: &SnapshotMeta) -> Vec<(&'static str, String)> {
         ("size", m.size.to_string()),
         ("content_type", m.content_type.clone()),
         ("updated_at", time(&m.updated_at)),
-    ]
+    ];
+    if m.fencing_key.as_ref() != m.key.as_ref() {
+        rows.push(("fencing_key", output::opt(m.fencing_key.as_ref())));
+    }
+    if let Some(metadata) = &m.metadata {
+        rows.push(("metadata", metadata.as_json().to_string()));
+    }
+    rows
 }
 
 fn written_table(w: &Written) -> String {

@@ -76,20 +76,9 @@ pub(super) fn key_header(key: &Key) -> HeaderValue {
     HeaderValue::from_str(&encoded).expect("a percent-encoded key is visible ASCII")
 }
 
-/// Metadata as a header value: its JSON with every non-ASCII character escaped.
+/// Metadata as a header value: its JSON, ASCII.
 fn metadata_header(metadata: &Metadata) -> HeaderValue {
-    let mut ascii = String::new();
-    for c in metadata.as_json().to_string().chars() {
-        if c.is_ascii() {
-            ascii.push(c);
-        } else {
-            let mut units = [0u16; 2];
-            for unit in c.encode_utf16(&mut units) {
-                ascii.push_str(&format!("\\u{unit:04x}"));
-            }
-        }
-    }
-    HeaderValue::from_str(&ascii).expect("escaped JSON is ASCII")
+    HeaderValue::from_str(&metadata.to_header()).expect("escaped JSON is ASCII")
 }
 
 /// The raw `If-Match` header, as it enters a fenced call's Idempotency-Key fingerprint.

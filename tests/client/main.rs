@@ -12,6 +12,7 @@ mod docs;
 mod errors;
 mod install;
 mod keeper;
+mod namespaces;
 mod retries;
 mod run;
 mod support;

@@ -109,6 +109,8 @@ pub enum Error {
     /// `412 precondition_failed`: `If-Match` did not match the current snapshot.
     #[error("{detail}")]
     PreconditionFailed {
+        /// For a transaction (v1.3): the op, from 0, whose precondition failed.
+        op_index: Option<usize>,
         /// The server's explanation.
         detail: String,
     },
@@ -469,7 +471,10 @@ fn decode(
             },
             None => missing("presented_token"),
         },
-        ErrorCode::PreconditionFailed => Error::PreconditionFailed { detail },
+        ErrorCode::PreconditionFailed => Error::PreconditionFailed {
+            op_index: problem.op_index,
+            detail,
+        },
         ErrorCode::NotFound => Error::NotFound { detail },
         ErrorCode::PayloadTooLarge => Error::PayloadTooLarge { detail },
         ErrorCode::Unauthorized => Error::Unauthorized { detail },

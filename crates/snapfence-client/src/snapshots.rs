@@ -7,18 +7,22 @@ use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use reqwest::header;
 use reqwest::{Method, RequestBuilder, StatusCode};
-use snapfence_types::headers::{FENCING_TOKEN, SNAPSHOT_VERSION};
-use snapfence_types::{ETag, EntityTagCondition, FencingToken, Key, Page, SnapshotMeta, Version};
+use snapfence_types::headers::{FENCING_KEY, FENCING_TOKEN, SNAPSHOT_METADATA, SNAPSHOT_VERSION};
+use snapfence_types::{
+    ETag, EntityTagCondition, FencingToken, Key, Metadata, Page, SnapshotMeta, Version,
+};
 
 use crate::retry::CallKind;
 use crate::transport::{Answer, Call, header_text, segment};
 use crate::{
-    Client, Error, PageRequest, PutOptions, Result, Snapshot, SnapshotFilter, SnapshotHead, Written,
+    Client, Error, PageRequest, PutOptions, Result, Snapshot, SnapshotFilter, SnapshotHead,
+    TxnAnswer, TxnOp, Written,
 };
 
 impl Client {
-    /// `PUT /v1/snapshots/{key}`: a fenced write. Accepted only when `token` is the key's newest
-    /// token and its lease was not given up; otherwise [`Error::StaleToken`] or
+    /// `PUT /v1/snapshots/{key}`: a fenced write. Accepted only when `token` is the newest token
+    /// of its fence (the key, or [`PutOptions::fence`] whose namespace holds it), that lease was
+    /// not given up, and no newer token wrote the key; otherwise [`Error::StaleToken`] or
     /// [`Error::UnknownToken`], both recorded in the audit log.
     pub async fn put_snapshot(
         &self,
@@ -29,6 +33,7 @@ impl Client {
     ) -> Result<Written> {
         let body = body.into();
         let path = format!("/v1/snapshots/{}", segment(key)?);
+        let fence = options.fence.as_ref().map(segment).transpose()?;
         let answer = self
             .send(
                 CallKind::Change,
@@ -41,6 +46,14 @@ impl Client {
                     let r = r.header(FENCING_TOKEN, token.get()).body(body.clone());
                     let r = match &options.content_type {
                         Some(ct) => r.header(header::CONTENT_TYPE, ct),
+                        None => r,
+                    };
+                    let r = match &fence {
+                        Some(fence) => r.header(FENCING_KEY, fence),
+                        None => r,
+                    };
+                    let r = match &options.metadata {
+                        Some(m) => r.header(SNAPSHOT_METADATA, m.to_header()),
                         None => r,
                     };
                     with_condition(r, header::IF_MATCH, options.if_match.as_ref())
@@ -64,7 +77,20 @@ impl Client {
         token: FencingToken,
         if_match: Option<&EntityTagCondition>,
     ) -> Result<()> {
+        self.delete_snapshot_under(key, None, token, if_match).await
+    }
+
+    /// `DELETE /v1/snapshots/{key}` fenced by the lease on `fence` (v1.3 `Fencing-Key`), whose
+    /// namespace holds the key; by the key's own lease when `None`.
+    pub async fn delete_snapshot_under(
+        &self,
+        key: &Key,
+        fence: Option<&Key>,
+        token: FencingToken,
+        if_match: Option<&EntityTagCondition>,
+    ) -> Result<()> {
         let path = format!("/v1/snapshots/{}", segment(key)?);
+        let fence = fence.map(segment).transpose()?;
         self.send(
             CallKind::Change,
             Call {
@@ -73,15 +99,43 @@ impl Client {
             },
             &[StatusCode::NO_CONTENT],
             |r| {
-                with_condition(
-                    r.header(FENCING_TOKEN, token.get()),
-                    header::IF_MATCH,
-                    if_match,
-                )
+                let r = r.header(FENCING_TOKEN, token.get());
+                let r = match &fence {
+                    Some(fence) => r.header(FENCING_KEY, fence),
+                    None => r,
+                };
+                with_condition(r, header::IF_MATCH, if_match)
             },
         )
         .await
         .map(drop)
+    }
+
+    /// `POST /v1/txn` (v1.3): `ops` under the lease on `fence`, all or nothing. A fence that
+    /// refuses `token` is [`Error::StaleToken`] or [`Error::UnknownToken`] (audited once); a
+    /// failed precondition is [`Error::PreconditionFailed`] naming its op; nothing is written
+    /// then. Sent with an Idempotency-Key and retried like any change, so it is done once.
+    pub async fn txn(&self, fence: &Key, token: FencingToken, ops: &[TxnOp]) -> Result<TxnAnswer> {
+        let encoded = segment(fence)?;
+        let body = serde_json::json!({ "ops": ops.iter().map(op_json).collect::<Vec<_>>() });
+        let answer = self
+            .send(
+                CallKind::Change,
+                Call {
+                    method: Method::POST,
+                    path: "/v1/txn",
+                },
+                &[StatusCode::OK],
+                |r| {
+                    r.header(FENCING_KEY, &encoded)
+                        .header(FENCING_TOKEN, token.get())
+                        .json(&body)
+                },
+            )
+            .await?;
+        serde_json::from_slice(&answer.body).map_err(|e| Error::Protocol {
+            detail: format!("the answer to POST /v1/txn is not the contract's JSON: {e}"),
+        })
     }
 
     /// `GET /v1/snapshots/{key}`: the current snapshot. [`Error::NotFound`] if never written.
@@ -142,8 +196,8 @@ impl Client {
         self.get_json(&path, |r| r.query(page)).await
     }
 
-    /// `GET /v1/snapshots` (beyond the contract): one page of the keys that have a current
-    /// snapshot, in key order, each with that snapshot's metadata (`key` set).
+    /// `GET /v1/snapshots`: one page of the keys that have a current snapshot, in key order or
+    /// reversed, each with that snapshot's head (`key` set).
     pub async fn list_snapshots(&self, filter: &SnapshotFilter) -> Result<Page<SnapshotMeta>> {
         self.get_json("/v1/snapshots", |r| r.query(filter)).await
     }
@@ -216,6 +270,27 @@ fn head_of(key: &Key, answer: &Answer, path: &str) -> Result<SnapshotHead> {
             .ok_or_else(|| protocol("Content-Length", &"not a number"))?,
         None => answer.body.len() as u64,
     };
+    let fencing_key = match answer.headers.get(FENCING_KEY) {
+        None => None,
+        Some(v) => {
+            let text = v.to_str().map_err(|e| protocol("Fencing-Key", &e))?;
+            let decoded = percent_encoding::percent_decode_str(text)
+                .decode_utf8()
+                .map_err(|e| protocol("Fencing-Key", &e))?;
+            Some(Key::parse(decoded.into_owned()).map_err(|e| protocol("Fencing-Key", &e))?)
+        }
+    };
+    let metadata = match answer.headers.get(SNAPSHOT_METADATA) {
+        None => None,
+        Some(v) => {
+            let value: serde_json::Value = v
+                .to_str()
+                .ok()
+                .and_then(|t| serde_json::from_str(t).ok())
+                .ok_or_else(|| protocol("Snapshot-Metadata", &"not a JSON object"))?;
+            Some(Metadata::new(value).map_err(|e| protocol("Snapshot-Metadata", &e))?)
+        }
+    };
     Ok(SnapshotHead {
         key: key.clone(),
         version,
@@ -224,7 +299,47 @@ fn head_of(key: &Key, answer: &Answer, path: &str) -> Result<SnapshotHead> {
         content_type,
         size,
         last_modified,
+        fencing_key,
+        metadata,
     })
+}
+
+/// An op as the contract's JSON.
+fn op_json(op: &TxnOp) -> serde_json::Value {
+    use base64::Engine;
+    match op {
+        TxnOp::Put {
+            key,
+            body,
+            content_type,
+            metadata,
+            if_match,
+            create_only,
+        } => {
+            let mut o = serde_json::json!({
+                "op": "put",
+                "key": key,
+                "body": base64::engine::general_purpose::STANDARD.encode(body),
+            });
+            if let Some(ct) = content_type {
+                o["content_type"] = ct.clone().into();
+            }
+            if let Some(m) = metadata {
+                o["metadata"] = m.as_json().clone();
+            }
+            if let Some(c) = if_match {
+                o["if_match"] = c.to_string().into();
+            }
+            if *create_only {
+                o["if_none_match"] = "*".into();
+            }
+            o
+        }
+        TxnOp::Delete { key } => serde_json::json!({"op": "delete", "key": key}),
+        TxnOp::DeletePrefix { prefix } => {
+            serde_json::json!({"op": "delete_prefix", "prefix": prefix.as_str()})
+        }
+    }
 }
 
 fn snapshot_of(key: &Key, answer: Answer, path: &str) -> Result<Snapshot> {

@@ -7,8 +7,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use snapfence_types::{
-    Cursor, ETag, EntityTagCondition, FencingToken, Key, KeyPrefix, LeaseState, PageLimit, Version,
-    rfc3339_millis,
+    Cursor, ETag, EntityTagCondition, FencingToken, Key, KeyPrefix, LeaseState, Metadata,
+    PageLimit, SnapshotMeta, Version, rfc3339_millis,
 };
 
 /// The size and position of a page.
@@ -36,15 +36,42 @@ pub struct LeaseFilter {
     pub page: PageRequest,
 }
 
-/// Which snapshot keys `GET /v1/snapshots` lists (beyond the contract).
+/// Which snapshot keys `GET /v1/snapshots` lists, and in which order.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct SnapshotFilter {
     /// Only keys starting with this.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefix: Option<KeyPrefix>,
+    /// Byte order of the keys (the default) or its reverse (v1.3).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order: Option<ListOrder>,
+    /// Only keys after this one in the order asked for (v1.3).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_after: Option<String>,
+    /// Each item's `metadata` too (v1.3).
+    #[serde(
+        rename = "include",
+        skip_serializing_if = "std::ops::Not::not",
+        serialize_with = "include_metadata"
+    )]
+    pub with_metadata: bool,
     /// The page.
     #[serde(flatten)]
     pub page: PageRequest,
+}
+
+fn include_metadata<S: serde::Serializer>(_: &bool, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str("metadata")
+}
+
+/// The order of a snapshot listing (v1.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ListOrder {
+    /// Byte order of the keys' UTF-8.
+    Asc,
+    /// Reversed.
+    Desc,
 }
 
 /// Which rows an audit log lists. `R` is the log's reason: [`RefusalReason`](snapfence_types::RefusalReason) for rejections,
@@ -88,6 +115,94 @@ pub struct PutOptions {
     pub content_type: Option<String>,
     /// A compare-and-set on the current snapshot's ETag.
     pub if_match: Option<EntityTagCondition>,
+    /// The lease that fences the write, when it is not the key's own: a key whose namespace
+    /// holds it (v1.3 `Fencing-Key`).
+    pub fence: Option<Key>,
+    /// Stored with the version and served back (v1.3 `Snapshot-Metadata`).
+    pub metadata: Option<Metadata>,
+}
+
+/// One op of a transaction (v1.3 `POST /v1/txn`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum TxnOp {
+    /// Writes a version of `key`.
+    Put {
+        /// The key, in the fence's namespace.
+        key: Key,
+        /// The body.
+        body: Bytes,
+        /// Its content type; `application/octet-stream` when `None`.
+        content_type: Option<String>,
+        /// Stored with the version.
+        metadata: Option<Metadata>,
+        /// Only if the current ETag matches.
+        if_match: Option<EntityTagCondition>,
+        /// Only if the key has no current snapshot (`if_none_match: "*"`).
+        create_only: bool,
+    },
+    /// Removes the current snapshot of `key`, if any.
+    Delete {
+        /// The key, in the fence's namespace.
+        key: Key,
+    },
+    /// Removes every current snapshot under `prefix` (in the fence's namespace).
+    DeletePrefix {
+        /// The prefix.
+        prefix: KeyPrefix,
+    },
+}
+
+impl TxnOp {
+    /// A put of `body` to `key`, with no precondition.
+    pub fn put(key: Key, body: impl Into<Bytes>) -> Self {
+        Self::Put {
+            key,
+            body: body.into(),
+            content_type: None,
+            metadata: None,
+            if_match: None,
+            create_only: false,
+        }
+    }
+}
+
+/// A committed transaction's answer.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, Serialize)]
+pub struct TxnAnswer {
+    /// The token that fenced it.
+    pub token: FencingToken,
+    /// The lease whose namespace held its keys.
+    pub fencing_key: Key,
+    /// Each op's result, in order.
+    pub results: Vec<TxnOpResult>,
+}
+
+/// What one op of a committed transaction did.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum TxnOpResult {
+    /// A put: the version written, and whether it created the snapshot.
+    Put {
+        /// The version written.
+        #[serde(flatten)]
+        meta: SnapshotMeta,
+        /// Whether the key had no current snapshot.
+        created: bool,
+    },
+    /// A prefix delete: how many snapshots it removed.
+    DeletePrefix {
+        /// The prefix.
+        prefix: String,
+        /// How many.
+        deleted: u64,
+    },
+    /// A delete: whether the key had a current snapshot.
+    Delete {
+        /// The key.
+        key: Key,
+        /// Whether it had one.
+        deleted: bool,
+    },
 }
 
 /// An accepted write: the new version's metadata, and whether it created the snapshot.
@@ -118,6 +233,12 @@ pub struct SnapshotHead {
     /// When it was written, to the second (`Last-Modified`).
     #[serde(with = "rfc3339_millis")]
     pub last_modified: DateTime<Utc>,
+    /// The lease that fenced the write (v1.3 `Fencing-Key`); `None` from older servers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fencing_key: Option<Key>,
+    /// The version's metadata (v1.3 `Snapshot-Metadata`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Metadata>,
 }
 
 /// A snapshot as read: its head and its bytes.

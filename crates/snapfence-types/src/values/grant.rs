@@ -150,6 +150,23 @@ impl Metadata {
     pub fn as_json(&self) -> &serde_json::Value {
         &self.0
     }
+
+    /// The object as a header value (`Snapshot-Metadata`): its JSON with every character
+    /// outside ASCII escaped, which only strings can hold, so it reads back the same.
+    pub fn to_header(&self) -> String {
+        let mut ascii = String::new();
+        for c in self.0.to_string().chars() {
+            if c.is_ascii() {
+                ascii.push(c);
+            } else {
+                let mut units = [0u16; 2];
+                for unit in c.encode_utf16(&mut units) {
+                    ascii.push_str(&format!("\\u{unit:04x}"));
+                }
+            }
+        }
+        ascii
+    }
 }
 
 impl<'de> Deserialize<'de> for Metadata {
@@ -161,6 +178,15 @@ impl<'de> Deserialize<'de> for Metadata {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn metadata_as_a_header_is_ascii_and_reads_back_the_same() {
+        let m = Metadata::new(serde_json::json!({"name": "é 𝄞", "n": 1})).unwrap();
+        let header = m.to_header();
+        assert!(header.is_ascii(), "{header}");
+        let back: serde_json::Value = serde_json::from_str(&header).unwrap();
+        assert_eq!(&back, m.as_json());
+    }
 
     #[test]
     fn owner_is_bounded() {

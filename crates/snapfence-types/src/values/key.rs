@@ -82,6 +82,12 @@ impl fmt::Display for Key {
     }
 }
 
+impl<'de> Deserialize<'de> for KeyPrefix {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Self::parse(String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
 /// A prefix that selects keys in a list. Empty selects every key.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 #[serde(transparent)]
