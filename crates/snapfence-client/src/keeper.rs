@@ -210,12 +210,13 @@ impl Shared {
 /// let keeper = LeaseKeeper::acquire(&client, &key, &request, options).await?;
 ///
 /// let lost = keeper.lost();
+/// let put = PutOptions::default();
 /// for step in 0..10 {
 ///     let state = format!("step {step}");
 ///     // Checks the lease first and sends nothing once it is lost; a write sent runs to its
 ///     // answer.
 ///     match keeper
-///         .fenced(|token| client.put_snapshot(&key, token, state, &PutOptions::default()))
+///         .fenced(|token| client.put_snapshot(&key, token, state, &put))
 ///         .await
 ///     {
 ///         Ok(_) => {}
