@@ -111,13 +111,18 @@ impl Proc {
         token_in(&line).unwrap_or_else(|| panic!("{}: {line}", self.name))
     }
 
-    /// Sends it a command and returns what it says about it.
-    pub async fn ask(&mut self, command: &str) -> String {
+    /// Sends it a command, to be read when it runs.
+    pub async fn send(&mut self, command: &str) {
         self.stdin
             .write_all(format!("{command}\n").as_bytes())
             .await
             .unwrap();
         self.stdin.flush().await.unwrap();
+    }
+
+    /// Sends it a command and returns what it says about it.
+    pub async fn ask(&mut self, command: &str) -> String {
+        self.send(command).await;
         self.next().await
     }
 

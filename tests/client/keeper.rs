@@ -302,9 +302,11 @@ async fn a_process_frozen_past_its_ttl_finds_the_loss_at_its_next_check_before_w
         }
     };
     assert!(other.lease.token > token);
+    // A write is the first thing it is asked to do when it wakes.
+    holder.send("fenced").await;
     holder.signal(Signal::SIGCONT);
 
-    assert_eq!(holder.ask("fenced").await, "fenced lost");
+    assert_eq!(holder.next().await, "fenced lost");
     let refused = c.rejections(&AuditFilter::default()).await.unwrap();
     assert!(
         refused.items.iter().all(|r| r.presented_token != token),
@@ -317,5 +319,30 @@ async fn a_process_frozen_past_its_ttl_finds_the_loss_at_its_next_check_before_w
         "nothing written: {e:?}"
     );
     drop(holder);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn check_reads_the_clock_when_the_renewal_task_could_not_run() {
+    let app = TestApp::spawn().await;
+    let c = client(&app.instance.base);
+    let keeper = LeaseKeeper::acquire(&c, &key("k"), &request(1000), KeeperOptions::default())
+        .await
+        .unwrap();
+    // This test's runtime has one thread: blocked past the deadline, as in a frozen process,
+    // it runs no renewal and no timer, and nothing runs between the wake and the check.
+    std::thread::sleep(Duration::from_millis(1200));
+    let checked = keeper.check();
+    assert!(
+        matches!(checked, Err(Error::LeaseLost { .. })),
+        "{checked:?}"
+    );
+    assert!(
+        matches!(keeper.lost_reason(), Some(LostReason::Overdue)),
+        "{:?}",
+        keeper.lost_reason()
+    );
+    assert!(keeper.lost().is_cancelled(), "lost() fires with the check");
+    drop(keeper);
     app.stop().await;
 }
