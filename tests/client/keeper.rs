@@ -346,3 +346,40 @@ async fn check_reads_the_clock_when_the_renewal_task_could_not_run() {
     drop(keeper);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_write_in_flight_when_the_lease_is_lost_runs_to_its_answer() {
+    let app = TestApp::spawn().await;
+    let proxy = Proxy::start(upstream(&app.instance.base)).await;
+    let through = client(&proxy.base());
+    let k = key("k");
+    // Lost 1.5 s before the deadline: the write held until then still lands in time.
+    let options = KeeperOptions::default().margin(Duration::from_millis(1500));
+    let keeper = LeaseKeeper::acquire(&through, &k, &request(3000), options)
+        .await
+        .unwrap();
+    let put = PutOptions::default();
+    proxy.stall();
+
+    let lost = keeper.lost();
+    let (written, ()) = tokio::join!(
+        keeper.fenced(|token| through.put_snapshot(&k, token, "in flight", &put)),
+        async {
+            timeout(Duration::from_secs(10), lost.cancelled())
+                .await
+                .expect("lost() fired while the write was held");
+            proxy.resume();
+        }
+    );
+    assert!(
+        matches!(keeper.lost_reason(), Some(LostReason::Lapsing { .. })),
+        "{:?}",
+        keeper.lost_reason()
+    );
+    let written = written.expect("the write's own answer, not the loss");
+    let stored = client(&app.instance.base).get_snapshot(&k).await.unwrap();
+    assert_eq!(stored.head.version, written.meta.version);
+    assert_eq!(stored.head.token, keeper.token());
+    drop(keeper);
+    app.stop().await;
+}
