@@ -12,7 +12,7 @@ use snapfence_client::{
 };
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 
-use crate::election::Proc;
+use crate::election::child::Proc;
 use crate::harness::TestApp;
 use crate::proxy::Proxy;
 use crate::support::{client, grant, key, owner, upstream};
