@@ -41,7 +41,7 @@ const MAX_WAIT: Duration = Duration::from_millis(MAX_WAIT_MS as u64);
 /// ```no_run
 /// use std::time::Duration;
 ///
-/// use snapfence_client::{Client, Election, Key, Owner, PutOptions};
+/// use snapfence_client::{Client, Election, Error, Key, Owner, PutOptions};
 ///
 /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 /// let client = Client::new("http://127.0.0.1:7878")?;
@@ -49,11 +49,17 @@ const MAX_WAIT: Duration = Duration::from_millis(MAX_WAIT_MS as u64);
 /// let election = Election::new(&client, name.clone(), Owner::parse("node-1")?, Duration::from_secs(5));
 /// let leadership = election.campaign().await?;
 /// let put = PutOptions::default();
-/// // Lead while the lease holds; every write carries the leader's token.
-/// while leadership.check().is_ok() {
-///     leadership
+/// // Lead while the lease holds; every write carries the leader's token, and is checked first.
+/// loop {
+///     match leadership
 ///         .fenced(|token| client.put_snapshot(&name, token, "plan", &put))
-///         .await?;
+///         .await
+///     {
+///         Ok(_) => {}
+///         // Deposed (the keeper's loss, or the fence's refusal): stop leading.
+///         Err(Error::LeaseLost { .. } | Error::StaleToken { .. }) => break,
+///         Err(e) => return Err(e.into()),
+///     }
 ///     tokio::time::sleep(Duration::from_secs(1)).await;
 /// }
 /// leadership.resign().await.ok();

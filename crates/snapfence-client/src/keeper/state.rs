@@ -20,6 +20,7 @@ use snapfence_types::Lease;
 /// covers both, and [`LeaseKeeper::lost_reason`] tells them apart. `From<LostReason>` makes
 /// that error.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum LostReason {
     /// A renewal answered `lease_lost`: the lease expired, was released, or was superseded.
     LeaseLost,
