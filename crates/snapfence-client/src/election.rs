@@ -1,7 +1,9 @@
 //! [`Election`]: leader election on a key, in the shape of etcd's `concurrency.Election`
 //! (campaign, resign, leader, observe). The leader holds the key's lease through a
 //! [`LeaseKeeper`], and its fencing token fences its writes: the store refuses a deposed
-//! leader's writes, whatever that leader believes.
+//! leader's writes, whatever that leader believes. Under contract v1.3 a lease also fences
+//! the keys under its key (`NAME/…`, named with `Fencing-Key`), so the leader's token can guard
+//! every key of its namespace.
 //!
 //! Candidates wait in the key's queue on the server and are served in the order they asked. A
 //! leader that resigns (or drops its [`Leadership`]) hands over at once. One that dies or
