@@ -9,6 +9,7 @@ use snapfence_testkit::{harness, proxy};
 mod calls;
 mod cli;
 mod docs;
+mod election;
 mod errors;
 mod install;
 mod keeper;

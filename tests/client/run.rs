@@ -420,6 +420,47 @@ async fn wait_queues_on_the_server_and_gets_the_lease_once_the_previous_holder_r
 }
 
 #[tokio::test]
+async fn a_grant_after_a_long_wait_runs_the_command_to_its_end() {
+    let app = TestApp::spawn().await;
+    let c = client(&app.instance.base);
+    let held = grant(&c, &key("k"), "other", Duration::from_secs(30)).await;
+    let held_since = Instant::now();
+    let dir = scratch();
+    let running = start(
+        &app.instance.base,
+        dir.path(),
+        &[
+            "k",
+            "--ttl",
+            "2s",
+            "--wait",
+            "20s",
+            "--",
+            "sh",
+            "-c",
+            "sleep 3; echo finished",
+        ],
+    );
+    let until = Instant::now() + Duration::from_secs(30);
+    while c.lease_status(&key("k")).await.unwrap().waiters < 1 {
+        assert!(Instant::now() < until, "run never waited in the queue");
+        sleep(Duration::from_millis(20)).await;
+    }
+    // Queued twice the TTL behind the holder.
+    tokio::time::sleep_until(held_since + Duration::from_secs(4)).await;
+    c.release(&key("k"), held.lease.token).await.unwrap();
+    let ran = finish(running).await;
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    assert_eq!(ran.stdout, "finished\n", "{}", ran.stderr);
+    assert!(
+        !ran.stderr.contains("lapse") && !ran.stderr.contains("lost"),
+        "{}",
+        ran.stderr
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn without_wait_a_held_key_fails_at_once_with_the_held_code() {
     let app = TestApp::spawn().await;
     let c = client(&app.instance.base);

@@ -72,6 +72,7 @@
 
 mod audit;
 mod builder;
+mod election;
 mod error;
 mod keeper;
 mod leases;
@@ -84,6 +85,7 @@ mod watch;
 use std::sync::Arc;
 
 pub use self::builder::ClientBuilder;
+pub use self::election::{Election, Leader, Leadership, Observe};
 pub use self::error::Error;
 pub use self::keeper::{KeeperOptions, LeaseKeeper, LostReason};
 use self::retry::OnRetry;

@@ -1,14 +1,18 @@
 //! [`LeaseKeeper`]: holds a lease while work runs, renewing it in the background, and says
-//! when the work must stop.
+//! when the work must stop: through [`LeaseKeeper::lost`], and at every
+//! [`check`](LeaseKeeper::check), which reads the monotonic clock itself.
 
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+mod state;
+
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
-use tokio::time::{Instant, sleep_until};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::retry::jittered;
+pub use self::state::LostReason;
+use self::state::{Held, Shared, keep};
 use crate::{AcquireRequest, Client, Error, Result, RetryPolicy};
 use snapfence_types::{FencingToken, Key, Lease};
 
@@ -56,89 +60,25 @@ impl KeeperOptions {
     }
 }
 
-/// Why a [`LeaseKeeper`] declared its lease lost.
-#[derive(Debug, Clone)]
-pub enum LostReason {
-    /// A renewal answered `lease_lost`: the lease expired, was released, or was superseded.
-    LeaseLost,
-    /// Renewals kept failing and less than the margin was left before the deadline. The lease
-    /// may still be live on the server, but not for long enough to go on working.
-    Lapsing {
-        /// The last failure of a renewal; `None` if none had been tried yet.
-        last_error: Option<Arc<Error>>,
-    },
-    /// A renewal was refused in a way retrying cannot change (e.g. `401 unauthorized`).
-    Refused(Arc<Error>),
-}
-
-impl std::fmt::Display for LostReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::LeaseLost => f.write_str(
-                "the server answered lease_lost: the lease expired, was released or was superseded",
-            ),
-            Self::Lapsing { last_error: None } => {
-                f.write_str("the lease is about to lapse before it could be renewed")
-            }
-            Self::Lapsing {
-                last_error: Some(e),
-            } => write!(
-                f,
-                "renewals kept failing and the lease is about to lapse (last failure: {e})"
-            ),
-            Self::Refused(e) => write!(f, "a renewal was refused: {e}"),
-        }
-    }
-}
-
-/// The keeper's view of its lease: the newest answer, and when it ends at the latest.
-#[derive(Debug, Clone)]
-struct Held {
-    lease: Lease,
-    /// When the newest successful renewal (or the acquire) was sent. The server measured the
-    /// TTL from a later moment, when it received it, so `sent + ttl` is never after the server's
-    /// expiry, whatever the clocks say.
-    sent: Instant,
-}
-
-impl Held {
-    fn deadline(&self) -> Instant {
-        self.sent + self.lease.ttl_ms.duration()
-    }
-}
-
-#[derive(Debug)]
-struct Shared {
-    held: Mutex<Held>,
-    reason: OnceLock<LostReason>,
-    lost: CancellationToken,
-}
-
-impl Shared {
-    fn held(&self) -> Held {
-        self.held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    fn declare_lost(&self, reason: LostReason) {
-        tracing::warn!(key = %self.held().lease.key, %reason, "lease lost");
-        // Only the renewal task declares, and it stops after declaring, so this is the first.
-        let _ = self.reason.set(reason);
-        self.lost.cancel();
-    }
-}
-
 /// Holds a lease and renews it in the background until it is released or lost.
 ///
-/// [`lost`](Self::lost) fires when the work that the lease guards must stop:
+/// The lease is lost, and the work that it guards must stop, when:
 /// - a renewal answered `lease_lost`, or was refused for good; or
-/// - renewals kept failing (network, `503`) and the lease's deadline is less than the margin
-///   away. The deadline is measured on the local monotonic clock from the moment the last
-///   successful renewal (or the acquire) was *sent* plus the TTL, which is never later than the
-///   server's expiry. So when it fires, the server still holds the lease for at least the
-///   margin: stop within the margin and no other holder can have started.
+/// - less than the margin is left before the lease's deadline: renewals kept failing
+///   (network, `503`), or this process did not run (stopped, starved). The deadline is the
+///   moment the request that last proved the lease live was *sent*, plus the TTL, on the local
+///   monotonic clock: never later than the server's expiry. So when the loss is seen in time,
+///   the server still holds the lease for at least the margin: stop within the margin and no
+///   other holder can have started.
+///
+/// [`lost`](Self::lost) fires when the renewal task sees the loss; [`check`](Self::check) also
+/// reads the clock, so call it (or write through [`fenced`](Self::fenced), which does) before
+/// each write: a process that wakes after its deadline learns it there, before sending. A write
+/// already sent is never cut off: [`fenced`](Self::fenced) returns its answer, accepted or
+/// refused, so stopping the work never hides whether the write landed.
+///
+/// A grant that waited in the key's queue is dated by a renewal sent at once, never by the
+/// wait's start ([`acquire`](Self::acquire), [`adopt`](Self::adopt)).
 ///
 /// [`release`](Self::release) releases the lease. Dropping the keeper releases it too, in the
 /// background and on a best-effort basis, so prefer `release` when you want to know it worked.
@@ -147,7 +87,7 @@ impl Shared {
 /// ```no_run
 /// use std::time::Duration;
 ///
-/// use snapfence_client::{AcquireRequest, Client, KeeperOptions, LeaseKeeper, PutOptions};
+/// use snapfence_client::{AcquireRequest, Client, Error, KeeperOptions, LeaseKeeper, PutOptions};
 /// use snapfence_client::{Key, Owner};
 ///
 /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
@@ -159,26 +99,26 @@ impl Shared {
 /// let keeper = LeaseKeeper::acquire(&client, &key, &request, options).await?;
 ///
 /// let lost = keeper.lost();
-/// let work = async {
-///     for step in 0..10 {
-///         let state = format!("step {step}");
-///         client
-///             .put_snapshot(&key, keeper.token(), state, &PutOptions::default())
-///             .await?;
-///         tokio::time::sleep(Duration::from_secs(5)).await;
+/// let put = PutOptions::default();
+/// for step in 0..10 {
+///     let state = format!("step {step}");
+///     // Checks the lease first and sends nothing once it is lost; a write sent runs to its
+///     // answer.
+///     match keeper
+///         .fenced(|token| client.put_snapshot(&key, token, state, &put))
+///         .await
+///     {
+///         Ok(_) => {}
+///         // The keeper's loss, or the server's lease_lost: stop working on the key.
+///         Err(Error::LeaseLost { detail }) => return Err(detail.into()),
+///         Err(e) => return Err(e.into()),
 ///     }
-///     Ok::<_, snapfence_client::Error>(())
-/// };
-/// tokio::select! {
-///     () = lost.cancelled() => {
-///         // Stop at once: another holder may take over when the margin has passed.
-///         eprintln!("stopped: {}", keeper.lost_reason().expect("lost() fired"));
-///     }
-///     done = work => {
-///         done?;
-///         keeper.release().await?;
+///     tokio::select! {
+///         () = lost.cancelled() => break,
+///         () = tokio::time::sleep(Duration::from_secs(5)) => {}
 ///     }
 /// }
+/// keeper.release().await?;
 /// # Ok(())
 /// # }
 /// ```
@@ -195,6 +135,11 @@ pub struct LeaseKeeper {
 impl LeaseKeeper {
     /// Acquires `key` and keeps the lease. The options are checked against the requested TTL
     /// before anything is sent.
+    ///
+    /// With a wait ([`AcquireRequest::wait`]) the server granted the lease at some moment of
+    /// the wait, which the client cannot know, so the lease is renewed at once
+    /// ([`adopt`](Self::adopt)) and dated from that renewal: a long wait does not make the
+    /// lease look about to lapse. [`Error::LeaseLost`] if it ended before that renewal.
     pub async fn acquire(
         client: &Client,
         key: &Key,
@@ -204,10 +149,26 @@ impl LeaseKeeper {
         options.resolve(request.ttl())?;
         let sent = Instant::now();
         let grant = client.acquire(key, request).await?;
-        Self::start(client, grant.lease, sent, options)
+        if request.wait_ms.unwrap_or(0) <= 0 {
+            return Self::start(client, grant.lease, sent, options);
+        }
+        let lease = grant.lease;
+        match Self::adopt(client, lease.clone(), options).await {
+            Ok(keeper) => Ok(keeper),
+            Err(e) => {
+                if !matches!(e, Error::LeaseLost { .. }) {
+                    // The lease may still be live and nobody keeps it: free the key.
+                    let _ = client.release(&lease.key, lease.token).await;
+                }
+                Err(e)
+            }
+        }
     }
 
-    /// Keeps a lease acquired elsewhere; `sent` is when its acquire (or last renewal) was sent.
+    /// Keeps a lease acquired elsewhere; `sent` is when the request that last proved it live
+    /// (an acquire that did not wait, or a renewal) was sent. For a lease whose moment is not
+    /// known (a grant that waited in the queue, a lease handed over by another process), use
+    /// [`adopt`](Self::adopt).
     pub fn start(
         client: &Client,
         lease: Lease,
@@ -219,6 +180,7 @@ impl LeaseKeeper {
             held: Mutex::new(Held { lease, sent }),
             reason: OnceLock::new(),
             lost: CancellationToken::new(),
+            margin,
         });
         let stop = CancellationToken::new();
         // The keeper retries on its own schedule, against the deadline.
@@ -230,6 +192,18 @@ impl LeaseKeeper {
             stop,
             task: Some(task),
         })
+    }
+
+    /// Keeps a lease granted at a moment this process does not know: a grant that waited in
+    /// the key's queue, or a lease another process acquired. Renews it at once (with the
+    /// client's retries) and dates it from that renewal's send time, the earliest moment the
+    /// server can have measured the TTL from. [`Error::LeaseLost`] when the lease has already
+    /// ended.
+    pub async fn adopt(client: &Client, lease: Lease, options: KeeperOptions) -> Result<Self> {
+        options.resolve(lease.ttl_ms.duration())?;
+        let sent = Instant::now();
+        let renewed = client.renew(&lease.key, lease.token, None).await?;
+        Self::start(client, renewed, sent, options)
     }
 
     /// The lease as last granted or renewed.
@@ -247,22 +221,46 @@ impl LeaseKeeper {
         self.lease().token
     }
 
-    /// The latest the lease can end unless renewed again: the send time of the last successful
-    /// renewal plus the TTL, on the local monotonic clock.
+    /// The latest the lease can end unless renewed again: the send time of the request that
+    /// last proved it live plus the TTL, on the local monotonic clock.
     pub fn deadline(&self) -> Instant {
         self.shared.held().deadline()
     }
 
-    /// A token cancelled when the lease is lost (see [`LeaseKeeper`]); await
-    /// `lost().cancelled()`. It is a child token: cancelling it does not affect the keeper.
-    /// It never fires because of a release.
+    /// A token cancelled when the renewal task finds the lease lost (see [`LeaseKeeper`]);
+    /// await `lost().cancelled()`. It is a child token: cancelling it does not affect the
+    /// keeper. It never fires because of a release. Before a write, call
+    /// [`check`](Self::check), which also reads the clock.
     pub fn lost(&self) -> CancellationToken {
         self.shared.lost.child_token()
     }
 
-    /// Why the lease was lost, once [`lost`](Self::lost) has fired.
+    /// `Ok` while the work may go on; [`Error::LeaseLost`] once the lease is lost, as the
+    /// renewal task found or as the monotonic clock says now (less than the margin left before
+    /// the deadline). Cheap: it sends nothing.
+    pub fn check(&self) -> Result<()> {
+        match self.shared.verdict() {
+            None => Ok(()),
+            Some(reason) => Err(reason.into()),
+        }
+    }
+
+    /// Runs one fenced write with the lease's token once [`check`](Self::check) passes, and
+    /// returns its outcome; sends nothing, and answers [`Error::LeaseLost`], when the lease is
+    /// lost. The write is not raced against the loss: once sent it runs to its answer (accepted,
+    /// or refused by the server's fence), so that the caller always learns what became of it.
+    pub async fn fenced<T, F, Fut>(&self, write: F) -> Result<T>
+    where
+        F: FnOnce(FencingToken) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        self.check()?;
+        write(self.token()).await
+    }
+
+    /// Why the lease was lost, once it is (the clock is read, as by [`check`](Self::check)).
     pub fn lost_reason(&self) -> Option<LostReason> {
-        self.shared.reason.get().cloned()
+        self.shared.verdict()
     }
 
     /// Stops renewing and releases the lease. After a loss the release is still sent (a
@@ -302,69 +300,6 @@ impl Drop for LeaseKeeper {
                 tracing::warn!(key = %lease.key, error = %e, "releasing a dropped keeper's lease failed");
             }
         });
-    }
-}
-
-/// The renewal loop: renew every `every` from the last success; after a failure retry with
-/// backoff; declare the lease lost on `lease_lost`, on a refusal, or `margin` before the
-/// deadline. A renewal in flight never delays the lapse: it is raced against it.
-async fn keep(
-    client: Client,
-    shared: Arc<Shared>,
-    stop: CancellationToken,
-    margin: Duration,
-    every: Duration,
-) {
-    let backoff = RetryPolicy {
-        max_attempts: u32::MAX,
-        initial_backoff: Duration::from_millis(50),
-        max_backoff: every / 2,
-    };
-    let mut failures = 0;
-    let mut last_error: Option<Arc<Error>> = None;
-    let mut next = shared.held().sent + jittered(every);
-    loop {
-        let held = shared.held();
-        let lapse = held.deadline() - margin;
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = sleep_until(lapse) => {
-                shared.declare_lost(LostReason::Lapsing { last_error });
-                return;
-            }
-            () = sleep_until(next) => {}
-        }
-        let sent = Instant::now();
-        let answer = tokio::select! {
-            () = stop.cancelled() => return,
-            () = sleep_until(lapse) => {
-                shared.declare_lost(LostReason::Lapsing { last_error });
-                return;
-            }
-            answer = client.renew(&held.lease.key, held.lease.token, None) => answer,
-        };
-        match answer {
-            Ok(lease) => {
-                *shared.held.lock().unwrap_or_else(PoisonError::into_inner) = Held { lease, sent };
-                failures = 0;
-                last_error = None;
-                next = sent + jittered(every);
-            }
-            Err(Error::LeaseLost { .. }) => {
-                shared.declare_lost(LostReason::LeaseLost);
-                return;
-            }
-            Err(e) if e.is_transient() => {
-                failures += 1;
-                tracing::debug!(key = %held.lease.key, failures, error = %e, "renewal failed; retrying");
-                last_error = Some(Arc::new(e));
-                next = Instant::now() + backoff.backoff(failures);
-            }
-            Err(e) => {
-                shared.declare_lost(LostReason::Refused(Arc::new(e)));
-                return;
-            }
-        }
     }
 }
 
