@@ -104,14 +104,17 @@ const textDecoder = new TextDecoder();
 export function checkKey(key: string, what = "a key"): void {
   if (typeof key !== "string") throw new InvalidRequest(`${what} is text, got ${typeof key}`);
   const n = textEncoder.encode(key).length;
-  if (n === 0 || n > 512) throw new InvalidRequest(`${what} is 1 to 512 bytes of UTF-8, ${JSON.stringify(key)} is ${n}`);
-  if (/[\x00-\x1f\x7f-\x9f]/.test(key)) throw new InvalidRequest(`${what} has no control characters: ${JSON.stringify(key)}`);
+  if (n === 0 || n > 512)
+    throw new InvalidRequest(`${what} is 1 to 512 bytes of UTF-8, ${JSON.stringify(key)} is ${n}`);
+  if (/[\x00-\x1f\x7f-\x9f]/.test(key))
+    throw new InvalidRequest(`${what} has no control characters: ${JSON.stringify(key)}`);
 }
 
 /** A key as one percent-encoded path segment (all but RFC 3986's unreserved characters). */
 export function segment(key: string, what = "a key"): string {
   checkKey(key, what);
-  if (key === "." || key === "..") throw new InvalidRequest(`${what} ${JSON.stringify(key)} cannot be sent in a URL path`);
+  if (key === "." || key === "..")
+    throw new InvalidRequest(`${what} ${JSON.stringify(key)} cannot be sent in a URL path`);
   return encodeURIComponent(key).replace(/[!'()*]/g, (c) => `%${c.charCodeAt(0).toString(16).toUpperCase()}`);
 }
 
@@ -254,7 +257,15 @@ export class Client {
       b["wait_ms"] = extraMs;
     }
     return this.run(
-      { kind: "change", method: "POST", path: `/v1/leases/${segment(key)}`, ok: [201], parse: (a) => parseGrant(json(a)), extraMs, ...jsonBody(b) },
+      {
+        kind: "change",
+        method: "POST",
+        path: `/v1/leases/${segment(key)}`,
+        ok: [201],
+        parse: (a) => parseGrant(json(a)),
+        extraMs,
+        ...jsonBody(b),
+      },
       o.signal,
     );
   }
@@ -264,13 +275,23 @@ export class Client {
     const b: Record<string, unknown> = { token: Number(checkToken(token)) };
     if (o.ttlMs !== undefined) b["ttl_ms"] = Math.round(o.ttlMs);
     return this.run(
-      { kind: "change", method: "POST", path: `/v1/leases/${segment(key)}/renew`, ok: [200], parse: (a) => parseLease(json(a)), ...jsonBody(b) },
+      {
+        kind: "change",
+        method: "POST",
+        path: `/v1/leases/${segment(key)}/renew`,
+        ok: [200],
+        parse: (a) => parseLease(json(a)),
+        ...jsonBody(b),
+      },
       o.signal,
     );
   }
 
   async #fenced(method: string, path: string, token: number, signal?: AbortSignal): Promise<void> {
-    return this.run({ kind: "change", method, path, ok: [204], parse: () => undefined, headers: fenceHeaders(token) }, signal);
+    return this.run(
+      { kind: "change", method, path, ok: [204], parse: () => undefined, headers: fenceHeaders(token) },
+      signal,
+    );
   }
 
   /** `DELETE /v1/leases/{key}`: frees the key at once (the first waiter gets it). */
@@ -291,14 +312,30 @@ export class Client {
   /** `POST /v1/leases/{key}/reconciled` (v1.2): the record moves to the audit log; the lease goes on. */
   async reconciled(key: string, token: number, o: CallOptions = {}): Promise<Lease> {
     return this.run(
-      { kind: "change", method: "POST", path: `/v1/leases/${segment(key)}/reconciled`, ok: [200], parse: (a) => parseLease(json(a)), headers: fenceHeaders(token) },
+      {
+        kind: "change",
+        method: "POST",
+        path: `/v1/leases/${segment(key)}/reconciled`,
+        ok: [200],
+        parse: (a) => parseLease(json(a)),
+        headers: fenceHeaders(token),
+      },
       o.signal,
     );
   }
 
   /** `GET /v1/leases/{key}`: the key's state; `NotFound` for a key never leased. */
   async getLease(key: string, o: CallOptions = {}): Promise<KeyStatus> {
-    return this.run({ kind: "read", method: "GET", path: `/v1/leases/${segment(key)}`, ok: [200], parse: (a) => parseKeyStatus(json(a)) }, o.signal);
+    return this.run(
+      {
+        kind: "read",
+        method: "GET",
+        path: `/v1/leases/${segment(key)}`,
+        ok: [200],
+        parse: (a) => parseKeyStatus(json(a)),
+      },
+      o.signal,
+    );
   }
 
   /** `GET /v1/leases`: one page. */
@@ -355,7 +392,15 @@ export class Client {
     if (o.ifMatch !== undefined) headers["If-Match"] = o.ifMatch;
     if (o.metadata !== undefined) headers["Snapshot-Metadata"] = asciiJson(o.metadata);
     return this.run(
-      { kind: "change", method: "PUT", path: `/v1/snapshots/${segment(key)}`, ok: [200, 201], parse: (a) => parseSnapshotMeta(json(a)), headers, body: bytes },
+      {
+        kind: "change",
+        method: "PUT",
+        path: `/v1/snapshots/${segment(key)}`,
+        ok: [200, 201],
+        parse: (a) => parseSnapshotMeta(json(a)),
+        headers,
+        body: bytes,
+      },
       o.signal,
     );
   }
@@ -380,14 +425,30 @@ export class Client {
 
   /** `HEAD /v1/snapshots/{key}`: the current version's head, without its body. */
   async headSnapshot(key: string, o: CallOptions = {}): Promise<Snapshot> {
-    return this.run({ kind: "read", method: "HEAD", path: `/v1/snapshots/${segment(key)}`, ok: [200], parse: (a) => snapshotOf(key, a, true) }, o.signal);
+    return this.run(
+      {
+        kind: "read",
+        method: "HEAD",
+        path: `/v1/snapshots/${segment(key)}`,
+        ok: [200],
+        parse: (a) => snapshotOf(key, a, true),
+      },
+      o.signal,
+    );
   }
 
   /** `GET /v1/snapshots/{key}/versions/{version}`; `NotFound` once pruned. */
   async getVersion(key: string, version: number, o: CallOptions = {}): Promise<Snapshot> {
-    if (!Number.isSafeInteger(version) || version < 1) throw new InvalidRequest(`a version is a positive integer, got ${version}`);
+    if (!Number.isSafeInteger(version) || version < 1)
+      throw new InvalidRequest(`a version is a positive integer, got ${version}`);
     return this.run(
-      { kind: "read", method: "GET", path: `/v1/snapshots/${segment(key)}/versions/${version}`, ok: [200], parse: (a) => snapshotOf(key, a, false) },
+      {
+        kind: "read",
+        method: "GET",
+        path: `/v1/snapshots/${segment(key)}/versions/${version}`,
+        ok: [200],
+        parse: (a) => snapshotOf(key, a, false),
+      },
       o.signal,
     );
   }
@@ -415,7 +476,17 @@ export class Client {
   async deleteSnapshot(key: string, token: number, o: FenceOptions & { ifMatch?: string } = {}): Promise<void> {
     const headers = fenceHeaders(token, o.fencingKey);
     if (o.ifMatch !== undefined) headers["If-Match"] = o.ifMatch;
-    return this.run({ kind: "change", method: "DELETE", path: `/v1/snapshots/${segment(key)}`, ok: [204], parse: () => undefined, headers }, o.signal);
+    return this.run(
+      {
+        kind: "change",
+        method: "DELETE",
+        path: `/v1/snapshots/${segment(key)}`,
+        ok: [204],
+        parse: () => undefined,
+        headers,
+      },
+      o.signal,
+    );
   }
 
   /** `GET /v1/snapshots`: the keys holding a snapshot, in byte order, each its current version's head. */
@@ -493,7 +564,14 @@ export class Client {
         kind: "read",
         method: "GET",
         path,
-        query: { key: o.key, reason: o.reason, since: iso(o.since), until: iso(o.until), limit: o.limit, cursor: o.cursor },
+        query: {
+          key: o.key,
+          reason: o.reason,
+          since: iso(o.since),
+          until: iso(o.until),
+          limit: o.limit,
+          cursor: o.cursor,
+        },
         ok: [200],
         parse: (a) => parsePage(json(a), item),
       },

@@ -92,7 +92,9 @@ export function makeConfig(o: ClientOptions): TransportConfig & { watchIdleTimeo
     throw new InvalidRequest(`${JSON.stringify(raw)} is not a URL; write it as http://host:port`);
   }
   if ((u.protocol !== "http:" && u.protocol !== "https:") || u.search !== "" || u.hash !== "") {
-    throw new InvalidRequest(`${JSON.stringify(raw)} is not an http(s) URL without a query; write it as http://host:port`);
+    throw new InvalidRequest(
+      `${JSON.stringify(raw)} is not an http(s) URL without a query; write it as http://host:port`,
+    );
   }
   const headers: Record<string, string> = {};
   if (o.apiKey !== undefined) {
@@ -110,7 +112,9 @@ export function makeConfig(o: ClientOptions): TransportConfig & { watchIdleTimeo
   const custom = o.fetch;
   const wantsTls = o.ca !== undefined || o.caFile !== undefined;
   if (custom !== undefined && wantsTls) {
-    throw new InvalidRequest("the fetch option cannot be combined with ca/caFile; give your fetch its own TLS settings");
+    throw new InvalidRequest(
+      "the fetch option cannot be combined with ca/caFile; give your fetch its own TLS settings",
+    );
   }
   let made: Promise<FetchLike> | undefined;
   const fetch = (): Promise<FetchLike> => {

@@ -91,7 +91,11 @@ export class Election {
       let next: Leader | null = current;
       if (ev.kind === "lease.granted") {
         if (current === null || ev.token > current.token) next = { owner: ev.owner ?? "", token: ev.token };
-      } else if (ev.kind.startsWith("lease.") && ev.kind !== "lease.reconciled" && ev.kind !== "lease.recovery_required") {
+      } else if (
+        ev.kind.startsWith("lease.") &&
+        ev.kind !== "lease.reconciled" &&
+        ev.kind !== "lease.recovery_required"
+      ) {
         if (current !== null && ev.token === current.token) next = null;
       }
       if (next !== current) {

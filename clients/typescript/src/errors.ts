@@ -50,20 +50,22 @@ export class SnapfenceError extends Error {
   }
 }
 
-function coded<C extends string, S extends number>(code: C, status: S) {
-  return class extends SnapfenceError {
-    override readonly code: C = code;
-    override readonly status: S = status;
-  };
+/** `400 invalid_request`; also thrown before sending for input the client can tell is invalid. */
+export class InvalidRequest extends SnapfenceError {
+  override readonly code = "invalid_request" as const;
+  override readonly status = 400 as const;
 }
 
-/** `400 invalid_request`; also thrown before sending for input the client can tell is invalid. */
-export class InvalidRequest extends coded("invalid_request", 400) {}
 /** `428 token_required`: a fenced call without a `Fencing-Token`. */
-export class TokenRequired extends coded("token_required", 428) {}
+export class TokenRequired extends SnapfenceError {
+  override readonly code = "token_required" as const;
+  override readonly status = 428 as const;
+}
 
 /** `409 lease_held`: another lease on the key is live; `holder` says whose, until when. */
-export class LeaseHeld extends coded("lease_held", 409) {
+export class LeaseHeld extends SnapfenceError {
+  override readonly code = "lease_held" as const;
+  override readonly status = 409 as const;
   readonly holder: Holder | undefined;
   /** `held`, or the free state of a key that goes to the `waiters` queued first. */
   readonly state: string | undefined;
@@ -77,7 +79,9 @@ export class LeaseHeld extends coded("lease_held", 409) {
 }
 
 /** `409 recovery_required`: a recovery record blocks the grant until it is reconciled. */
-export class RecoveryRequired extends coded("recovery_required", 409) {
+export class RecoveryRequired extends SnapfenceError {
+  override readonly code = "recovery_required" as const;
+  override readonly status = 409 as const;
   readonly recovery: RecoveryRecord | undefined;
   constructor(detail: string, fields: ErrorFields & { recovery?: RecoveryRecord } = {}) {
     super(detail, fields);
@@ -86,7 +90,10 @@ export class RecoveryRequired extends coded("recovery_required", 409) {
 }
 
 /** `409 lease_lost`: the token is not the key's live lease. Stop working on the key. */
-export class LeaseLost extends coded("lease_lost", 409) {}
+export class LeaseLost extends SnapfenceError {
+  override readonly code = "lease_lost" as const;
+  override readonly status = 409 as const;
+}
 
 interface RefusalFields extends ErrorFields {
   presentedToken?: number;
@@ -95,52 +102,86 @@ interface RefusalFields extends ErrorFields {
   fencingKey?: string;
 }
 
-function refused<C extends string>(code: C) {
-  return class extends coded(code, 409) {
-    readonly presentedToken: number | undefined;
-    /** The newest token of the key (`null` for a key that never had a lease). */
-    readonly highestToken: number | null | undefined;
-    /** The refusal's row in the audit log (`client.listRejections()`). */
-    readonly auditId: number | undefined;
-    /** The fence the write named (v1.3), when the server says. */
-    readonly fencingKey: string | undefined;
-    constructor(detail: string, fields: RefusalFields = {}) {
-      super(detail, fields);
-      this.presentedToken = fields.presentedToken;
-      this.highestToken = fields.highestToken;
-      this.auditId = fields.auditId;
-      this.fencingKey = fields.fencingKey;
-    }
-  };
+/** A refused fenced write, recorded in the audit log. */
+export abstract class FencedWriteRefused extends SnapfenceError {
+  readonly presentedToken: number | undefined;
+  /** The newest token of the key (`null` for a key that never had a lease). */
+  readonly highestToken: number | null | undefined;
+  /** The refusal's row in the audit log (`client.listRejections()`). */
+  readonly auditId: number | undefined;
+  /** The fence the write named (v1.3), when the server says. */
+  readonly fencingKey: string | undefined;
+  constructor(detail: string, fields: RefusalFields = {}) {
+    super(detail, fields);
+    this.presentedToken = fields.presentedToken;
+    this.highestToken = fields.highestToken;
+    this.auditId = fields.auditId;
+    this.fencingKey = fields.fencingKey;
+  }
 }
 
 /** `409 stale_token`: a fenced write with a superseded token, or of a released lease; audited. */
-export class StaleToken extends refused("stale_token") {}
+export class StaleToken extends FencedWriteRefused {
+  override readonly code = "stale_token" as const;
+  override readonly status = 409 as const;
+}
+
 /** `409 unknown_token`: a fenced write with a token never issued for the key; audited. */
-export class UnknownToken extends refused("unknown_token") {}
+export class UnknownToken extends FencedWriteRefused {
+  override readonly code = "unknown_token" as const;
+  override readonly status = 409 as const;
+}
 
 /** `412 precondition_failed`: `If-Match` did not hold (for a transaction: `opIndex`). */
-export class PreconditionFailed extends coded("precondition_failed", 412) {
+export class PreconditionFailed extends SnapfenceError {
+  override readonly code = "precondition_failed" as const;
+  override readonly status = 412 as const;
   get opIndex(): number | undefined {
     const v = this.problem["op_index"];
     return typeof v === "number" ? v : undefined;
   }
 }
+
 /** `404 not_found`: no such lease, snapshot, version or endpoint. */
-export class NotFound extends coded("not_found", 404) {}
+export class NotFound extends SnapfenceError {
+  override readonly code = "not_found" as const;
+  override readonly status = 404 as const;
+}
+
 /** `405 method_not_allowed`. */
-export class MethodNotAllowed extends coded("method_not_allowed", 405) {}
+export class MethodNotAllowed extends SnapfenceError {
+  override readonly code = "method_not_allowed" as const;
+  override readonly status = 405 as const;
+}
+
 /** `408 request_timeout`: the body did not arrive in time. */
-export class RequestTimeout extends coded("request_timeout", 408) {}
+export class RequestTimeout extends SnapfenceError {
+  override readonly code = "request_timeout" as const;
+  override readonly status = 408 as const;
+}
+
 /** `413 payload_too_large`: nothing was stored. */
-export class PayloadTooLarge extends coded("payload_too_large", 413) {}
+export class PayloadTooLarge extends SnapfenceError {
+  override readonly code = "payload_too_large" as const;
+  override readonly status = 413 as const;
+}
+
 /** `401 unauthorized`: no live API key. */
-export class Unauthorized extends coded("unauthorized", 401) {}
+export class Unauthorized extends SnapfenceError {
+  override readonly code = "unauthorized" as const;
+  override readonly status = 401 as const;
+}
+
 /** `403 forbidden`: the API key may not do this, or not to this key. */
-export class Forbidden extends coded("forbidden", 403) {}
+export class Forbidden extends SnapfenceError {
+  override readonly code = "forbidden" as const;
+  override readonly status = 403 as const;
+}
 
 /** `500 internal`: a bug of the server. Its outcome is unknown: retried like any 5xx. */
-export class Internal extends coded("internal", 500) {
+export class Internal extends SnapfenceError {
+  override readonly code = "internal" as const;
+  override readonly status = 500 as const;
   override get isTransient(): boolean {
     return true;
   }
@@ -150,7 +191,9 @@ export class Internal extends coded("internal", 500) {
 }
 
 /** `503 unavailable`: the database cannot be reached; nothing was changed. Retried. */
-export class Unavailable extends coded("unavailable", 503) {
+export class Unavailable extends SnapfenceError {
+  override readonly code = "unavailable" as const;
+  override readonly status = 503 as const;
   override get isTransient(): boolean {
     return true;
   }
@@ -161,7 +204,9 @@ export class Unavailable extends coded("unavailable", 503) {
  * attempt, or an earlier attempt's answer was lost and the later ones only said that *they*
  * changed nothing. Find out by reading: the snapshot's etag or version, the key's lease.
  */
-export class Indeterminate extends coded("indeterminate", 503) {
+export class Indeterminate extends SnapfenceError {
+  override readonly code = "indeterminate" as const;
+  override readonly status = 503 as const;
   override get isTransient(): boolean {
     return true;
   }
@@ -171,19 +216,31 @@ export class Indeterminate extends coded("indeterminate", 503) {
 }
 
 /** `422 idempotency_key_reused`: the client makes a fresh key per call, so this is a bug. */
-export class IdempotencyKeyReused extends coded("idempotency_key_reused", 422) {}
+export class IdempotencyKeyReused extends SnapfenceError {
+  override readonly code = "idempotency_key_reused" as const;
+  override readonly status = 422 as const;
+}
+
 /** `409 request_in_progress`: an earlier attempt of this call still runs; retried for changes. */
-export class RequestInProgress extends coded("request_in_progress", 409) {}
+export class RequestInProgress extends SnapfenceError {
+  override readonly code = "request_in_progress" as const;
+  override readonly status = 409 as const;
+}
 
 /** `429 too_many_requests`: a limit of the API key; nothing changed. Retried after `retryAfterMs`. */
-export class TooManyRequests extends coded("too_many_requests", 429) {
+export class TooManyRequests extends SnapfenceError {
+  override readonly code = "too_many_requests" as const;
+  override readonly status = 429 as const;
   override get isTransient(): boolean {
     return true;
   }
 }
 
 /** `410 compacted`: a watch resumed from a change older than the retained history. */
-export class Compacted extends coded("compacted", 410) {}
+export class Compacted extends SnapfenceError {
+  override readonly code = "compacted" as const;
+  override readonly status = 410 as const;
+}
 
 /**
  * The request or its answer did not make it across the network. `mayHaveReached` is `false`
@@ -248,7 +305,7 @@ export class LostLease extends SnapfenceError {
   }
 }
 
-type CodedClass = typeof InvalidRequest | typeof LeaseHeld | typeof RecoveryRequired | typeof StaleToken;
+type CodedClass = new (detail: string, fields?: ErrorFields) => SnapfenceError;
 
 /** Each code of the contract, and the class that stands for it. */
 export const ERRORS: Readonly<Record<string, new (detail: string, fields?: ErrorFields) => SnapfenceError>> =

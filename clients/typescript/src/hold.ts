@@ -91,7 +91,13 @@ export class Keeper implements HeldLease {
 
   /** `datedFrom`: the `performance.now()` the grant is dated from; `renewAtOnce` for a grant that
    * waited, to date it from a renewal's sending. */
-  constructor(client: Client, grant: Grant, datedFrom: number, timing: { marginMs: number; everyMs: number }, renewAtOnce: boolean) {
+  constructor(
+    client: Client,
+    grant: Grant,
+    datedFrom: number,
+    timing: { marginMs: number; everyMs: number },
+    renewAtOnce: boolean,
+  ) {
     this.#client = client;
     this.grant = grant;
     this.#lease = grant;
@@ -135,7 +141,11 @@ export class Keeper implements HeldLease {
 
   #declare(reason: LostReason, detail: string, cause?: unknown): void {
     if (this.#loss !== undefined) return;
-    this.#loss = new LostLease(`lease of ${JSON.stringify(this.key)} (token ${this.token}) lost: ${detail}`, reason, cause);
+    this.#loss = new LostLease(
+      `lease of ${JSON.stringify(this.key)} (token ${this.token}) lost: ${detail}`,
+      reason,
+      cause,
+    );
     this.#stop.abort();
     this.#lost.abort(this.#loss);
   }
@@ -175,7 +185,11 @@ export class Keeper implements HeldLease {
         } catch (e) {
           if (stop.aborted) return;
           if (e instanceof LeaseLost) {
-            this.#declare("lease_lost", "the server answered lease_lost: the lease expired, was released or was superseded", e);
+            this.#declare(
+              "lease_lost",
+              "the server answered lease_lost: the lease expired, was released or was superseded",
+              e,
+            );
             return;
           }
           if (e instanceof SnapfenceError && permanent(e)) {

@@ -4,7 +4,17 @@
  * election, over `fetch` (Node 20+ and browsers).
  */
 
-export { Client, type AcquireOptions, type AuditListOptions, type CallOptions, type FenceOptions, type LeaseListOptions, type ListOptions, type PutOptions, type SnapshotListOptions } from "./client.js";
+export {
+  Client,
+  type AcquireOptions,
+  type AuditListOptions,
+  type CallOptions,
+  type FenceOptions,
+  type LeaseListOptions,
+  type ListOptions,
+  type PutOptions,
+  type SnapshotListOptions,
+} from "./client.js";
 export { DEFAULT_URL, VERSION, type ClientOptions } from "./config.js";
 export { Election, type ElectionOptions, type Leader, type Leadership } from "./election.js";
 export * from "./errors.js";

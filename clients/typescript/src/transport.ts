@@ -101,10 +101,13 @@ export function newIdempotencyKey(): string {
 export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
   return new Promise((resolve, reject) => {
     if (signal?.aborted) return reject(signal.reason);
-    const t = setTimeout(() => {
-      signal?.removeEventListener("abort", onAbort);
-      resolve();
-    }, Math.max(0, ms));
+    const t = setTimeout(
+      () => {
+        signal?.removeEventListener("abort", onAbort);
+        resolve();
+      },
+      Math.max(0, ms),
+    );
     const onAbort = () => {
       clearTimeout(t);
       reject(signal?.reason);
@@ -113,7 +116,14 @@ export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
   });
 }
 
-const NOT_SENT = new Set(["ECONNREFUSED", "ENOTFOUND", "EAI_AGAIN", "EHOSTUNREACH", "ENETUNREACH", "UND_ERR_CONNECT_TIMEOUT"]);
+const NOT_SENT = new Set([
+  "ECONNREFUSED",
+  "ENOTFOUND",
+  "EAI_AGAIN",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "UND_ERR_CONNECT_TIMEOUT",
+]);
 
 function causeCodes(e: unknown): string[] {
   const out: string[] = [];
@@ -166,7 +176,10 @@ export function errorOf(a: Answer, what: string): SnapfenceError {
     try {
       problem = obj(JSON.parse(decoder.decode(a.body)));
     } catch (e) {
-      return new ProtocolError(`the ${a.status} answer to ${what} is not a problem of the contract: ${String(e)}`, base);
+      return new ProtocolError(
+        `the ${a.status} answer to ${what} is not a problem of the contract: ${String(e)}`,
+        base,
+      );
     }
     const code = problem["code"];
     if (typeof code === "string") {
@@ -174,13 +187,21 @@ export function errorOf(a: Answer, what: string): SnapfenceError {
       try {
         return problemError(code, detail, problem, { ...base, problem }, a.status);
       } catch (e) {
-        return new ProtocolError(`a ${code} problem without the members of the contract (${String(e)}): ${detail}`, base);
+        return new ProtocolError(
+          `a ${code} problem without the members of the contract (${String(e)}): ${detail}`,
+          base,
+        );
       }
     }
   }
   const text = decoder.decode(a.body).trim().split("\n")[0]?.slice(0, 200) ?? "";
   const detail = `${a.status} to ${what}${text ? `: ${text}` : ""}`;
-  const byStatus: Record<number, string> = { 401: "unauthorized", 403: "forbidden", 404: "not_found", 413: "payload_too_large" };
+  const byStatus: Record<number, string> = {
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    413: "payload_too_large",
+  };
   const code = byStatus[a.status];
   const cls = code === undefined ? undefined : ERRORS[code];
   return cls ? new cls(detail, base) : new UnexpectedAnswer(detail, { ...base, httpStatus: a.status });
@@ -250,7 +271,13 @@ export async function send(
   extraHeaders: Record<string, string>,
   signal: AbortSignal | undefined,
   timeoutMs: number | undefined,
-): Promise<{ res: Response; done: () => void; timedOut: () => boolean; attemptSignal: AbortSignal; abort: (reason: unknown) => void }> {
+): Promise<{
+  res: Response;
+  done: () => void;
+  timedOut: () => boolean;
+  attemptSignal: AbortSignal;
+  abort: (reason: unknown) => void;
+}> {
   const what = describe(call);
   const fetch = await cfg.fetch();
   const ctl = new AbortController();
@@ -289,7 +316,13 @@ export async function send(
 }
 
 /** What a rejected fetch or body read stands for: the caller's abort as it is, else a TransportError. */
-export function failure(e: unknown, what: string, signal: AbortSignal | undefined, expired: boolean, own: AbortSignal): unknown {
+export function failure(
+  e: unknown,
+  what: string,
+  signal: AbortSignal | undefined,
+  expired: boolean,
+  own: AbortSignal,
+): unknown {
   if (signal?.aborted && !expired) return signal.reason;
   if (expired && own.reason instanceof TransportError) return own.reason;
   return e instanceof SnapfenceError ? e : transportError(e, what);
@@ -303,7 +336,13 @@ export async function run<T>(cfg: TransportConfig, call: Call<T>, signal?: Abort
   for (let attempt = 1; ; attempt++) {
     let error: SnapfenceError;
     try {
-      const { res, done, timedOut, attemptSignal } = await send(cfg, call, idem, signal, cfg.timeoutMs + (call.extraMs ?? 0));
+      const { res, done, timedOut, attemptSignal } = await send(
+        cfg,
+        call,
+        idem,
+        signal,
+        cfg.timeoutMs + (call.extraMs ?? 0),
+      );
       let body: Uint8Array;
       try {
         body = new Uint8Array(await res.arrayBuffer());

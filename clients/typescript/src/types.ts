@@ -359,7 +359,14 @@ export function parseRecovery(j: unknown): Recovery {
 
 export function parseChange(id: number, kind: ChangeKind, j: unknown): ChangeEvent {
   const o = obj(j);
-  const e: ChangeEvent = { id, kind, key: str(o, "key"), token: int(o, "token"), at: time(o, "at"), data: o as JsonObject };
+  const e: ChangeEvent = {
+    id,
+    kind,
+    key: str(o, "key"),
+    token: int(o, "token"),
+    at: time(o, "at"),
+    data: o as JsonObject,
+  };
   const owner = optStr(o, "owner");
   if (owner !== null) e.owner = owner;
   const version = optInt(o, "version");
@@ -388,7 +395,8 @@ export function parseTxn(j: unknown): Txn {
     fencingKey: str(o, "fencing_key"),
     results: results.map((r): TxnResult => {
       const x = obj(r);
-      if (typeof x["prefix"] === "string") return { op: "delete_prefix", prefix: str(x, "prefix"), deleted: int(x, "deleted") };
+      if (typeof x["prefix"] === "string")
+        return { op: "delete_prefix", prefix: str(x, "prefix"), deleted: int(x, "deleted") };
       if ("deleted" in x) return { op: "delete", key: str(x, "key"), deleted: x["deleted"] === true };
       return { ...parseSnapshotMeta(x), op: "put", key: str(x, "key"), created: x["created"] === true };
     }),

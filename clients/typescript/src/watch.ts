@@ -92,7 +92,8 @@ export class Watch implements AsyncIterable<ChangeEvent> {
   }
 
   async *#run(): AsyncGenerator<ChangeEvent, void, undefined> {
-    const signal = this.#signal === undefined ? this.#closed.signal : AbortSignal.any([this.#signal, this.#closed.signal]);
+    const signal =
+      this.#signal === undefined ? this.#closed.signal : AbortSignal.any([this.#signal, this.#closed.signal]);
     const cfg = this.#client.config;
     let failingSince: number | undefined;
     let failures = 0;
@@ -147,7 +148,10 @@ export class Watch implements AsyncIterable<ChangeEvent> {
         const arm = () => {
           clearTimeout(idle);
           idle = setTimeout(
-            () => abort(new TransportError(`GET /v1/watch: nothing for ${cfg.watchIdleTimeoutMs} ms`, { mayHaveReached: true })),
+            () =>
+              abort(
+                new TransportError(`GET /v1/watch: nothing for ${cfg.watchIdleTimeoutMs} ms`, { mayHaveReached: true }),
+              ),
             cfg.watchIdleTimeoutMs,
           );
         };
@@ -173,14 +177,19 @@ export class Watch implements AsyncIterable<ChangeEvent> {
             for (const ev of parser.push(chunk.value)) {
               if (ev.event === "revoked") {
                 throw errorOf(
-                  { status: 401, headers: new Headers({ "content-type": "application/problem+json" }), body: new TextEncoder().encode(ev.data) },
+                  {
+                    status: 401,
+                    headers: new Headers({ "content-type": "application/problem+json" }),
+                    body: new TextEncoder().encode(ev.data),
+                  },
                   "GET /v1/watch",
                 ) as Unauthorized;
               }
               let id: number | undefined;
               if (ev.id !== undefined && ev.id !== "") {
                 id = Number(ev.id);
-                if (!Number.isSafeInteger(id)) throw new ProtocolError(`a watch event without a change id: ${JSON.stringify(ev.id)}`);
+                if (!Number.isSafeInteger(id))
+                  throw new ProtocolError(`a watch event without a change id: ${JSON.stringify(ev.id)}`);
                 this.#last = id;
               }
               if (ev.data === "" || !kinds.has(ev.event)) continue;
@@ -189,7 +198,9 @@ export class Watch implements AsyncIterable<ChangeEvent> {
               try {
                 change = parseChange(id, ev.event as ChangeKind, JSON.parse(ev.data));
               } catch (e) {
-                throw new ProtocolError(`the data of change ${id} (${ev.event}) is not the contract's JSON: ${String(e)}`);
+                throw new ProtocolError(
+                  `the data of change ${id} (${ev.event}) is not the contract's JSON: ${String(e)}`,
+                );
               }
               delivered = true;
               failures = 0;
