@@ -175,7 +175,7 @@ export class Keeper implements HeldLease {
           );
           return;
         }
-        const bound = AbortSignal.any([stop, AbortSignal.timeout(Math.max(1, this.#lapse() - performance.now()))]);
+        const bound = AbortSignal.any([stop, AbortSignal.timeout(Math.max(1, Math.ceil(this.#lapse() - performance.now())))]);
         const sent = performance.now();
         try {
           this.#lease = await this.#client.renew(this.key, this.token, { ttlMs: this.#lease.ttlMs, signal: bound });
@@ -201,7 +201,8 @@ export class Keeper implements HeldLease {
         }
       }
     } catch (e) {
-      if (!stop.aborted) throw e;
+      // Only a bug gets here; the work must not go on believing it is protected.
+      if (!stop.aborted) this.#declare("refused", `the keeper failed: ${String(e)}`, e);
     }
   }
 }
