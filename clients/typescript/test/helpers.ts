@@ -234,6 +234,12 @@ export class Child {
     return JSON.parse(this.#lines.shift()!) as Record<string, unknown>;
   }
 
+  /** The next line if the child printed one, without waiting. */
+  poll(): Record<string, unknown> | undefined {
+    const l = this.#lines.shift();
+    return l === undefined ? undefined : (JSON.parse(l) as Record<string, unknown>);
+  }
+
   send(line: string): void {
     this.proc.stdin!.write(`${line}\n`);
   }
