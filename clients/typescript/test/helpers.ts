@@ -5,7 +5,7 @@
  * lines of JSON.
  */
 
-import { spawn, type ChildProcess } from "node:child_process";
+import { execFileSync, spawn, type ChildProcess } from "node:child_process";
 import { chmodSync, existsSync, mkdtempSync, readFileSync, rmSync, openSync, closeSync } from "node:fs";
 import net from "node:net";
 import { tmpdir } from "node:os";
@@ -39,13 +39,25 @@ export async function freePort(): Promise<number> {
 }
 
 async function ready(url: string): Promise<boolean> {
+  // The port answering is enough for TLS (whose CA this fetch does not trust); /readyz for HTTP.
   try {
     const r = await fetch(`${url}/readyz`, { signal: AbortSignal.timeout(2000) });
     await r.arrayBuffer();
     return r.status === 200;
-  } catch {
-    return false;
+  } catch (e) {
+    const code = (e as { cause?: { code?: string } }).cause?.code ?? "";
+    return url.startsWith("https:") && /CERT|SELF_SIGNED|UNABLE_TO_VERIFY/.test(code);
   }
+}
+
+/** An API key made with `snapfence keys create` (before the server starts). */
+export function createKey(bin: string, dataDir: string, name: string, scope: string, prefix = ""): string {
+  const out = execFileSync(
+    bin,
+    ["--output", "json", "keys", "create", "--data-dir", dataDir, "--name", name, "--scope", scope, "--prefix", prefix],
+    { timeout: 180_000 },
+  );
+  return (JSON.parse(out.toString()) as { token: string }).token;
 }
 
 export interface Server {
@@ -68,14 +80,29 @@ function exited(p: ChildProcess): Promise<void> {
     : new Promise((ok) => p.once("exit", () => ok()));
 }
 
-/** Starts `snapfence serve` on a free port and waits for /readyz. */
-export async function startServer(args: string[] = []): Promise<Server> {
-  const bin = binary();
+/** A directory (prefix sf-tmp-ts.) that the postgres user can enter: as root the embedded
+ * PostgreSQL runs as postgres. */
+export function tempDir(): string {
   const dir = mkdtempSync(join(tmpdir(), "sf-tmp-ts."));
-  // As root, the embedded PostgreSQL runs as postgres, which must enter the directory.
   chmodSync(dir, 0o755);
+  return dir;
+}
+
+export interface ServerOptions {
+  /** Runs first, with the binary and the data directory (e.g. to make API keys). */
+  prepare?: (bin: string, dataDir: string) => void;
+  scheme?: "http" | "https";
+  /** The directory to use (and remove at `stop()`); a new one by default. */
+  dir?: string;
+}
+
+/** Starts `snapfence serve` on a free port and waits for /readyz. */
+export async function startServer(args: string[] = [], o: ServerOptions = {}): Promise<Server> {
+  const bin = binary();
+  const dir = o.dir ?? tempDir();
+  o.prepare?.(bin, join(dir, "data"));
   const port = await freePort();
-  const url = `http://127.0.0.1:${port}`;
+  const url = `${o.scheme ?? "http"}://127.0.0.1:${port}`;
   let logNo = 0;
   const launch = async (): Promise<ChildProcess> => {
     const logPath = join(dir, `serve-${++logNo}.log`);
