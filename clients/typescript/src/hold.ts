@@ -175,7 +175,10 @@ export class Keeper implements HeldLease {
           );
           return;
         }
-        const bound = AbortSignal.any([stop, AbortSignal.timeout(Math.max(1, Math.ceil(this.#lapse() - performance.now())))]);
+        const bound = AbortSignal.any([
+          stop,
+          AbortSignal.timeout(Math.max(1, Math.ceil(this.#lapse() - performance.now()))),
+        ]);
         const sent = performance.now();
         try {
           this.#lease = await this.#client.renew(this.key, this.token, { ttlMs: this.#lease.ttlMs, signal: bound });

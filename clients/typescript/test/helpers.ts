@@ -74,6 +74,22 @@ export interface Server {
   log(): string;
 }
 
+// Servers and children still running when this test process ends are told to stop (a killed
+// test run would otherwise leave them, with their PostgreSQL, behind).
+const running = new Set<ChildProcess>();
+process.once("exit", () => {
+  for (const p of running) p.kill("SIGTERM");
+});
+for (const sig of ["SIGINT", "SIGTERM"] as const) {
+  process.once(sig, () => process.exit(130));
+}
+
+function track(p: ChildProcess): ChildProcess {
+  running.add(p);
+  p.once("exit", () => running.delete(p));
+  return p;
+}
+
 function exited(p: ChildProcess): Promise<void> {
   return p.exitCode !== null || p.signalCode !== null
     ? Promise.resolve()
@@ -110,6 +126,7 @@ export async function startServer(args: string[] = [], o: ServerOptions = {}): P
     const proc = spawn(bin, ["serve", "--data-dir", join(dir, "data"), "--listen", `127.0.0.1:${port}`, ...args], {
       stdio: ["ignore", fd, fd],
     });
+    track(proc);
     closeSync(fd);
     const until = performance.now() + 120_000;
     while (performance.now() < until && proc.exitCode === null) {
@@ -231,6 +248,7 @@ export class Child {
       env: { ...process.env, ...env },
       stdio: ["pipe", "pipe", "pipe"],
     });
+    track(this.proc);
     createInterface({ input: this.proc.stdout! }).on("line", (l) => {
       this.#lines.push(l);
       this.#waiters.splice(0).forEach((w) => w());
