@@ -375,8 +375,9 @@ export class Client {
 
   /**
    * Holds `key` while `fn` runs, as redlock's `using`: acquires (waiting up to `waitMs`), renews
-   * in the background, aborts `signal` before the lease can lapse, releases at the end, and
-   * throws `LostLease` if the lease was lost, even when `fn` returned.
+   * in the background, aborts `signal` before the lease can lapse (or when the caller's `signal`
+   * aborts), releases at the end, and throws `LostLease` if the lease was lost, even when `fn`
+   * returned.
    */
   hold<R>(key: string, o: HoldOptions, fn: (lease: HeldLease, signal: AbortSignal) => Promise<R>): Promise<R> {
     return hold(this, key, o, fn);

@@ -48,6 +48,7 @@ export interface HeldLease {
   throwIfLost(): void;
 }
 
+/** @internal */
 export function resolveTiming(ttlMs: number, o: KeepOptions): { marginMs: number; everyMs: number } {
   if (!(ttlMs > 0)) throw new InvalidRequest(`a TTL of ${ttlMs} ms cannot be kept`);
   const marginMs = o.marginMs ?? ttlMs / 5;
@@ -210,11 +211,12 @@ export class Keeper implements HeldLease {
   }
 }
 
-/** Starts keeping a granted lease (a lease acquired elsewhere, as `Election` does). */
+/** @internal Starts keeping a granted lease (a lease acquired elsewhere, as `Election` does). */
 export function keep(client: Client, grant: Grant, datedFrom: number, waited: boolean, o: KeepOptions = {}): Keeper {
   return new Keeper(client, grant, datedFrom, resolveTiming(grant.ttlMs, o), waited);
 }
 
+/** @internal `Client.hold`. */
 export async function hold<R>(
   client: Client,
   key: string,
@@ -230,9 +232,11 @@ export async function hold<R>(
   const sent = performance.now();
   const grant = await client.acquire(key, acquire);
   const keeper = keep(client, grant, waits ? performance.now() : sent, waits, timing);
+  // The work stops when the lease is lost, and when the caller says so.
+  const signal = o.signal ? AbortSignal.any([keeper.signal, o.signal]) : keeper.signal;
   let result: R;
   try {
-    result = await fn(keeper, keeper.signal);
+    result = await fn(keeper, signal);
   } catch (e) {
     // The work's own failure (or the loss) says more than a failed release.
     await finish(client, keeper).catch(() => {});

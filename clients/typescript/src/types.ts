@@ -160,6 +160,8 @@ export interface ChangeEvent {
   token: number;
   at: Date;
   owner?: string;
+  /** A grant's expiry. */
+  expiresAt?: Date;
   version?: number;
   etag?: string;
   reason?: string;
@@ -369,6 +371,7 @@ export function parseChange(id: number, kind: ChangeKind, j: unknown): ChangeEve
   };
   const owner = optStr(o, "owner");
   if (owner !== null) e.owner = owner;
+  if (typeof o["expires_at"] === "string") e.expiresAt = time(o, "expires_at");
   const version = optInt(o, "version");
   if (version !== null) e.version = version;
   const etag = optStr(o, "etag");

@@ -131,3 +131,33 @@ test("a margin that leaves no time to renew is refused before acquiring", async 
   );
   await assert.rejects(client.getLease(key), /not_found|never|no/i);
 });
+
+test("a holder whose event loop was frozen past the lapse learns it at its next throwIfLost, before any timer runs", async () => {
+  const key = uniqueKey("busy");
+  const e = await client
+    .hold(key, { owner: "w", ttlMs: 1500, marginMs: 500 }, async (lease) => {
+      lease.throwIfLost();
+      // The process is stuck (a long synchronous computation, a GC pause): no timer can fire.
+      const until = performance.now() + 1100;
+      while (performance.now() < until);
+      assert.throws(() => lease.throwIfLost(), LostLease);
+      const s = await client.getLease(key);
+      assert.equal(s.state, "held", "the server still holds the lease");
+    })
+    .catch((x: unknown) => x);
+  assert.ok(e instanceof LostLease);
+  assert.equal(e.reason, "lapsing");
+});
+
+test("the caller's signal aborts the work's signal too, and the lease is released", async () => {
+  const key = uniqueKey("caller-abort");
+  const ctl = new AbortController();
+  await assert.rejects(
+    client.hold(key, { owner: "w", ttlMs: 5000, signal: ctl.signal }, async (_lease, signal) => {
+      setTimeout(() => ctl.abort(new Error("shutting down")), 100);
+      await new Promise((_ok, fail) => signal.addEventListener("abort", () => fail(signal.reason), { once: true }));
+    }),
+    /shutting down/,
+  );
+  assert.equal((await client.getLease(key)).state, "released");
+});

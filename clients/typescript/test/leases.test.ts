@@ -76,6 +76,9 @@ test("abandon keeps a recovery record that blocks acquire until a reconciled acq
   const audit = await client.listRecoveries({ key });
   assert.equal(audit.items.length, 1);
   assert.equal(audit.items[0]?.recovery?.token, g.token);
+  const all = [];
+  for await (const r of client.iterRecoveries({ key, pageSize: 1 })) all.push(r.id);
+  assert.deepEqual(all, [audit.items[0]?.id]);
   await client.release(key, r.token);
 });
 
@@ -130,6 +133,13 @@ test("an aborted waiting acquire rejects with the signal's reason at once and le
   setTimeout(() => ctl.abort(new Error("shutting down")), 300);
   await assert.rejects(waiting, /shutting down/);
   assert.ok(performance.now() - started < 5000);
+  // The server sees the client go away and drops its waiter.
+  let waiters = (await client.listLeaseWaiters(key)).items;
+  for (let i = 0; i < 100 && waiters.length > 0; i++) {
+    await new Promise((ok) => setTimeout(ok, 50));
+    waiters = (await client.listLeaseWaiters(key)).items;
+  }
+  assert.deepEqual(waiters, []);
   await client.release(key, g.token);
   const next = await client.acquire(key, { owner: "w3", ttlMs: 60_000 });
   assert.equal(next.owner, "w3");
@@ -141,4 +151,8 @@ test("input the client can tell is invalid is refused before sending, the rest b
   const e = await client.acquire(uniqueKey("ttl"), { owner: "w", ttlMs: 1 }).catch((x: unknown) => x);
   assert.ok(e instanceof InvalidRequest);
   assert.ok(e.requestId, "a server's refusal carries its request id");
+});
+
+test("ready() says whether the service can reach its database", async () => {
+  assert.equal(await client.ready(), true);
 });

@@ -102,3 +102,17 @@ test("an aborted signal ends a watch with the signal's reason", async () => {
     /enough/,
   );
 });
+
+test("a watch that hears nothing for watchIdleTimeoutMs resumes on a new connection and misses nothing", async () => {
+  const quiet = new Client({ url: server.url, watchIdleTimeoutMs: 300 });
+  const key = `${uniqueKey("idle")}/k`;
+  const watch = await quiet.watch({ prefix: key }).open();
+  await new Promise((ok) => setTimeout(ok, 1000));
+  const g = await client.acquire(key, { owner: "w", ttlMs: 60_000 });
+  for await (const ev of watch) {
+    assert.equal(ev.kind, "lease.granted");
+    assert.equal(ev.token, g.token);
+    break;
+  }
+  assert.ok(watch.connections >= 3, `${watch.connections} connections`);
+});
