@@ -176,13 +176,20 @@ export class Keeper implements HeldLease {
           );
           return;
         }
-        const bound = AbortSignal.any([
-          stop,
-          AbortSignal.timeout(Math.max(1, Math.ceil(this.#lapse() - performance.now()))),
-        ]);
+        // A renewal may run until the lapse, and no longer; stop() ends it at once.
+        const bound = new AbortController();
+        const onStop = () => bound.abort(stop.reason);
+        stop.addEventListener("abort", onStop, { once: true });
+        const timer = setTimeout(
+          () => bound.abort(new Error("the renewal ran into the lapse")),
+          this.#lapse() - performance.now(),
+        );
         const sent = performance.now();
         try {
-          this.#lease = await this.#client.renew(this.key, this.token, { ttlMs: this.#lease.ttlMs, signal: bound });
+          this.#lease = await this.#client.renew(this.key, this.token, {
+            ttlMs: this.#lease.ttlMs,
+            signal: bound.signal,
+          });
           this.#datedFrom = sent;
           last = undefined;
           next = sent + jitter(this.#everyMs);
@@ -202,6 +209,9 @@ export class Keeper implements HeldLease {
           }
           if (e instanceof SnapfenceError) last = e;
           next = performance.now() + Math.max(this.#everyMs / 8, 20);
+        } finally {
+          clearTimeout(timer);
+          stop.removeEventListener("abort", onStop);
         }
       }
     } catch (e) {
