@@ -95,7 +95,8 @@ export interface AuditListOptions extends ListOptions {
   until?: Date;
 }
 
-type Iter<O> = Omit<O, "cursor" | "limit"> & { pageSize?: number };
+/** A list's options for its `iter` form: `pageSize` instead of `limit` and `cursor`. */
+export type IterOptions<O> = Omit<O, "cursor" | "limit"> & { pageSize?: number };
 
 const textEncoder = new TextEncoder();
 const textDecoder = new TextDecoder();
@@ -234,7 +235,7 @@ export class Client {
     } while (cursor !== undefined);
   }
 
-  #iterOptions<O extends ListOptions>(o: Iter<O>): O {
+  #iterOptions<O extends ListOptions>(o: IterOptions<O>): O {
     const { pageSize, ...rest } = o;
     return (pageSize === undefined ? rest : { ...rest, limit: pageSize }) as unknown as O;
   }
@@ -354,7 +355,7 @@ export class Client {
   }
 
   /** Every lease of `listLeases`, page after page. */
-  iterLeases(o: Iter<LeaseListOptions> = {}): AsyncGenerator<KeyStatus, void, undefined> {
+  iterLeases(o: IterOptions<LeaseListOptions> = {}): AsyncGenerator<KeyStatus, void, undefined> {
     return this.#pages((x) => this.listLeases(x), this.#iterOptions(o));
   }
 
@@ -469,7 +470,7 @@ export class Client {
     );
   }
 
-  iterVersions(key: string, o: Iter<ListOptions> = {}): AsyncGenerator<SnapshotMeta, void, undefined> {
+  iterVersions(key: string, o: IterOptions<ListOptions> = {}): AsyncGenerator<SnapshotMeta, void, undefined> {
     return this.#pages((x) => this.listVersions(key, x), this.#iterOptions(o));
   }
 
@@ -512,7 +513,9 @@ export class Client {
     );
   }
 
-  iterSnapshots(o: Iter<SnapshotListOptions> = {}): AsyncGenerator<SnapshotMeta & { key: string }, void, undefined> {
+  iterSnapshots(
+    o: IterOptions<SnapshotListOptions> = {},
+  ): AsyncGenerator<SnapshotMeta & { key: string }, void, undefined> {
     return this.#pages((x) => this.listSnapshots(x), this.#iterOptions(o));
   }
 
@@ -585,7 +588,7 @@ export class Client {
     return this.#audit("/v1/audit/rejections", parseRejection, o);
   }
 
-  iterRejections(o: Iter<AuditListOptions> = {}): AsyncGenerator<Rejection, void, undefined> {
+  iterRejections(o: IterOptions<AuditListOptions> = {}): AsyncGenerator<Rejection, void, undefined> {
     return this.#pages((x) => this.listRejections(x), this.#iterOptions(o));
   }
 
@@ -594,7 +597,7 @@ export class Client {
     return this.#audit("/v1/audit/recoveries", parseRecovery, o);
   }
 
-  iterRecoveries(o: Iter<AuditListOptions> = {}): AsyncGenerator<Recovery, void, undefined> {
+  iterRecoveries(o: IterOptions<AuditListOptions> = {}): AsyncGenerator<Recovery, void, undefined> {
     return this.#pages((x) => this.listRecoveries(x), this.#iterOptions(o));
   }
 

@@ -10,6 +10,7 @@ export {
   type AuditListOptions,
   type CallOptions,
   type FenceOptions,
+  type IterOptions,
   type LeaseListOptions,
   type ListOptions,
   type PutOptions,
