@@ -92,6 +92,14 @@ pub fn text(change: &ChangeEvent) -> String {
         }
     };
     field("owner", d.owner.as_ref().map(|o| word(o.as_str())));
+    field("holder", d.holder.as_ref().map(|o| word(o.as_str())));
+    field(
+        "fencing_key",
+        d.fencing_key
+            .as_ref()
+            .filter(|f| **f != d.key)
+            .map(|f| word(f.as_str())),
+    );
     field("expires_at", d.expires_at.as_ref().map(time));
     field("version", d.version.map(|v| v.to_string()));
     field("etag", d.etag.as_ref().map(|e| e.to_string()));
@@ -106,6 +114,8 @@ pub fn text(change: &ChangeEvent) -> String {
     field("audit_id", d.audit_id.map(|a| a.to_string()));
     field("highest_token", d.highest_token.map(|t| t.to_string()));
     field("record_token", d.record_token.map(|t| t.to_string()));
+    field("txn", d.txn.map(|t| t.to_string()));
+    field("txn_size", d.txn_size.map(|n| n.to_string()));
     field("at", Some(time(&d.at)));
     line
 }
@@ -141,13 +151,13 @@ mod tests {
         let change: ChangeEvent = serde_json::from_value(serde_json::json!({
             "id": 42, "event": "write.refused",
             "data": {"key": "jobs/7", "token": 3, "at": "2026-12-04T18:00:00.000Z",
-                     "owner": "worker 2", "reason": "stale_token", "audit_id": 5,
+                     "holder": "worker 2", "reason": "stale_token", "audit_id": 5,
                      "operation": "put", "highest_token": 4}
         }))
         .unwrap();
         assert_eq!(
             text(&change),
-            r#"42 write.refused jobs/7 token=3 owner="worker 2" reason=stale_token operation=put audit_id=5 highest_token=4 at=2026-12-04T18:00:00.000Z"#
+            r#"42 write.refused jobs/7 token=3 holder="worker 2" reason=stale_token operation=put audit_id=5 highest_token=4 at=2026-12-04T18:00:00.000Z"#
         );
     }
 }

@@ -397,17 +397,13 @@ async fn list(
             )));
         }
     };
+    let start_after = params
+        .start_after
+        .map(crate::domain::KeyPrefix::parse)
+        .transpose()
+        .map_err(|e| ApiError::InvalidRequest(format!("start_after: {e}")))?;
     // The cursor of a later page goes on from the page before; `start_after` starts the first.
-    let after = match (after, params.start_after) {
-        (Some(cursor), _) => Some(cursor),
-        (None, Some(start)) => Some(
-            crate::domain::KeyPrefix::parse(start)
-                .map_err(|e| ApiError::InvalidRequest(format!("start_after: {e}")))?
-                .as_str()
-                .to_owned(),
-        ),
-        (None, None) => None,
-    };
+    let after = after.or_else(|| start_after.map(|s| s.as_str().to_owned()));
     let q = SnapshotKeysQuery {
         prefix,
         limit,

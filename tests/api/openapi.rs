@@ -496,6 +496,42 @@ async fn answers_conform_to_the_spec_across_every_operation_and_error_code() {
     )
     .await;
 
+    // v1.3: a write under a namespace fence, its read and listing, and a transaction's answers.
+    let n = token(&app.acquire("ns", "o", 30000).await);
+    let under = send(Method::PUT, "/v1/snapshots/ns%2Fa")
+        .header("Fencing-Token", n.to_string())
+        .header("Fencing-Key", "ns")
+        .header("Snapshot-Metadata", r#"{"step":1}"#)
+        .body("a");
+    c.check("put", snap, under.send().await.unwrap()).await;
+    c.check("get", snap, app.get("/v1/snapshots/ns%2Fa").await)
+        .await;
+    let listed = "/v1/snapshots?prefix=ns/&include=metadata&order=desc";
+    c.check("get", "/v1/snapshots", app.get(listed).await).await;
+    let txn = "/v1/txn";
+    let run = |t: i64, ops: Value| {
+        send(Method::POST, txn)
+            .header("Fencing-Token", t.to_string())
+            .header("Fencing-Key", "ns")
+            .json(&json!({ "ops": ops }))
+    };
+    let ops = json!([
+        {"op": "put", "key": "ns/b", "body": "Yg==", "metadata": {"step": 2}},
+        {"op": "delete", "key": "ns/none"},
+        {"op": "delete_prefix", "prefix": "ns/a"}
+    ]);
+    c.check("post", txn, run(n, ops.clone()).send().await.unwrap())
+        .await;
+    let create = json!([{"op": "put", "key": "ns/b", "body": "", "if_none_match": "*"}]);
+    c.check("post", txn, run(n, create).send().await.unwrap())
+        .await;
+    c.check("post", txn, run(n + 50, ops.clone()).send().await.unwrap())
+        .await;
+    c.check("post", txn, run(n, json!([])).send().await.unwrap())
+        .await;
+    let unfenced = send(Method::POST, txn).json(&json!({ "ops": ops }));
+    c.check("post", txn, unfenced.send().await.unwrap()).await;
+
     // Audit logs and operations.
     for log in ["/v1/audit/rejections", "/v1/audit/recoveries"] {
         c.check("get", log, app.get(&format!("{log}?limit=1")).await)

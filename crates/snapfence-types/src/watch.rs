@@ -127,9 +127,13 @@ pub struct ChangeData {
     /// When it happened, by the database clock.
     #[serde(with = "rfc3339_millis")]
     pub at: DateTime<Utc>,
-    /// The holder: of the lease the event is about, or of the key at a refusal.
+    /// The owner of the lease the event is about (`lease.*`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<Owner>,
+    /// `write.refused`: who held the fence's newest lease when the write was refused (not the
+    /// refused writer), as the audit row's `holder`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<Owner>,
     /// `lease.granted`: when the new lease expires unless renewed.
     #[serde(
         default,

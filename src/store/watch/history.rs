@@ -234,6 +234,11 @@ struct ChangeRow {
 
 impl ChangeRow {
     fn into_event(self) -> ChangeEvent {
+        // A refusal's row keeps the fence's holder in `owner`; the event names it for what it is.
+        let refused = self.kind == "write.refused";
+        let owner = self
+            .owner
+            .map(|o| Owner::parse(o).expect("stored owners are valid"));
         let token = |t: i64| FencingToken::new(t).expect("stored tokens are valid");
         let reason = self.reason.map(|r| {
             RefusalReason::parse(&r)
@@ -253,9 +258,8 @@ impl ChangeRow {
                 key: Key::parse(self.key).expect("stored keys are valid"),
                 token: token(self.token),
                 at: self.at,
-                owner: self
-                    .owner
-                    .map(|o| Owner::parse(o).expect("stored owners are valid")),
+                owner: owner.clone().filter(|_| !refused),
+                holder: owner.filter(|_| refused),
                 expires_at: self.expires_at,
                 version: self.version.map(Version::from_stored),
                 etag: self.etag.map(ETag::from_stored),
