@@ -39,6 +39,7 @@ from ._types import (
     Holder,
     KeyStatus,
     Lease,
+    LeaseState,
     Page,
     Recovery,
     RecoveryRecord,
@@ -451,7 +452,7 @@ def _params(**kw: Any) -> List[Tuple[str, str]]:
 
 def list_leases(
     prefix: Optional[str] = None,
-    state: Optional[str] = None,
+    state: Optional[LeaseState] = None,
     limit: Optional[int] = None,
     cursor: Optional[str] = None,
 ) -> Call[Page[KeyStatus]]:

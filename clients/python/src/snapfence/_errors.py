@@ -9,7 +9,7 @@ fails if a code has no class here, so the two cannot drift apart.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Dict, Optional, Type
+from typing import Any, ClassVar, Dict, Literal, Optional, Type
 
 from ._types import Holder, RecoveryRecord
 
@@ -100,12 +100,40 @@ class RecoveryRequired(SnapfenceError):
         self.recovery = recovery
 
 
+#: Why a lease was lost: the server answered ``lease_lost``; renewals kept failing (or the
+#: process did not run) until less than the margin was left before the deadline; or a renewal
+#: was refused in a way retrying cannot change.
+LossReason = Literal["lease_lost", "lapsing", "refused"]
+
+
 class LeaseLost(SnapfenceError):
-    """``409 lease_lost``: the token is not the key's live lease. A holder that sees this must
-    stop working on the key."""
+    """``409 lease_lost``: the token is not the key's live lease, and also a keeper's loss of
+    its lease (:meth:`~snapfence.LeaseKeeper.raise_if_lost`, leaving its block, ``run``). Either
+    way: stop the work the lease guards.
+
+    ``reason`` is ``"lease_lost"`` for the server's answer (and a renewal that got it),
+    ``"lapsing"`` when the keeper could not prove the lease live before the deadline minus the
+    margin (renewals kept failing, or the process was paused), ``"refused"`` when a renewal was
+    refused for good; ``cause`` is the failure behind it, if any. ``LostLease`` is another name
+    of this class."""
 
     code = "lease_lost"
     status = 409
+
+    def __init__(
+        self,
+        detail: str,
+        *,
+        reason: LossReason = "lease_lost",
+        cause: Optional[BaseException] = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(detail, **kw)
+        self.reason: LossReason = reason
+        self.cause = cause
+        #: For a loss ``run`` reports after its work ended: whether the work returned, and what.
+        self.work_completed = False
+        self.work_result: Any = None
 
 
 class _Refused(SnapfenceError):
@@ -342,18 +370,8 @@ class ProtocolError(SnapfenceError):
         return True
 
 
-class LostLease(SnapfenceError):
-    """Raised by a keeper's :meth:`~snapfence.LeaseKeeper.raise_if_lost` (and by ``run``) once
-    the lease it keeps is lost: stop the work the lease guards. ``reason`` is one of
-    ``"lease_lost"`` (a renewal answered lease_lost: expired, released or superseded),
-    ``"lapsing"`` (renewals kept failing and less than the margin was left before the deadline)
-    or ``"refused"`` (a renewal was refused in a way retrying cannot change); ``cause`` is the
-    last failure, if any."""
-
-    def __init__(self, detail: str, *, reason: str, cause: Optional[BaseException] = None) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.cause = cause
+#: The keeper's loss is the contract's ``lease_lost``: one class, two names.
+LostLease = LeaseLost
 
 
 #: Each code of the contract, and the class that stands for it.

@@ -5,11 +5,31 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Dict, Generic, List, Mapping, Optional, TypeVar
+from typing import Any, Dict, Generic, List, Literal, Mapping, Optional, Tuple, TypeVar
 
 _RFC3339 = re.compile(
     r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(?:([Zz])|([+-])(\d{2}):(\d{2}))$"
 )
+
+
+#: A key's state, as ``GET /v1/leases/{key}`` tells it (and ``list_leases(state=)`` selects).
+LeaseState = Literal["held", "expired", "released", "recovery_pending"]
+#: Why a recovery record was kept.
+RecoveryReason = Literal["abandoned", "expired", "recovery_required"]
+#: Why a fenced write was refused.
+RefusalReason = Literal["stale_token", "unknown_token"]
+#: The kinds of change a watch delivers.
+ChangeKind = Literal[
+    "lease.granted",
+    "lease.released",
+    "lease.abandoned",
+    "lease.expired",
+    "lease.recovery_required",
+    "lease.reconciled",
+    "snapshot.written",
+    "snapshot.deleted",
+    "write.refused",
+]
 
 
 def parse_time(text: str) -> datetime:
@@ -83,7 +103,7 @@ class RecoveryRecord:
     token: int
     acquired_at: datetime
     ended_at: datetime
-    reason: str
+    reason: RecoveryReason
     metadata: Optional[Dict[str, Any]] = None
 
     @classmethod
@@ -154,7 +174,7 @@ class KeyStatus:
     ``recovery_pending``; ``lease`` the newest lease (also when it ended)."""
 
     key: str
-    state: str
+    state: LeaseState
     lease: Lease
     recovery: Optional[RecoveryRecord]
     newest_token: int
@@ -239,7 +259,7 @@ class Rejection:
     id: int
     at: datetime
     key: str
-    reason: str
+    reason: RefusalReason
     presented_token: Optional[int]
     highest_token: Optional[int]
     holder: Optional[str]
@@ -302,7 +322,7 @@ class Recovery:
 
 
 #: The kinds of change a watch delivers.
-CHANGE_KINDS = (
+CHANGE_KINDS: Tuple[ChangeKind, ...] = (
     "lease.granted",
     "lease.released",
     "lease.abandoned",
@@ -321,7 +341,7 @@ class ChangeEvent:
     :data:`CHANGE_KINDS`), and its data; the members a kind does not have are ``None``."""
 
     id: int
-    kind: str
+    kind: ChangeKind
     key: str
     token: int
     at: datetime
@@ -337,7 +357,7 @@ class ChangeEvent:
     data: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def from_json(cls, id: int, kind: str, j: Mapping[str, Any]) -> ChangeEvent:
+    def from_json(cls, id: int, kind: ChangeKind, j: Mapping[str, Any]) -> ChangeEvent:
         return cls(
             id=id,
             kind=kind,
