@@ -56,6 +56,9 @@ from ._types import (
     Rejection,
     Snapshot,
     SnapshotMeta,
+    TxnAnswer,
+    TxnOp,
+    TxnResult,
     Waiter,
 )
 from .election import AsyncElection, Election, Leader
@@ -110,6 +113,9 @@ __all__ = [
     "TokenRequired",
     "TooManyRequests",
     "TransportError",
+    "TxnAnswer",
+    "TxnOp",
+    "TxnResult",
     "Unauthorized",
     "Unavailable",
     "UnexpectedAnswer",

@@ -9,7 +9,20 @@ import ssl
 import time
 from datetime import datetime
 from types import TracebackType
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional, Tuple, Type, TypeVar, Union
+from typing import (
+    Any,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Literal,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    TypeVar,
+    Union,
+)
 
 import httpx
 
@@ -29,6 +42,8 @@ from ._types import (
     Rejection,
     Snapshot,
     SnapshotMeta,
+    TxnAnswer,
+    TxnOp,
     Waiter,
 )
 
@@ -304,13 +319,52 @@ class AsyncClient:
         *,
         content_type: Optional[str] = None,
         if_match: Optional[str] = None,
+        fencing_key: Optional[str] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
     ) -> SnapshotMeta:
-        """``PUT /v1/snapshots/{key}``: a fenced write, accepted only with the key's newest token
-        (else :class:`StaleToken` / :class:`UnknownToken`, audited); ``if_match`` adds a
-        compare-and-set on the current ETag (:class:`PreconditionFailed`)."""
+        """``PUT /v1/snapshots/{key}``: a fenced write, accepted only with the fence's newest
+        token (else :class:`StaleToken` / :class:`UnknownToken`, audited); ``if_match`` adds a
+        compare-and-set on the current ETag (:class:`PreconditionFailed`). A ``str`` body is sent
+        as ``text/plain``; use :meth:`put_json` for JSON. v1.3: ``fencing_key`` names the lease
+        that fences the write (a key whose namespace holds ``key``), ``metadata`` a JSON object
+        stored with the version."""
         return await self._run(
-            _core.put_snapshot(key, token, body, content_type=content_type, if_match=if_match)
+            _core.put_snapshot(
+                key,
+                token,
+                body,
+                content_type=content_type,
+                if_match=if_match,
+                fencing_key=fencing_key,
+                metadata=metadata,
+            )
         )
+
+    async def put_json(
+        self,
+        key: str,
+        token: int,
+        value: Any,
+        *,
+        if_match: Optional[str] = None,
+        fencing_key: Optional[str] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+    ) -> SnapshotMeta:
+        """:meth:`put_snapshot` of ``value`` as JSON (``application/json``)."""
+        return await self._run(
+            _core.put_json(key, token, value, if_match=if_match, fencing_key=fencing_key, metadata=metadata)
+        )
+
+    async def get_json(self, key: str) -> Any:
+        """The current snapshot of ``key``, read as JSON."""
+        return (await self.get_snapshot(key)).json()
+
+    async def txn(self, fencing_key: str, token: int, ops: Sequence[TxnOp]) -> TxnAnswer:
+        """``POST /v1/txn`` (v1.3): ``ops`` (:class:`TxnOp`) commit as one, fenced by the lease on
+        ``fencing_key`` with ``token``: every key must be in its namespace, the fence rules hold
+        for each and every precondition holds, or nothing is written (:class:`StaleToken`,
+        :class:`UnknownToken`, :class:`PreconditionFailed` with ``op_index``)."""
+        return await self._run(_core.txn(fencing_key, token, list(ops)))
 
     async def get_snapshot(self, key: str) -> Snapshot:
         """``GET /v1/snapshots/{key}``: the body and its ETag, token and version."""
@@ -338,23 +392,57 @@ class AsyncClient:
         return self._pages(lambda c: _core.list_versions(key, page_size, c))
 
     async def list_snapshots(
-        self, *, prefix: Optional[str] = None, limit: Optional[int] = None, cursor: Optional[str] = None
+        self,
+        *,
+        prefix: Optional[str] = None,
+        start_after: Optional[str] = None,
+        order: Optional[Literal["asc", "desc"]] = None,
+        include_metadata: bool = False,
+        limit: Optional[int] = None,
+        cursor: Optional[str] = None,
     ) -> Page[SnapshotMeta]:
-        """``GET /v1/snapshots`` (beyond the contract): one page of the keys that have a current
-        snapshot (written and not deleted since), in byte order, each with its current version's
-        :class:`SnapshotMeta` (``key`` set, no body); ``prefix`` selects keys that start with it."""
-        return await self._run(_core.list_snapshots(prefix, limit, cursor))
+        """``GET /v1/snapshots``: one page of the keys that have a current snapshot, in byte
+        order of their UTF-8 (``order="desc"``: reversed), each with its current version's
+        :class:`SnapshotMeta` (``key`` set, no body); ``prefix`` selects keys that start with it.
+        v1.3: ``start_after`` is exclusive in the order asked for, ``include_metadata`` adds each
+        version's ``metadata``."""
+        return await self._run(
+            _core.list_snapshots(
+                prefix,
+                limit,
+                cursor,
+                start_after=start_after,
+                order=order,
+                include_metadata=include_metadata,
+            )
+        )
 
     def iter_snapshots(
-        self, *, prefix: Optional[str] = None, page_size: Optional[int] = None
+        self,
+        *,
+        prefix: Optional[str] = None,
+        start_after: Optional[str] = None,
+        order: Optional[Literal["asc", "desc"]] = None,
+        include_metadata: bool = False,
+        page_size: Optional[int] = None,
     ) -> AsyncIterator[SnapshotMeta]:
-        """Every key of :meth:`list_snapshots` with its current snapshot's metadata, in byte
-        order, page after page."""
-        return self._pages(lambda c: _core.list_snapshots(prefix, page_size, c))
+        """Every key of :meth:`list_snapshots`, page after page."""
+        return self._pages(
+            lambda c: _core.list_snapshots(
+                prefix,
+                page_size,
+                c,
+                start_after=start_after,
+                order=order,
+                include_metadata=include_metadata,
+            )
+        )
 
-    async def delete_snapshot(self, key: str, token: int, *, if_match: Optional[str] = None) -> None:
+    async def delete_snapshot(
+        self, key: str, token: int, *, if_match: Optional[str] = None, fencing_key: Optional[str] = None
+    ) -> None:
         """``DELETE /v1/snapshots/{key}``: a fenced delete, same token rule as a put."""
-        await self._run(_core.delete_snapshot(key, token, if_match=if_match))
+        await self._run(_core.delete_snapshot(key, token, if_match=if_match, fencing_key=fencing_key))
 
     # ---- Audit ---------------------------------------------------------------------------------
 

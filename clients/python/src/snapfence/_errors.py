@@ -146,12 +146,17 @@ class _Refused(SnapfenceError):
         presented_token: Optional[int] = None,
         highest_token: Optional[int] = None,
         audit_id: Optional[int] = None,
+        key: Optional[str] = None,
+        fencing_key: Optional[str] = None,
         **kw: Any,
     ) -> None:
         super().__init__(detail, **kw)
         self.presented_token = presented_token
         self.highest_token = highest_token
         self.audit_id = audit_id
+        #: The key the write failed on and the fence it named (contract v1.3), when sent.
+        self.key = key
+        self.fencing_key = fencing_key
 
 
 class StaleToken(_Refused):
@@ -171,10 +176,15 @@ class UnknownToken(_Refused):
 
 
 class PreconditionFailed(SnapfenceError):
-    """``412 precondition_failed``: ``If-Match`` did not match the current snapshot."""
+    """``412 precondition_failed``: ``If-Match`` did not match the current snapshot; in a
+    transaction (v1.3), ``op_index`` is the op whose precondition failed."""
 
     code = "precondition_failed"
     status = 412
+
+    def __init__(self, detail: str, *, op_index: Optional[int] = None, **kw: Any) -> None:
+        super().__init__(detail, **kw)
+        self.op_index = op_index
 
 
 class NotFound(SnapfenceError):
