@@ -98,3 +98,19 @@ func runChild() int {
 	_ = out.Encode(map[string]any{"write": "sent", "error": fmt.Sprint(err)})
 	return 0
 }
+
+func TestAReleasedLeaseIsNotReportedLostWhenItsTTLPasses(t *testing.T) {
+	c := newClient(t)
+	ctx := testenv.Context(t)
+	k, ok, err := coordination.Hold(ctx, coordination.NewLocker(c), testenv.UniqueKey(t, "k"), "w", time.Second, coordination.KeeperOptions{})
+	if err != nil || !ok {
+		t.Fatalf("hold: %v %v", ok, err)
+	}
+	if err := k.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1200 * time.Millisecond)
+	if err := k.Err(); err != nil {
+		t.Fatalf("a released lease reported lost: %v", err)
+	}
+}

@@ -2,6 +2,7 @@ package snapfence_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -90,5 +91,20 @@ func TestWatchNextEndsWithItsContextAndGoesOn(t *testing.T) {
 	acquire(t, c, key, "w", time.Minute)
 	if ev := nextEvent(t, w); ev.Kind != snapfence.EventLeaseGranted {
 		t.Fatalf("then %s", ev.Kind)
+	}
+}
+
+func TestTheOperationsEndpointsAnswer(t *testing.T) {
+	c := newClient(t)
+	ctx := testenv.Context(t)
+	if err := c.Health(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m, err := c.Metrics(ctx)
+	if err != nil || !strings.Contains(m, "# TYPE") {
+		t.Fatalf("%.200s %v", m, err)
 	}
 }

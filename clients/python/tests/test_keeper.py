@@ -381,3 +381,12 @@ def test_a_margin_that_leaves_no_time_to_renew_is_refused(url: str, key) -> None
         c.hold(key(), owner="w", ttl=10, margin=10)
     with pytest.raises(snapfence.InvalidRequest):
         c.hold(key(), owner="w", ttl=10, margin=5, renew_every=5)
+
+
+def test_a_released_lease_is_not_reported_lost_when_its_ttl_passes(url: str, key) -> None:
+    c = snapfence.Client(url)
+    losses: list[snapfence.LeaseLost] = []
+    with c.hold(key(), owner="w", ttl=1, on_lost=losses.append) as lease:
+        pass
+    time.sleep(1.2)
+    assert not lease.lost and lease.error is None and not losses

@@ -105,3 +105,10 @@ def test_put_json_and_get_json_round_trip_a_value(url: str, key) -> None:
     assert c.get_json(k) == {"step": 3, "done": ["a", "b"], "name": "é"}
     assert c.get_snapshot(k).json() == {"step": 3, "done": ["a", "b"], "name": "é"}
     c.release(k, g.token)
+
+
+def test_the_operations_endpoints_answer(url: str) -> None:
+    c = snapfence.Client(url)
+    c.health()
+    c.ready()
+    assert "# TYPE" in c.metrics()

@@ -100,6 +100,7 @@ type Keeper struct {
 	deadline time.Time // sent + TTL of the newest successful renewal
 	lost     error
 	lostAt   time.Time
+	stopped  bool
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -162,9 +163,10 @@ func (k *Keeper) Err() error { return k.check() }
 
 func (k *Keeper) check() error {
 	k.mu.Lock()
-	lost, lapse := k.lost, k.deadline.Add(-k.opts.Margin)
+	lost, lapse, stopped := k.lost, k.deadline.Add(-k.opts.Margin), k.stopped
 	k.mu.Unlock()
-	if lost != nil || time.Now().Before(lapse) {
+	// A stopped keeper's lease was given up (or left to expire): the clock says nothing more.
+	if lost != nil || stopped || time.Now().Before(lapse) {
 		return lost
 	}
 	k.declare(ReasonUnproved, nil)
@@ -191,6 +193,9 @@ func (k *Keeper) Deadline() time.Time {
 // Stop ends the renewals (the lease is left to expire unless released) and cancels the
 // context. It waits for a renewal in flight to end.
 func (k *Keeper) Stop() {
+	k.mu.Lock()
+	k.stopped = true
+	k.mu.Unlock()
 	k.stopOnce.Do(func() { close(k.stop) })
 	<-k.exited
 	k.cancel()

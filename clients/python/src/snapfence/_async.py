@@ -444,6 +444,21 @@ class AsyncClient:
         """``DELETE /v1/snapshots/{key}``: a fenced delete, same token rule as a put."""
         await self._run(_core.delete_snapshot(key, token, if_match=if_match, fencing_key=fencing_key))
 
+    # ---- Operations -------------------------------------------------------------------------
+
+    async def health(self) -> None:
+        """``GET /healthz``: raises unless the process is up."""
+        await self._run(_core.health())
+
+    async def ready(self) -> None:
+        """``GET /readyz``: raises (:class:`Unavailable`, after the retries) unless the database
+        is reachable and migrated."""
+        await self._run(_core.ready())
+
+    async def metrics(self) -> str:
+        """``GET /metrics``: the Prometheus text exposition."""
+        return await self._run(_core.metrics())
+
     # ---- Audit ---------------------------------------------------------------------------------
 
     async def rejections(
@@ -823,6 +838,9 @@ class AsyncLeaseKeeper:
         st = self._state
         if st is None:
             return None
+        if self._released:
+            # Released (or being released): the clock says nothing about a lease given up.
+            return st.error
         e, first = st.check()
         if e is not None and first:
             self._declared(e)

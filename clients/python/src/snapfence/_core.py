@@ -735,6 +735,18 @@ def list_snapshots(
     )
 
 
+def health() -> Call[None]:
+    return Call(READ, "GET", "/healthz", (200,), _none)
+
+
+def ready() -> Call[None]:
+    return Call(READ, "GET", "/readyz", (200,), _none)
+
+
+def metrics() -> Call[str]:
+    return Call(READ, "GET", "/metrics", (200,), lambda a: a.body.decode("utf-8"))
+
+
 def rejections(
     key: Optional[str] = None,
     reason: Optional[str] = None,

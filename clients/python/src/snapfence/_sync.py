@@ -430,6 +430,21 @@ class Client:
         """``DELETE /v1/snapshots/{key}``: a fenced delete, same token rule as a put."""
         self._run(_core.delete_snapshot(key, token, if_match=if_match, fencing_key=fencing_key))
 
+    # ---- Operations -------------------------------------------------------------------------
+
+    def health(self) -> None:
+        """``GET /healthz``: raises unless the process is up."""
+        self._run(_core.health())
+
+    def ready(self) -> None:
+        """``GET /readyz``: raises (:class:`Unavailable`, after the retries) unless the database
+        is reachable and migrated."""
+        self._run(_core.ready())
+
+    def metrics(self) -> str:
+        """``GET /metrics``: the Prometheus text exposition."""
+        return self._run(_core.metrics())
+
     # ---- Audit ---------------------------------------------------------------------------------
 
     def rejections(
@@ -848,6 +863,9 @@ class LeaseKeeper:
         st = self._state
         if st is None:
             return None
+        if self._released:
+            # Released (or being released): the clock says nothing about a lease given up.
+            return st.error
         e, first = st.check()
         if e is not None and first:
             self._declared(e)

@@ -119,6 +119,8 @@ class Election:
                 if until is not None and time.monotonic() >= until:
                     raise
                 continue
+            except LeaseLost:
+                continue  # the grant ended before it could be kept: queue again
             self.leadership = keeper
             return keeper
 
@@ -191,6 +193,8 @@ class AsyncElection:
                 if until is not None and time.monotonic() >= until:
                     raise
                 continue
+            except LeaseLost:
+                continue  # the grant ended before it could be kept: queue again
             self.leadership = keeper
             return keeper
 
