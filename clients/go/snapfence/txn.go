@@ -13,11 +13,28 @@ type TxnOp struct {
 	Op          string          `json:"op"`
 	Key         string          `json:"key,omitempty"`
 	Prefix      string          `json:"prefix,omitempty"`
-	Body        []byte          `json:"body,omitempty"` // base64 on the wire, as encoding/json writes []byte
+	Body        []byte          `json:"-"` // base64 on the wire, always sent for a put
 	ContentType string          `json:"content_type,omitempty"`
 	Metadata    json.RawMessage `json:"metadata,omitempty"`
 	IfMatch     string          `json:"if_match,omitempty"`
 	IfNoneMatch string          `json:"if_none_match,omitempty"`
+}
+
+// MarshalJSON writes the op as the contract does: a put's body in base64, even when empty.
+func (o TxnOp) MarshalJSON() ([]byte, error) {
+	type plain TxnOp
+	out := struct {
+		plain
+		Body *[]byte `json:"body,omitempty"`
+	}{plain: plain(o)}
+	if o.Op == "put" {
+		body := o.Body
+		if body == nil {
+			body = []byte{}
+		}
+		out.Body = &body
+	}
+	return json.Marshal(out)
 }
 
 // TxnPutOptions are the optional parts of a transaction's put.
