@@ -390,3 +390,22 @@ def test_a_released_lease_is_not_reported_lost_when_its_ttl_passes(url: str, key
         pass
     time.sleep(1.2)
     assert not lease.lost and lease.error is None and not losses
+
+
+def test_async_keeper_run_reports_the_loss_behind_a_failing_work(url: str, key) -> None:
+    async def main() -> None:
+        async with snapfence.AsyncClient(url) as c:
+            k = key()
+            with pytest.raises(snapfence.LeaseLost):
+                async with c.hold(k, owner="w", ttl=3, renew_every=0.2) as lease:
+
+                    async def work() -> None:
+                        await c.release(k, lease.token)
+                        await asyncio.wait_for(lease.lost_event.wait(), 60)
+                        raise RuntimeError("the work broke after the loss")
+
+                    with pytest.raises(snapfence.LeaseLost) as e:
+                        await lease.run(work())
+                    assert isinstance(e.value.__cause__, RuntimeError)
+
+    asyncio.run(main())
