@@ -2,6 +2,7 @@ package snapfence_test
 
 import (
 	"context"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -106,5 +107,48 @@ func TestTheOperationsEndpointsAnswer(t *testing.T) {
 	m, err := c.Metrics(ctx)
 	if err != nil || !strings.Contains(m, "# TYPE") {
 		t.Fatalf("%.200s %v", m, err)
+	}
+}
+
+func TestWatchResumesWithoutAGapAfterItsConnectionIsCut(t *testing.T) {
+	u, err := url.Parse(testenv.Shared.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := testenv.NewProxy(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	behind, err := snapfence.New(p.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t)
+	ctx := testenv.Context(t)
+	key := testenv.UniqueKey(t, "k")
+	w, err := behind.Watch(ctx, snapfence.WatchOptions{Prefix: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	g := acquire(t, c, key, "w", time.Minute)
+	if ev := nextEvent(t, w); ev.Kind != snapfence.EventLeaseGranted {
+		t.Fatalf("first %s", ev.Kind)
+	}
+	if p.CutConnections() == 0 {
+		t.Fatal("the watch had no connection to cut")
+	}
+	// Changes made while the watch has no connection are delivered after it resumes.
+	if _, err := c.PutSnapshot(ctx, key, g.Lease.Token, []byte("x"), snapfence.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Release(ctx, key, g.Lease.Token); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{snapfence.EventSnapshotWritten, snapfence.EventLeaseReleased} {
+		if ev := nextEvent(t, w); ev.Kind != want {
+			t.Fatalf("got %s, want %s", ev.Kind, want)
+		}
 	}
 }
