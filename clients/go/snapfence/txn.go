@@ -80,6 +80,9 @@ type TxnResult struct {
 	Key    string `json:"key"`
 	Prefix string `json:"prefix"`
 	// A put's answer: as a PutSnapshot's.
+	Token       uint64    `json:"token"`
+	FencingKey  string    `json:"fencing_key"`
+	Metadata    Metadata  `json:"metadata"`
 	Version     uint64    `json:"version"`
 	ETag        string    `json:"etag"`
 	Size        int64     `json:"size"`
