@@ -207,12 +207,12 @@ func (w *Watch) connect(ctx context.Context) error {
 		return ctx.Err()
 	}
 	if r.err != nil {
-		return w.failed(&TransportError{Method: http.MethodGet, URL: target, Sent: mayHaveBeenSent(r.err), Err: r.err}, ctx)
+		return w.failed(ctx, &TransportError{Method: http.MethodGet, URL: target, Sent: mayHaveBeenSent(r.err), Err: r.err})
 	}
 	if r.resp.StatusCode != http.StatusOK {
 		body, _ := io.ReadAll(io.LimitReader(r.resp.Body, 1<<16))
 		r.resp.Body.Close()
-		return w.failed(newAPIError(http.MethodGet, target, r.resp.StatusCode, r.resp.Header, body), ctx)
+		return w.failed(ctx, newAPIError(http.MethodGet, target, r.resp.StatusCode, r.resp.Header, body))
 	}
 	if ct := r.resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
 		r.resp.Body.Close()
@@ -248,7 +248,7 @@ func (w *Watch) connect(ctx context.Context) error {
 
 // failed counts a failed connection: the error when it ends the watch, else nil after the
 // pause before the next attempt.
-func (w *Watch) failed(err error, ctx context.Context) error {
+func (w *Watch) failed(ctx context.Context, err error) error {
 	w.failures++
 	retry := false
 	var apiErr *Error
