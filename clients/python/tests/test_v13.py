@@ -87,3 +87,18 @@ def test_the_listing_goes_in_either_order_from_a_key_with_metadata(v13, url: str
         (f"{ns}/{n}", {"name": n}) for n in ("c", "b", "a")
     ]
     c.release(ns, g.token)
+
+
+def test_the_leaders_token_fences_the_keys_under_the_election(v13, url: str, key) -> None:
+    c = snapfence.Client(url)
+    name = key("election")
+    a = snapfence.Election(c, name, candidate="a", ttl=5)
+    with a.campaign() as leadership:
+        deposed = leadership.token
+        c.put_snapshot(f"{name}/plan", leadership.token, b"a's plan", fencing_key=name)
+    b = snapfence.Election(c, name, candidate="b", ttl=5)
+    with b.campaign() as leadership:
+        with pytest.raises(snapfence.StaleToken):
+            c.put_snapshot(f"{name}/plan", deposed, b"a again", fencing_key=name)
+        c.put_snapshot(f"{name}/plan", leadership.token, b"b's plan", fencing_key=name)
+    assert c.get_snapshot(f"{name}/plan").body == b"b's plan"
