@@ -82,8 +82,11 @@ func (e *LostError) Error() string {
 	return msg
 }
 
-// Is matches ErrRunLeaseLost.
-func (e *LostError) Is(target error) bool { return target == ErrRunLeaseLost }
+// Is matches ErrRunLeaseLost, and snapfence.ErrLeaseLost: the keeper's loss is the contract's
+// lease_lost, whatever told it (the service's answer, or the clock).
+func (e *LostError) Is(target error) bool {
+	return target == ErrRunLeaseLost || target == snapfence.ErrLeaseLost
+}
 
 // Unwrap returns the error behind the loss.
 func (e *LostError) Unwrap() error { return e.Err }
@@ -110,6 +113,19 @@ func fromSnapfence(l snapfence.Lease) Lease {
 // execution package's WithRecovery, or snapfence's Reconciled.
 func (l *ServiceLocker) Acquire(ctx context.Context, key string, owner string, ttl time.Duration) (Lease, bool, error) {
 	g, err := l.client.Acquire(ctx, key, snapfence.AcquireRequest{Owner: owner, TTL: ttl})
+	if err != nil {
+		if errors.Is(err, snapfence.ErrLeaseHeld) {
+			return Lease{}, false, nil
+		}
+		return Lease{}, false, err
+	}
+	return fromSnapfence(g.Lease), true, nil
+}
+
+// AcquireWait is Acquire waiting in the key's queue up to wait while it is held (contract
+// v1.1): false, with no error, when the wait ends first.
+func (l *ServiceLocker) AcquireWait(ctx context.Context, key, owner string, ttl, wait time.Duration) (Lease, bool, error) {
+	g, err := l.client.Acquire(ctx, key, snapfence.AcquireRequest{Owner: owner, TTL: ttl, Wait: wait})
 	if err != nil {
 		if errors.Is(err, snapfence.ErrLeaseHeld) {
 			return Lease{}, false, nil

@@ -12,7 +12,13 @@ import (
 	"github.com/snapfence/snapfence/clients/go/snapfence"
 )
 
-func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+func TestMain(m *testing.M) {
+	// The test binary is also the child process of the tests that pause a holder.
+	if os.Getenv(childEnv) != "" {
+		os.Exit(runChild())
+	}
+	os.Exit(testenv.Main(m))
+}
 
 func newClient(t *testing.T, opts ...snapfence.Option) *snapfence.Client {
 	t.Helper()

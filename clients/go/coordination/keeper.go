@@ -2,6 +2,7 @@ package coordination
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -16,6 +17,17 @@ type KeeperOptions struct {
 	// RenewEvery is the time between renewals. 0 for a third of the TTL (less when the margin
 	// leaves less than two of those before the deadline).
 	RenewEvery time.Duration
+	// Wait makes Hold wait in the key's queue up to this long while it is held (contract v1.1);
+	// the locker must be a WaitingLocker (the ServiceLocker is). 0 never waits.
+	Wait time.Duration
+}
+
+// WaitingLocker is a Locker whose acquire can wait in the key's queue, as the service's can.
+type WaitingLocker interface {
+	Locker
+	// AcquireWait is Acquire waiting up to wait while the key is held; false (no error) when
+	// the wait ends first.
+	AcquireWait(ctx context.Context, key, owner string, ttl, wait time.Duration) (Lease, bool, error)
 }
 
 // Keeper holds a lease and renews it in the background. Its Context is cancelled, with
@@ -25,11 +37,14 @@ type KeeperOptions struct {
 //   - renewals kept failing (the service is unreachable, frozen or answering 503) and the
 //     lease's deadline is less than the margin away.
 //
-// The deadline is measured on the local monotonic clock from the moment the newest successful
-// renewal (or the acquire) was about to be sent, plus the TTL. The service started that TTL
-// later, when the request arrived, so the deadline is never after the service's expiry: when
-// the context is cancelled, the lease is still live for at least the margin, and work that
-// stops within the margin never overlaps another holder.
+// The deadline is measured on the local monotonic clock from the moment the request that last
+// proved the lease live (a renewal, or the acquire) was about to be sent, plus the TTL. The
+// service started that TTL later, when the request arrived, so the deadline is never after the
+// service's expiry: when the context is cancelled, the lease is still live for at least the
+// margin, and work that stops within the margin never overlaps another holder. A grant that
+// waited in the queue is renewed at once and dated from that renewal, never from the wait's
+// start. Err and Context().Err() read the clock themselves: a process that wakes from a pause
+// past its TTL learns of the loss at its next check, before its next write.
 //
 // Go 1.19 has no context.WithCancelCause, so the cause is read with this package's Cause
 // (context.Cause of Go 1.20+ does not know it): Context().Err() is context.Canceled, and
@@ -52,9 +67,34 @@ func Hold(ctx context.Context, locker Locker, key, owner string, ttl time.Durati
 		return nil, false, err
 	}
 	sent := time.Now()
-	lease, ok, err := locker.Acquire(ctx, key, owner, ttl)
+	var lease Lease
+	var ok bool
+	var err error
+	if opts.Wait > 0 {
+		waiting, can := locker.(WaitingLocker)
+		if !can {
+			return nil, false, fmt.Errorf("coordination: KeeperOptions.Wait needs a WaitingLocker (such as NewLocker's), not a %T", locker)
+		}
+		lease, ok, err = waiting.AcquireWait(ctx, key, owner, ttl, opts.Wait)
+	} else {
+		lease, ok, err = locker.Acquire(ctx, key, owner, ttl)
+	}
 	if err != nil || !ok {
 		return nil, ok, err
+	}
+	if keep.IsSlowGrant(sent, time.Now(), ttl) {
+		// The grant came long after the request was sent (it waited in the queue): date the
+		// lease from a renewal sent now, not from the start of the wait.
+		again := time.Now()
+		renewed, held, rerr := locker.Renew(ctx, lease, ttl)
+		switch {
+		case rerr == nil && held:
+			lease, sent = renewed, again
+		case rerr == nil:
+			return nil, false, &LostError{Key: lease.Key, Token: lease.Token, Reason: keep.ReasonNotHeld}
+		}
+		// A failed renewal leaves the lease dated from the acquire: the loop renews, or
+		// declares the lapse.
 	}
 	k, err := start(ctx, locker, lease, sent, kopts)
 	if err != nil {
@@ -124,8 +164,10 @@ func (k *Keeper) Context() context.Context { return k.k.Context() }
 // Done is Context().Done().
 func (k *Keeper) Done() <-chan struct{} { return k.k.Context().Done() }
 
-// Err is the loss (a *LostError matching ErrRunLeaseLost), or nil while the lease is not known
-// to be lost.
+// Err is the loss (a *LostError matching ErrRunLeaseLost and snapfence.ErrLeaseLost), or nil
+// while the lease is live. It reads the clock: past the deadline minus the margin the lease is
+// lost, also when the renewal loop has not run (the process was paused). Check it before each
+// write.
 func (k *Keeper) Err() error { return k.k.Err() }
 
 // Deadline is the local time before which the service cannot expire the lease (the send time of

@@ -56,6 +56,10 @@ var (
 	ErrIdempotencyKeyReused error = codeSentinel(CodeIdempotencyKeyReused)
 	ErrRequestInProgress    error = codeSentinel(CodeRequestInProgress)
 	ErrTooManyRequests      error = codeSentinel(CodeTooManyRequests)
+	ErrCompacted            error = codeSentinel(CodeCompacted)
+	ErrMethodNotAllowed     error = codeSentinel(CodeMethodNotAllowed)
+	ErrRequestTimeout       error = codeSentinel(CodeRequestTimeout)
+	ErrInternal             error = codeSentinel(CodeInternal)
 )
 
 // codeSentinel is the type of the Err* sentinels: a code and nothing else.
@@ -103,6 +107,12 @@ type Error struct {
 	PresentedToken, HighestToken uint64
 	// AuditID is the refusal's row in the audit log (ListRejections).
 	AuditID int64
+	// Key and FencingKey are set for a refused write that named a fence (contract v1.3): the
+	// key it failed on and the fence.
+	Key, FencingKey string
+	// OpIndex is the index of the transaction op whose precondition failed (contract v1.3), or
+	// -1.
+	OpIndex int
 	// RetryAfter is the Retry-After header, or 0.
 	RetryAfter time.Duration
 	// IdempotencyKey is the Idempotency-Key the request carried ("" for a read). Repeat a
@@ -176,6 +186,9 @@ type problem struct {
 	PresentedToken uint64          `json:"presented_token"`
 	HighestToken   uint64          `json:"highest_token"`
 	AuditID        int64           `json:"audit_id"`
+	Key            string          `json:"key"`
+	FencingKey     string          `json:"fencing_key"`
+	OpIndex        *int            `json:"op_index"`
 }
 
 // codeOfStatus names the code of a bodiless error answer (HEAD) by its status.
@@ -214,6 +227,7 @@ func newAPIError(method, url string, status int, header http.Header, body []byte
 		RequestID:  header.Get("X-Request-Id"),
 		RetryAfter: parseRetryAfter(header.Get("Retry-After"), time.Now()),
 		Body:       body,
+		OpIndex:    -1,
 	}
 	var p problem
 	if len(body) > 0 && json.Unmarshal(body, &p) == nil && p.Code != "" {
@@ -222,6 +236,10 @@ func newAPIError(method, url string, status int, header http.Header, body []byte
 		e.Holder, e.Recovery = p.Holder, p.Recovery
 		e.State, e.Waiters = p.State, p.Waiters
 		e.PresentedToken, e.HighestToken, e.AuditID = p.PresentedToken, p.HighestToken, p.AuditID
+		e.Key, e.FencingKey = p.Key, p.FencingKey
+		if p.OpIndex != nil {
+			e.OpIndex = *p.OpIndex
+		}
 		return e
 	}
 	e.Title = http.StatusText(status)
@@ -243,7 +261,7 @@ func truncate(s string, n int) string {
 
 // invalid is a refusal made by the client before sending anything.
 func invalid(format string, args ...any) *Error {
-	return &Error{code: CodeInvalidRequest, Detail: fmt.Sprintf(format, args...)}
+	return &Error{code: CodeInvalidRequest, Detail: fmt.Sprintf(format, args...), OpIndex: -1}
 }
 
 // TransportError is a request that got no answer from the service: no connection could be

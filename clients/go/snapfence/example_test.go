@@ -94,3 +94,41 @@ func ExampleClient_ListRejections() {
 	// stale_token
 	// put refused: stale_token, presented the old token: true, key held by worker-8, same refusal: true
 }
+
+// A snapshot written and read as JSON, and the watch that saw it.
+func ExampleClient_PutJSON() {
+	client, err := snapfence.NewFromEnv()
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	key := fmt.Sprintf("examples/json/%d", time.Now().UnixNano())
+	watch, err := client.Watch(ctx, snapfence.WatchOptions{Prefix: key})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer watch.Close()
+	g, err := client.Acquire(ctx, key, snapfence.AcquireRequest{Owner: "w", TTL: 30 * time.Second})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := client.PutJSON(ctx, key, g.Lease.Token, map[string]int{"step": 3}, snapfence.PutOptions{}); err != nil {
+		log.Fatal(err)
+	}
+	var state struct{ Step int }
+	if _, err := client.GetJSON(ctx, key, &state); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("step", state.Step)
+	for i := 0; i < 2; i++ {
+		ev, err := watch.Next(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(ev.Kind, ev.Token == g.Lease.Token)
+	}
+	// Output:
+	// step 3
+	// lease.granted true
+	// snapshot.written true
+}

@@ -260,3 +260,12 @@ func (c *Client) Ready(ctx context.Context) error {
 	_, err := c.send(ctx, request{method: http.MethodGet, path: "/readyz"}, http.StatusOK)
 	return err
 }
+
+// Metrics reads GET /metrics: the service's Prometheus text exposition.
+func (c *Client) Metrics(ctx context.Context) (string, error) {
+	a, err := c.send(ctx, request{method: http.MethodGet, path: "/metrics"}, http.StatusOK)
+	if err != nil {
+		return "", err
+	}
+	return string(a.body), nil
+}

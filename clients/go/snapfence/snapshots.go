@@ -2,6 +2,8 @@ package snapfence
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -9,10 +11,24 @@ import (
 	"time"
 )
 
+// Fence names the lease a write is fenced by: the token of the lease on Key. With contract
+// v1.3 a lease on L fences L and every key under L/ (its namespace).
+type Fence struct {
+	Key   string
+	Token uint64
+}
+
 // PutOptions are the optional parts of a PutSnapshot.
 type PutOptions struct {
 	// ContentType is stored with the body (application/octet-stream when "").
 	ContentType string
+	// FencingKey (contract v1.3) names the lease whose token fences the write, when it is not
+	// the written key's own: a key whose namespace holds the written key (the key itself, or a
+	// prefix of it ending before a "/"). Sent as the Fencing-Key header.
+	FencingKey string
+	// Metadata (contract v1.3) is marshalled to a JSON object (at most 4 KiB) stored with this
+	// version (Snapshot-Metadata header); nil for none.
+	Metadata any
 	// IfMatch makes the write a compare-and-set on the current snapshot's ETag (as SnapshotMeta
 	// or Snapshot shows it, quotes included): precondition_failed when it does not match, or when
 	// the key has no current snapshot. Checked after the fencing rule.
@@ -23,6 +39,38 @@ type PutOptions struct {
 type DeleteOptions struct {
 	// IfMatch makes the delete conditional on the current snapshot's ETag, as for PutOptions.
 	IfMatch string
+	// FencingKey (contract v1.3) names the fencing lease, as for PutOptions.
+	FencingKey string
+}
+
+// fencingKeyHeader sets Fencing-Key, percent-encoded as a key is in a path.
+func fencingKeyHeader(h http.Header, key string) {
+	if key != "" {
+		h.Set("Fencing-Key", url.PathEscape(key))
+	}
+}
+
+// metadataHeader is a JSON object as the Snapshot-Metadata header carries it: ASCII only.
+func metadataHeader(v any) (string, error) {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return "", invalid("the snapshot metadata cannot be marshalled to JSON: %v", err)
+	}
+	if len(raw) == 0 || raw[0] != '{' {
+		return "", invalid("the snapshot metadata must be a JSON object, not %s", truncate(string(raw), 40))
+	}
+	var b strings.Builder
+	for _, r := range string(raw) {
+		if r < 0x80 {
+			b.WriteRune(r)
+		} else if r <= 0xFFFF {
+			fmt.Fprintf(&b, "\\u%04x", r)
+		} else {
+			r -= 0x10000
+			fmt.Fprintf(&b, "\\u%04x\\u%04x", 0xD800+(r>>10), 0xDC00+(r&0x3FF))
+		}
+	}
+	return b.String(), nil
 }
 
 // GetOptions are the optional parts of the snapshot reads.
@@ -60,6 +108,14 @@ func (c *Client) PutSnapshot(ctx context.Context, key string, token uint64, body
 	if opts.IfMatch != "" {
 		h.Set("If-Match", opts.IfMatch)
 	}
+	fencingKeyHeader(h, opts.FencingKey)
+	if opts.Metadata != nil {
+		m, err := metadataHeader(opts.Metadata)
+		if err != nil {
+			return nil, err
+		}
+		h.Set("Snapshot-Metadata", m)
+	}
 	if body == nil {
 		body = []byte{}
 	}
@@ -89,6 +145,7 @@ func (c *Client) DeleteSnapshot(ctx context.Context, key string, token uint64, o
 	if opts.IfMatch != "" {
 		h.Set("If-Match", opts.IfMatch)
 	}
+	fencingKeyHeader(h, opts.FencingKey)
 	_, err = c.send(ctx, request{method: http.MethodDelete, path: path, header: h, changing: true}, http.StatusNoContent)
 	return err
 }
@@ -153,6 +210,14 @@ func (c *Client) readSnapshot(ctx context.Context, method, key string, version u
 	if t, err := http.ParseTime(a.header.Get("Last-Modified")); err == nil {
 		s.LastModified = t.UTC()
 	}
+	if fk := a.header.Get("Fencing-Key"); fk != "" {
+		if k, err := url.PathUnescape(fk); err == nil {
+			s.FencingKey = k
+		}
+	}
+	if m := a.header.Get("Snapshot-Metadata"); m != "" {
+		s.Metadata = Metadata(m)
+	}
 	if method == http.MethodGet && !s.NotModified {
 		s.Body = a.body
 		if s.Size < 0 {
@@ -176,6 +241,13 @@ func (c *Client) ListVersions(ctx context.Context, key string, opts PageOptions)
 type ListSnapshotsOptions struct {
 	// Prefix selects keys that start with it ("" for all).
 	Prefix string
+	// StartAfter (contract v1.3) starts after this key, exclusive, in the order asked for
+	// (with Descending, the keys before it).
+	StartAfter string
+	// Descending (contract v1.3) lists in reverse byte order.
+	Descending bool
+	// IncludeMetadata (contract v1.3) adds each current version's Metadata.
+	IncludeMetadata bool
 	// Limit is the page size, 1..=1000 (0: the server's default, 100).
 	Limit int
 	// Cursor is the NextCursor of the previous page ("" for the first).
@@ -183,16 +255,48 @@ type ListSnapshotsOptions struct {
 }
 
 // ListSnapshots lists the keys that have a current snapshot (written and not deleted since), in
-// byte order, one page at a time, each with its current version's metadata (Key set, no body):
-// pass NextCursor back as Cursor until it is "". Each page is one committed state. Beyond the
-// contract (GET /v1/snapshots).
+// byte order of their UTF-8 (reversed with Descending), one page at a time, each with its current
+// version's head (Key set, no body): pass NextCursor back as Cursor until it is "". Each page is
+// one committed state.
 func (c *Client) ListSnapshots(ctx context.Context, opts ListSnapshotsOptions) (*SnapshotPage, error) {
 	q := url.Values{}
 	if opts.Prefix != "" {
 		q.Set("prefix", opts.Prefix)
 	}
+	if opts.StartAfter != "" {
+		q.Set("start_after", opts.StartAfter)
+	}
+	if opts.Descending {
+		q.Set("order", "desc")
+	}
+	if opts.IncludeMetadata {
+		q.Set("include", "metadata")
+	}
 	q = PageOptions{Limit: opts.Limit, Cursor: opts.Cursor}.values(q)
 	return callJSON[SnapshotPage](ctx, c, request{method: http.MethodGet, path: "/v1/snapshots", query: q})
+}
+
+// PutJSON is PutSnapshot of v marshalled to JSON, as application/json.
+func (c *Client) PutJSON(ctx context.Context, key string, token uint64, v any, opts PutOptions) (*Written, error) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return nil, invalid("the snapshot cannot be marshalled to JSON: %v", err)
+	}
+	opts.ContentType = "application/json"
+	return c.PutSnapshot(ctx, key, token, body, opts)
+}
+
+// GetJSON reads key's current snapshot and unmarshals its body into v; the snapshot's head is
+// returned with it.
+func (c *Client) GetJSON(ctx context.Context, key string, v any) (*Snapshot, error) {
+	s, err := c.GetSnapshot(ctx, key, GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal(s.Body, v); err != nil {
+		return s, fmt.Errorf("snapfence: the snapshot of %q (%s) is not the JSON asked for: %w", key, s.ContentType, err)
+	}
+	return s, nil
 }
 
 // AuditQuery selects audit rows.

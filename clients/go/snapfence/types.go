@@ -195,6 +195,10 @@ type SnapshotMeta struct {
 	ContentType string `json:"content_type"`
 	// UpdatedAt is when it was written (database clock).
 	UpdatedAt time.Time `json:"updated_at"`
+	// FencingKey is the fence the write named (contract v1.3; its own key when it named none).
+	FencingKey string `json:"fencing_key,omitempty"`
+	// Metadata is the version's Snapshot-Metadata (contract v1.3), or nil.
+	Metadata Metadata `json:"metadata,omitempty"`
 }
 
 // Written is the answer of an accepted snapshot write.
@@ -244,6 +248,10 @@ type Snapshot struct {
 	Body []byte
 	// NotModified is true when If-None-Match matched: the server answered 304 without a body.
 	NotModified bool
+	// FencingKey is the Fencing-Key header: the fence of the write (contract v1.3).
+	FencingKey string
+	// Metadata is the Snapshot-Metadata header (contract v1.3), or nil.
+	Metadata Metadata
 }
 
 // Rejection is one refused fenced write or delete, as the audit log shows it.

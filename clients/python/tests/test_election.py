@@ -78,3 +78,29 @@ def test_three_contenders_lead_one_at_a_time(url: str, key) -> None:
     assert leaders == [Leader(me, token) for me, token in order], observed
     assert observed[0] is None and observed[-1] is None
     assert Election(c, name, candidate="x").leader() is None
+
+
+def test_an_async_standby_elected_after_a_wait_keeps_its_leadership(url: str, key) -> None:
+    import asyncio
+
+    name = key("election")
+
+    async def main() -> None:
+        async with snapfence.AsyncClient(url) as c:
+            a = snapfence.AsyncElection(c, name, candidate="a", ttl=2, renew_every=0.3)
+            b = snapfence.AsyncElection(c, name, candidate="b", ttl=2, renew_every=0.3)
+            leading = await a.campaign()
+            standby = asyncio.ensure_future(b.campaign())
+            await asyncio.sleep(3.0)  # b waits longer than its TTL
+            await a.resign()
+            leadership = await asyncio.wait_for(standby, 30)
+            # Well past the TTL after the grant, b still leads with the token it was granted.
+            for _ in range(30):
+                leadership.raise_if_lost()
+                await asyncio.sleep(0.1)
+            assert leadership.token > leading.token
+            assert await b.leader() == Leader("b", leadership.token)
+            await c.put_snapshot(name, leadership.token, b"b leads")
+            await b.resign()
+
+    asyncio.run(main())

@@ -62,3 +62,25 @@ def test_a_reconciling_holder_that_releases_leaves_the_record(v12, url: str, key
 def test_reconciled_and_reconciling_exclude_each_other(url: str, key) -> None:
     with pytest.raises(snapfence.InvalidRequest):
         snapfence.Client(url).acquire(key(), "w", 30, reconciled=True, reconciling=True)
+
+
+def test_a_keeper_holds_a_key_while_reconciling_it(v12, url: str, key) -> None:
+    c = snapfence.Client(url)
+    k = key()
+    g = c.acquire(k, "crashy", 30)
+    c.abandon(k, g.token)
+    with c.hold(k, owner="fixer", ttl=5, reconciling=True) as lease:
+        assert lease.grant.recovery is not None and lease.grant.recovery.token == g.token
+        assert c.get_lease(k).recovery is not None
+        assert lease.reconciled().token == lease.token
+        assert c.get_lease(k).recovery is None
+    assert c.get_lease(k).state == "released"
+
+
+def test_a_keeper_replaces_a_record_with_reconciled(url: str, key) -> None:
+    c = snapfence.Client(url)
+    k = key()
+    g = c.acquire(k, "crashy", 30)
+    c.abandon(k, g.token)
+    with c.hold(k, owner="fixer", ttl=5, reconciled=True) as lease:
+        assert lease.grant.recovered is not None and lease.grant.recovered.token == g.token

@@ -94,3 +94,21 @@ def test_stale_and_unknown_tokens_are_refused_and_audited(client: snapfence.Clie
     assert [r.id for r in only_stale.items] == [e.audit_id]
     assert client.rejections(key=k, until=since).items == []
     client.release(k, new.token)
+
+
+def test_put_json_and_get_json_round_trip_a_value(url: str, key) -> None:
+    c = snapfence.Client(url)
+    k = key()
+    g = c.acquire(k, "w", 30)
+    meta = c.put_json(k, g.token, {"step": 3, "done": ["a", "b"], "name": "é"})
+    assert meta.content_type.startswith("application/json")
+    assert c.get_json(k) == {"step": 3, "done": ["a", "b"], "name": "é"}
+    assert c.get_snapshot(k).json() == {"step": 3, "done": ["a", "b"], "name": "é"}
+    c.release(k, g.token)
+
+
+def test_the_operations_endpoints_answer(url: str) -> None:
+    c = snapfence.Client(url)
+    c.health()
+    c.ready()
+    assert "# TYPE" in c.metrics()

@@ -2,10 +2,14 @@
 // renews a lease in the background and cancels a context, with a cause that Cause reports,
 // before the lease could expire on the server.
 //
-// The deadline is measured on the local monotonic clock from the moment the newest successful
-// renewal (or the grant) was about to be sent, plus the TTL. The server started that TTL later,
-// when it received the request, so the deadline is never after the server's expiry, whatever the
-// clocks of the two machines say. The loop gives up at the deadline minus the margin.
+// The deadline is measured on the local monotonic clock from the moment the request that last
+// proved the lease live (a renewal, or the grant) was about to be sent, plus the TTL. The server
+// started that TTL later, when it received the request, so the deadline is never after the
+// server's expiry, whatever the clocks of the two machines say. A grant that came long after its
+// request was sent (it waited in the queue) is renewed at once by its callers (SlowGrant), so a
+// long wait does not read as a lapsing lease. The lease is lost at the deadline minus the margin,
+// whoever looks first: the loop, or Err and the context's Err, which read the clock themselves so
+// that a process waking from a pause knows at its next check.
 package keep
 
 import (
@@ -68,7 +72,20 @@ const (
 	ReasonNotHeld = "a renewal answered that the lease is no longer held (expired, released or taken over)"
 	ReasonRefused = "a renewal was refused"
 	ReasonLapsing = "renewals kept failing and the lease is about to lapse"
+	// ReasonUnproved is a lapse with no failed renewal behind it: nothing ran in time (the
+	// process was paused or starved past its TTL).
+	ReasonUnproved = "no renewal proved the lease live in time and it is about to lapse (was the process paused?)"
 )
+
+// SlowGrant is the part of the TTL after which a grant's answer came too long after its request
+// was sent to date the lease from that send time: callers renew such a grant at once.
+const SlowGrant = 10
+
+// IsSlowGrant reports whether a grant of ttl requested at sent and answered at received must be
+// renewed at once to date its lease.
+func IsSlowGrant(sent, received time.Time, ttl time.Duration) bool {
+	return received.Sub(sent) > ttl/SlowGrant
+}
 
 // Keeper renews one lease until it is stopped or lost.
 type Keeper struct {
@@ -83,6 +100,7 @@ type Keeper struct {
 	deadline time.Time // sent + TTL of the newest successful renewal
 	lost     error
 	lostAt   time.Time
+	stopped  bool
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -95,6 +113,13 @@ type causeKey struct{}
 type leaseCtx struct {
 	context.Context
 	k *Keeper
+}
+
+// Err reads the clock first: past the deadline minus the margin, the lease is declared lost and
+// the context cancelled before Err answers.
+func (c leaseCtx) Err() error {
+	c.k.check()
+	return c.Context.Err()
 }
 
 func (c leaseCtx) Value(key any) any {
@@ -131,8 +156,20 @@ func Start(parent context.Context, sent time.Time, opts Options, renew RenewFunc
 // Stop is called, or when the parent is done.
 func (k *Keeper) Context() context.Context { return k.ctx }
 
-// Err is the loss, or nil while the lease is not known to be lost.
-func (k *Keeper) Err() error {
+// Err is the loss, or nil while the lease is live. It reads the clock: once the deadline minus
+// the margin has passed (renewals are late, or the process was paused) the lease is declared
+// lost here, before the loop notices.
+func (k *Keeper) Err() error { return k.check() }
+
+func (k *Keeper) check() error {
+	k.mu.Lock()
+	lost, lapse, stopped := k.lost, k.deadline.Add(-k.opts.Margin), k.stopped
+	k.mu.Unlock()
+	// A stopped keeper's lease was given up (or left to expire): the clock says nothing more.
+	if lost != nil || stopped || time.Now().Before(lapse) {
+		return lost
+	}
+	k.declare(ReasonUnproved, nil)
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return k.lost
@@ -156,6 +193,9 @@ func (k *Keeper) Deadline() time.Time {
 // Stop ends the renewals (the lease is left to expire unless released) and cancels the
 // context. It waits for a renewal in flight to end.
 func (k *Keeper) Stop() {
+	k.mu.Lock()
+	k.stopped = true
+	k.mu.Unlock()
 	k.stopOnce.Do(func() { close(k.stop) })
 	<-k.exited
 	k.cancel()
@@ -164,9 +204,15 @@ func (k *Keeper) Stop() {
 // Exited is closed when the renewal loop has ended.
 func (k *Keeper) Exited() <-chan struct{} { return k.exited }
 
+// declare records the loss once (the loop and a holder's check may both see it) and cancels
+// the context.
 func (k *Keeper) declare(reason string, last error) {
 	err := k.lostFn(reason, last)
 	k.mu.Lock()
+	if k.lost != nil {
+		k.mu.Unlock()
+		return
+	}
 	k.lost = err
 	k.lostAt = time.Now()
 	k.mu.Unlock()
@@ -191,6 +237,8 @@ func (k *Keeper) run(sent time.Time) {
 		select {
 		case <-k.stop:
 			cancelLoop()
+		case <-k.ctx.Done(): // a loss declared by a holder's check
+			cancelLoop()
 		case <-loopCtx.Done():
 		}
 	}()
@@ -211,7 +259,11 @@ func (k *Keeper) run(sent time.Time) {
 			return
 		}
 		if !time.Now().Before(lapse) {
-			k.declare(ReasonLapsing, last)
+			if last == nil {
+				k.declare(ReasonUnproved, nil)
+			} else {
+				k.declare(ReasonLapsing, last)
+			}
 			return
 		}
 		rctx, cancel := context.WithDeadline(loopCtx, lapse)
@@ -224,7 +276,9 @@ func (k *Keeper) run(sent time.Time) {
 		switch {
 		case err == nil && held:
 			k.mu.Lock()
-			k.deadline = start.Add(k.opts.TTL)
+			if k.lost == nil {
+				k.deadline = start.Add(k.opts.TTL)
+			}
 			k.mu.Unlock()
 			last = nil
 			next = start.Add(jitter(k.opts.RenewEvery))

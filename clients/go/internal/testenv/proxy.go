@@ -84,6 +84,18 @@ func (p *Proxy) IdempotencyKeys() []string {
 	return keys
 }
 
+// CutConnections closes every open connection, both sides (a network failure mid-stream); the
+// proxy goes on accepting new ones. It returns how many connections it closed.
+func (p *Proxy) CutConnections() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := len(p.conns) / 2
+	for c := range p.conns {
+		_ = c.Close()
+	}
+	return n
+}
+
 // Close stops the proxy and closes its connections.
 func (p *Proxy) Close() {
 	p.mu.Lock()

@@ -9,25 +9,41 @@ import ssl
 import time
 from datetime import datetime
 from types import TracebackType
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional, Type, TypeVar, Union
+from typing import (
+    Any,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Literal,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    TypeVar,
+    Union,
+)
 
 import httpx
 
 from . import _core
 from ._config import OnRetry, from_env, make_config
 from ._core import Answer, Attempts, Call, RetryPolicy, Seconds, WatchState, jittered, transport_error
-from ._errors import LeaseLost, LostLease, SnapfenceError
-from ._keeper import KeeperState
+from ._errors import LeaseLost, LossReason, SnapfenceError
+from ._keeper import KeeperState, slow_grant
 from ._types import (
     ChangeEvent,
     Grant,
     KeyStatus,
     Lease,
+    LeaseState,
     Page,
     Recovery,
     Rejection,
     Snapshot,
     SnapshotMeta,
+    TxnAnswer,
+    TxnOp,
     Waiter,
 )
 
@@ -207,7 +223,7 @@ class AsyncClient:
         self,
         *,
         prefix: Optional[str] = None,
-        state: Optional[str] = None,
+        state: Optional[LeaseState] = None,
         limit: Optional[int] = None,
         cursor: Optional[str] = None,
     ) -> Page[KeyStatus]:
@@ -215,7 +231,11 @@ class AsyncClient:
         return await self._run(_core.list_leases(prefix, state, limit, cursor))
 
     def iter_leases(
-        self, *, prefix: Optional[str] = None, state: Optional[str] = None, page_size: Optional[int] = None
+        self,
+        *,
+        prefix: Optional[str] = None,
+        state: Optional[LeaseState] = None,
+        page_size: Optional[int] = None,
     ) -> AsyncIterator[KeyStatus]:
         """Every key of :meth:`list_leases`, page after page."""
         return self._pages(lambda c: _core.list_leases(prefix, state, page_size, c))
@@ -242,12 +262,15 @@ class AsyncClient:
         wait: Optional[Seconds] = None,
         metadata: Optional[Mapping[str, Any]] = None,
         crash_recovery: bool = False,
+        reconciled: bool = False,
+        reconciling: bool = False,
         margin: Optional[Seconds] = None,
         renew_every: Optional[Seconds] = None,
-        on_lost: Optional[Callable[[LostLease], None]] = None,
+        on_lost: Optional[Callable[[LeaseLost], None]] = None,
     ) -> AsyncLeaseKeeper:
         """An :class:`AsyncLeaseKeeper`: ``async with client.hold(key, owner=..., ttl=...) as lease:``
-        acquires the key, renews it in the background, and releases it at the end."""
+        acquires the key (as :meth:`acquire`), renews it in the background, and releases it at
+        the end."""
         return AsyncLeaseKeeper(
             self,
             key,
@@ -256,9 +279,34 @@ class AsyncClient:
             wait=wait,
             metadata=metadata,
             crash_recovery=crash_recovery,
+            reconciled=reconciled,
+            reconciling=reconciling,
             margin=margin,
             renew_every=renew_every,
             on_lost=on_lost,
+        )
+
+    def keep(
+        self,
+        lease: Union[Lease, Grant],
+        *,
+        ttl: Optional[Seconds] = None,
+        margin: Optional[Seconds] = None,
+        renew_every: Optional[Seconds] = None,
+        on_lost: Optional[Callable[[LeaseLost], None]] = None,
+    ) -> AsyncLeaseKeeper:
+        """An :class:`AsyncLeaseKeeper` that adopts a lease granted earlier: starting it renews
+        the lease at once and dates the deadline from that renewal (see ``Client.keep``)."""
+        held = lease.lease if isinstance(lease, Grant) else lease
+        return AsyncLeaseKeeper(
+            self,
+            held.key,
+            held.owner,
+            held.ttl if ttl is None else ttl,
+            margin=margin,
+            renew_every=renew_every,
+            on_lost=on_lost,
+            adopt=held,
         )
 
     # ---- Snapshots ---------------------------------------------------------------------------
@@ -271,13 +319,52 @@ class AsyncClient:
         *,
         content_type: Optional[str] = None,
         if_match: Optional[str] = None,
+        fencing_key: Optional[str] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
     ) -> SnapshotMeta:
-        """``PUT /v1/snapshots/{key}``: a fenced write, accepted only with the key's newest token
-        (else :class:`StaleToken` / :class:`UnknownToken`, audited); ``if_match`` adds a
-        compare-and-set on the current ETag (:class:`PreconditionFailed`)."""
+        """``PUT /v1/snapshots/{key}``: a fenced write, accepted only with the fence's newest
+        token (else :class:`StaleToken` / :class:`UnknownToken`, audited); ``if_match`` adds a
+        compare-and-set on the current ETag (:class:`PreconditionFailed`). A ``str`` body is sent
+        as ``text/plain``; use :meth:`put_json` for JSON. v1.3: ``fencing_key`` names the lease
+        that fences the write (a key whose namespace holds ``key``), ``metadata`` a JSON object
+        stored with the version."""
         return await self._run(
-            _core.put_snapshot(key, token, body, content_type=content_type, if_match=if_match)
+            _core.put_snapshot(
+                key,
+                token,
+                body,
+                content_type=content_type,
+                if_match=if_match,
+                fencing_key=fencing_key,
+                metadata=metadata,
+            )
         )
+
+    async def put_json(
+        self,
+        key: str,
+        token: int,
+        value: Any,
+        *,
+        if_match: Optional[str] = None,
+        fencing_key: Optional[str] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+    ) -> SnapshotMeta:
+        """:meth:`put_snapshot` of ``value`` as JSON (``application/json``)."""
+        return await self._run(
+            _core.put_json(key, token, value, if_match=if_match, fencing_key=fencing_key, metadata=metadata)
+        )
+
+    async def get_json(self, key: str) -> Any:
+        """The current snapshot of ``key``, read as JSON."""
+        return (await self.get_snapshot(key)).json()
+
+    async def txn(self, fencing_key: str, token: int, ops: Sequence[TxnOp]) -> TxnAnswer:
+        """``POST /v1/txn`` (v1.3): ``ops`` (:class:`TxnOp`) commit as one, fenced by the lease on
+        ``fencing_key`` with ``token``: every key must be in its namespace, the fence rules hold
+        for each and every precondition holds, or nothing is written (:class:`StaleToken`,
+        :class:`UnknownToken`, :class:`PreconditionFailed` with ``op_index``)."""
+        return await self._run(_core.txn(fencing_key, token, list(ops)))
 
     async def get_snapshot(self, key: str) -> Snapshot:
         """``GET /v1/snapshots/{key}``: the body and its ETag, token and version."""
@@ -305,23 +392,72 @@ class AsyncClient:
         return self._pages(lambda c: _core.list_versions(key, page_size, c))
 
     async def list_snapshots(
-        self, *, prefix: Optional[str] = None, limit: Optional[int] = None, cursor: Optional[str] = None
+        self,
+        *,
+        prefix: Optional[str] = None,
+        start_after: Optional[str] = None,
+        order: Optional[Literal["asc", "desc"]] = None,
+        include_metadata: bool = False,
+        limit: Optional[int] = None,
+        cursor: Optional[str] = None,
     ) -> Page[SnapshotMeta]:
-        """``GET /v1/snapshots`` (beyond the contract): one page of the keys that have a current
-        snapshot (written and not deleted since), in byte order, each with its current version's
-        :class:`SnapshotMeta` (``key`` set, no body); ``prefix`` selects keys that start with it."""
-        return await self._run(_core.list_snapshots(prefix, limit, cursor))
+        """``GET /v1/snapshots``: one page of the keys that have a current snapshot, in byte
+        order of their UTF-8 (``order="desc"``: reversed), each with its current version's
+        :class:`SnapshotMeta` (``key`` set, no body); ``prefix`` selects keys that start with it.
+        v1.3: ``start_after`` is exclusive in the order asked for, ``include_metadata`` adds each
+        version's ``metadata``."""
+        return await self._run(
+            _core.list_snapshots(
+                prefix,
+                limit,
+                cursor,
+                start_after=start_after,
+                order=order,
+                include_metadata=include_metadata,
+            )
+        )
 
     def iter_snapshots(
-        self, *, prefix: Optional[str] = None, page_size: Optional[int] = None
+        self,
+        *,
+        prefix: Optional[str] = None,
+        start_after: Optional[str] = None,
+        order: Optional[Literal["asc", "desc"]] = None,
+        include_metadata: bool = False,
+        page_size: Optional[int] = None,
     ) -> AsyncIterator[SnapshotMeta]:
-        """Every key of :meth:`list_snapshots` with its current snapshot's metadata, in byte
-        order, page after page."""
-        return self._pages(lambda c: _core.list_snapshots(prefix, page_size, c))
+        """Every key of :meth:`list_snapshots`, page after page."""
+        return self._pages(
+            lambda c: _core.list_snapshots(
+                prefix,
+                page_size,
+                c,
+                start_after=start_after,
+                order=order,
+                include_metadata=include_metadata,
+            )
+        )
 
-    async def delete_snapshot(self, key: str, token: int, *, if_match: Optional[str] = None) -> None:
+    async def delete_snapshot(
+        self, key: str, token: int, *, if_match: Optional[str] = None, fencing_key: Optional[str] = None
+    ) -> None:
         """``DELETE /v1/snapshots/{key}``: a fenced delete, same token rule as a put."""
-        await self._run(_core.delete_snapshot(key, token, if_match=if_match))
+        await self._run(_core.delete_snapshot(key, token, if_match=if_match, fencing_key=fencing_key))
+
+    # ---- Operations -------------------------------------------------------------------------
+
+    async def health(self) -> None:
+        """``GET /healthz``: raises unless the process is up."""
+        await self._run(_core.health())
+
+    async def ready(self) -> None:
+        """``GET /readyz``: raises (:class:`Unavailable`, after the retries) unless the database
+        is reachable and migrated."""
+        await self._run(_core.ready())
+
+    async def metrics(self) -> str:
+        """``GET /metrics``: the Prometheus text exposition."""
+        return await self._run(_core.metrics())
 
     # ---- Audit ---------------------------------------------------------------------------------
 
@@ -501,10 +637,11 @@ class AsyncWatch:
 
 class AsyncLeaseKeeper:
     """Holds a lease and renews it in a background task until it is released or lost: the
-    asyncio form of :class:`~snapfence.LeaseKeeper`, with the same rules.
-    ``async with client.hold("jobs/42", owner="w1", ttl=15) as lease:``. ``lease.lost_event`` is
-    an ``asyncio.Event`` set on loss; :meth:`run` runs a coroutine and *cancels* it on loss,
-    raising :class:`LostLease`."""
+    asyncio form of :class:`~snapfence.LeaseKeeper`, with the same rules (the deadline dated from
+    the request that last proved the lease live; :attr:`lost` and :meth:`raise_if_lost` read
+    the clock). ``async with client.hold("jobs/42", owner="w1", ttl=15) as lease:``.
+    ``lease.lost_event`` is an ``asyncio.Event`` set on loss. :meth:`run` runs a coroutine and
+    never cancels it: a write in flight finishes or fails, and its outcome is reported."""
 
     def __init__(
         self,
@@ -516,16 +653,32 @@ class AsyncLeaseKeeper:
         wait: Optional[Seconds] = None,
         metadata: Optional[Mapping[str, Any]] = None,
         crash_recovery: bool = False,
+        reconciled: bool = False,
+        reconciling: bool = False,
         margin: Optional[Seconds] = None,
         renew_every: Optional[Seconds] = None,
-        on_lost: Optional[Callable[[LostLease], None]] = None,
+        on_lost: Optional[Callable[[LeaseLost], None]] = None,
+        adopt: Optional[Lease] = None,
     ) -> None:
         self._client = client
-        self._acquire = _core.acquire(
-            key, owner, ttl, wait=wait, metadata=metadata, crash_recovery=crash_recovery
+        self._adopt = adopt
+        self._acquire = (
+            None
+            if adopt is not None
+            else _core.acquire(
+                key,
+                owner,
+                ttl,
+                wait=wait,
+                metadata=metadata,
+                crash_recovery=crash_recovery,
+                reconciled=reconciled,
+                reconciling=reconciling,
+            )
         )
+        self._ttl = _core.seconds(ttl)
         self._periods = _core.keeper_periods(
-            _core.seconds(ttl),
+            self._ttl,
             None if margin is None else _core.seconds(margin),
             None if renew_every is None else _core.seconds(renew_every),
         )
@@ -538,13 +691,30 @@ class AsyncLeaseKeeper:
         self._released = False
 
     async def start(self) -> AsyncLeaseKeeper:
-        """Acquires the key and starts renewing (what entering ``async with`` does)."""
+        """Acquires the key (or renews the adopted lease) and starts renewing (what entering
+        ``async with`` does); a grant that waited is renewed at once and dated from that."""
         if self._state is not None:
             raise RuntimeError("this keeper was started already")
-        sent = time.monotonic()
-        self._grant = await self._client._run(self._acquire)
         margin, every = self._periods
-        self._state = KeeperState(self._grant.lease, sent, margin, every)
+        if self._adopt is not None:
+            sent = time.monotonic()
+            lease = await self._client.renew(self._adopt.key, self._adopt.token, self._ttl)
+            self._grant = Grant(lease=lease)
+        else:
+            assert self._acquire is not None
+            sent = time.monotonic()
+            self._grant = await self._client._run(self._acquire)
+            lease = self._grant.lease
+            if slow_grant(sent, time.monotonic(), lease.ttl):
+                again = time.monotonic()
+                try:
+                    lease = await self._client.renew(lease.key, lease.token)
+                    sent = again
+                except LeaseLost:
+                    raise
+                except SnapfenceError:
+                    pass  # dated from the acquire: the loop renews, or declares the lapse
+        self._state = KeeperState(lease, sent, margin, every)
         self._task = asyncio.ensure_future(self._keep())
         return self
 
@@ -613,46 +783,81 @@ class AsyncLeaseKeeper:
 
     @property
     def lost(self) -> bool:
-        return self.lost_event.is_set()
+        """Whether the lease was lost; reads the clock too."""
+        return self._check() is not None
 
     @property
-    def lost_reason(self) -> Optional[str]:
+    def lost_reason(self) -> Optional[LossReason]:
+        self._check()
         return self._st().reason
 
     @property
-    def error(self) -> Optional[LostLease]:
-        return None if self._state is None else self._state.error
+    def error(self) -> Optional[LeaseLost]:
+        return self._check()
 
     def raise_if_lost(self) -> None:
-        if self.lost and self._state is not None and self._state.error is not None:
-            raise self._state.error
+        """Raises :class:`LeaseLost` if the lease was lost, or if the deadline minus the margin
+        has passed on the monotonic clock."""
+        e = self._check()
+        if e is not None:
+            raise e
+
+    async def reconciled(self) -> Lease:
+        """``POST /v1/leases/{key}/reconciled`` (v1.2) for a ``reconciling`` grant."""
+        lease = self.lease
+        out = await self._client.reconciled(lease.key, lease.token)
+        self._st().replaced(out)
+        return out
 
     async def run(self, work: Awaitable[T]) -> T:
-        """Runs ``work`` while the lease is held: if the lease is lost first, ``work`` is
-        cancelled and :class:`LostLease` raised."""
-        task = asyncio.ensure_future(work)
-        lost = asyncio.ensure_future(self.lost_event.wait())
+        """Runs ``work`` while the lease is held and returns its result. ``work`` is never
+        cancelled: a write in flight when the lease is lost finishes or fails, and the caller
+        learns which. If the lease was lost while it ran, :class:`LeaseLost` is raised once it
+        ends: from the work's own failure (e.g. :class:`StaleToken`, or the :class:`LeaseLost`
+        of its ``raise_if_lost()``), as its ``__cause__`` when the work failed otherwise, or with
+        ``work_completed`` and ``work_result`` set when it returned. Call ``raise_if_lost()``
+        between the work's steps so it stops at the next one."""
         try:
-            await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            lost.cancel()
-        if task.done():
-            return task.result()
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
-        assert self._state is not None and self._state.error is not None
-        raise self._state.error
+            result = await work
+        except SnapfenceError:
+            # The work's own outcome: a refused write, or the loss its own check raised.
+            raise
+        except Exception as failure:
+            e = self._check()
+            if e is None:
+                raise
+            raise e from failure
+        e = self._check()
+        if e is not None:
+            e.work_completed = True
+            e.work_result = result
+            raise e
+        return result
 
-    def _declare(self, e: LostLease) -> None:
+    def _check(self) -> Optional[LeaseLost]:
+        st = self._state
+        if st is None:
+            return None
+        if self._released:
+            # Released (or being released): the clock says nothing about a lease given up.
+            return st.error
+        e, first = st.check()
+        if e is not None and first:
+            self._declared(e)
+        return e
+
+    def _declared(self, e: LeaseLost) -> None:
         self.lost_event.set()
         if self._on_lost is not None:
             try:
                 self._on_lost(e)
             except Exception:
                 pass
+
+    def _declare(self, loss: Tuple[LeaseLost, bool]) -> None:
+        e, first = loss
+        if first:
+            self._declared(e)
 
     async def _keep(self) -> None:
         st = self._st()
@@ -663,7 +868,7 @@ class AsyncLeaseKeeper:
         nxt = sent0 + jittered(st.every)
         stop = asyncio.ensure_future(self._stop.wait())
         try:
-            while not self._stop.is_set():
+            while not self._stop.is_set() and st.error is None:
                 lapse = st.lapse()
                 now = time.monotonic()
                 if now >= lapse:
@@ -675,7 +880,9 @@ class AsyncLeaseKeeper:
                 lease = st.lease
                 sent = time.monotonic()
                 renewal = asyncio.ensure_future(
-                    self._client._run(_core.renew(lease.key, lease.token), RetryPolicy(max_attempts=1))
+                    self._client._run(
+                        _core.renew(lease.key, lease.token, self._ttl), RetryPolicy(max_attempts=1)
+                    )
                 )
                 # A renewal in flight never delays the lapse: it is raced against it.
                 await asyncio.wait({renewal, stop}, timeout=max(lapse - time.monotonic(), 0))

@@ -5,6 +5,7 @@ they only send what it builds and sleep for as long as it says."""
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import ssl
@@ -12,8 +13,8 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from email.utils import parsedate_to_datetime
-from typing import Any, Callable, Dict, Generic, List, Mapping, Optional, Tuple, TypeVar, Union
-from urllib.parse import quote
+from typing import Any, Callable, Dict, Generic, List, Literal, Mapping, Optional, Tuple, TypeVar, Union
+from urllib.parse import quote, unquote
 
 import httpx
 
@@ -22,6 +23,7 @@ from ._errors import (
     Indeterminate,
     InvalidRequest,
     LeaseHeld,
+    PreconditionFailed,
     ProtocolError,
     RecoveryRequired,
     RequestInProgress,
@@ -39,12 +41,16 @@ from ._types import (
     Holder,
     KeyStatus,
     Lease,
+    LeaseState,
     Page,
     Recovery,
     RecoveryRecord,
     Rejection,
     Snapshot,
     SnapshotMeta,
+    TxnAnswer,
+    TxnOp,
+    TxnResult,
     Waiter,
     format_time,
     parse_time,
@@ -291,6 +297,11 @@ def _decode(
         ht = p.get("highest_token")
         kw["highest_token"] = None if ht is None else int(ht)
         kw["audit_id"] = int(p["audit_id"])
+        kw["key"] = p.get("key")
+        kw["fencing_key"] = p.get("fencing_key")
+    elif cls is PreconditionFailed:
+        oi = p.get("op_index")
+        kw["op_index"] = None if oi is None else int(oi)
     elif cls in (TooManyRequests, Unavailable, Indeterminate, RequestInProgress):
         kw["retry_after"] = _retry_after(headers)
     e: SnapfenceError = cls(detail, **kw)
@@ -451,7 +462,7 @@ def _params(**kw: Any) -> List[Tuple[str, str]]:
 
 def list_leases(
     prefix: Optional[str] = None,
-    state: Optional[str] = None,
+    state: Optional[LeaseState] = None,
     limit: Optional[int] = None,
     cursor: Optional[str] = None,
 ) -> Call[Page[KeyStatus]]:
@@ -476,6 +487,18 @@ def lease_waiters(key: str, limit: Optional[int] = None, cursor: Optional[str] =
     )
 
 
+def _fencing_key(headers: Dict[str, str], fencing_key: Optional[str]) -> None:
+    if fencing_key is not None:
+        headers["Fencing-Key"] = segment(fencing_key)
+
+
+def metadata_header(metadata: Mapping[str, Any]) -> str:
+    """A JSON object as the ``Snapshot-Metadata`` header carries it: compact, ASCII only."""
+    if not isinstance(metadata, Mapping):
+        raise InvalidRequest(f"snapshot metadata is a JSON object (a mapping), got {type(metadata).__name__}")
+    return json.dumps(dict(metadata), separators=(",", ":"), ensure_ascii=True)
+
+
 def put_snapshot(
     key: str,
     token: int,
@@ -483,6 +506,8 @@ def put_snapshot(
     *,
     content_type: Optional[str] = None,
     if_match: Optional[str] = None,
+    fencing_key: Optional[str] = None,
+    metadata: Optional[Mapping[str, Any]] = None,
 ) -> Call[SnapshotMeta]:
     headers = {"Fencing-Token": str(_check_token(token))}
     if isinstance(body, str):
@@ -491,6 +516,9 @@ def put_snapshot(
     headers["Content-Type"] = content_type or "application/octet-stream"
     if if_match is not None:
         headers["If-Match"] = if_match
+    _fencing_key(headers, fencing_key)
+    if metadata is not None:
+        headers["Snapshot-Metadata"] = metadata_header(metadata)
     return Call(
         CHANGE,
         "PUT",
@@ -502,11 +530,89 @@ def put_snapshot(
     )
 
 
-def delete_snapshot(key: str, token: int, *, if_match: Optional[str] = None) -> Call[None]:
+def put_json(
+    key: str,
+    token: int,
+    value: Any,
+    *,
+    if_match: Optional[str] = None,
+    fencing_key: Optional[str] = None,
+    metadata: Optional[Mapping[str, Any]] = None,
+) -> Call[SnapshotMeta]:
+    try:
+        body = json.dumps(value, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as e:
+        raise InvalidRequest(f"the snapshot of {key!r} cannot be written as JSON: {e}") from e
+    return put_snapshot(
+        key,
+        token,
+        body,
+        content_type="application/json",
+        if_match=if_match,
+        fencing_key=fencing_key,
+        metadata=metadata,
+    )
+
+
+def delete_snapshot(
+    key: str, token: int, *, if_match: Optional[str] = None, fencing_key: Optional[str] = None
+) -> Call[None]:
     c = _fenced("DELETE", f"/v1/snapshots/{segment(key)}", token)
     if if_match is not None:
         c.headers["If-Match"] = if_match
+    _fencing_key(c.headers, fencing_key)
     return c
+
+
+def _txn_op(op: TxnOp) -> Dict[str, Any]:
+    out: Dict[str, Any] = {"op": op.op}
+    if op.op == "delete_prefix":
+        if op.prefix is None:
+            raise InvalidRequest("a delete_prefix op needs its prefix")
+        out["prefix"] = op.prefix
+        return out
+    if op.key is None:
+        raise InvalidRequest(f"a {op.op} op needs its key")
+    check_key(op.key)
+    out["key"] = op.key
+    if op.op == "put":
+        out["body"] = base64.b64encode(op.body or b"").decode("ascii")
+        if op.content_type is not None:
+            out["content_type"] = op.content_type
+        if op.metadata is not None:
+            out["metadata"] = dict(op.metadata)
+        if op.if_match is not None:
+            out["if_match"] = op.if_match
+        if op.create_only:
+            out["if_none_match"] = "*"
+    return out
+
+
+def _txn_answer(ops: List[TxnOp]) -> Callable[[Answer], TxnAnswer]:
+    def parse(a: Answer) -> TxnAnswer:
+        j = _json(a)
+        results = []
+        for op, r in zip(ops, j["results"]):
+            put = SnapshotMeta.from_json({"token": j["token"], **r}) if op.op == "put" else None
+            results.append(
+                TxnResult(
+                    op=op.op,
+                    key=r.get("key"),
+                    prefix=r.get("prefix"),
+                    put=put,
+                    deleted=int(r.get("deleted", 0)),
+                )
+            )
+        return TxnAnswer(token=int(j["token"]), fencing_key=j["fencing_key"], results=results)
+
+    return parse
+
+
+def txn(fencing_key: str, token: int, ops: List[TxnOp]) -> Call[TxnAnswer]:
+    headers = {"Fencing-Token": str(_check_token(token)), "Fencing-Key": segment(fencing_key)}
+    content, jh = _json_body({"ops": [_txn_op(op) for op in ops]})
+    headers.update(jh)
+    return Call(CHANGE, "POST", "/v1/txn", (200,), _txn_answer(list(ops)), headers=headers, content=content)
 
 
 def _header(a: Answer, name: str) -> str:
@@ -531,9 +637,24 @@ def _snapshot_of(key: str, head: bool) -> Callable[[Answer], Optional[Snapshot]]
             version=int(_header(a, "snapshot-version")),
             last_modified=lm,
             size=size if head else len(a.body),
+            fencing_key=_unquote_key(a.headers.get("fencing-key")),
+            metadata=_metadata_of(a.headers.get("snapshot-metadata")),
         )
 
     return parse
+
+
+def _unquote_key(v: Optional[str]) -> Optional[str]:
+    return None if v is None else unquote(v)
+
+
+def _metadata_of(v: Optional[str]) -> Optional[Dict[str, Any]]:
+    if v is None:
+        return None
+    m = json.loads(v)
+    if not isinstance(m, dict):
+        raise ProtocolError("the Snapshot-Metadata header is not a JSON object")
+    return m
 
 
 def _some(parse: Callable[[Answer], Optional[Snapshot]]) -> Callable[[Answer], Snapshot]:
@@ -589,7 +710,13 @@ def list_versions(
 
 
 def list_snapshots(
-    prefix: Optional[str] = None, limit: Optional[int] = None, cursor: Optional[str] = None
+    prefix: Optional[str] = None,
+    limit: Optional[int] = None,
+    cursor: Optional[str] = None,
+    *,
+    start_after: Optional[str] = None,
+    order: Optional[Literal["asc", "desc"]] = None,
+    include_metadata: bool = False,
 ) -> Call[Page[SnapshotMeta]]:
     return Call(
         READ,
@@ -597,8 +724,27 @@ def list_snapshots(
         "/v1/snapshots",
         (200,),
         _page(SnapshotMeta.from_json),
-        params=_params(prefix=prefix, limit=limit, cursor=cursor),
+        params=_params(
+            prefix=prefix,
+            start_after=start_after,
+            order=order,
+            include="metadata" if include_metadata else None,
+            limit=limit,
+            cursor=cursor,
+        ),
     )
+
+
+def health() -> Call[None]:
+    return Call(READ, "GET", "/healthz", (200,), _none)
+
+
+def ready() -> Call[None]:
+    return Call(READ, "GET", "/readyz", (200,), _none)
+
+
+def metrics() -> Call[str]:
+    return Call(READ, "GET", "/metrics", (200,), lambda a: a.body.decode("utf-8"))
 
 
 def rejections(

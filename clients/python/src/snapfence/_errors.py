@@ -9,7 +9,7 @@ fails if a code has no class here, so the two cannot drift apart.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Dict, Optional, Type
+from typing import Any, ClassVar, Dict, Literal, Optional, Type
 
 from ._types import Holder, RecoveryRecord
 
@@ -100,12 +100,40 @@ class RecoveryRequired(SnapfenceError):
         self.recovery = recovery
 
 
+#: Why a lease was lost: the server answered ``lease_lost``; renewals kept failing (or the
+#: process did not run) until less than the margin was left before the deadline; or a renewal
+#: was refused in a way retrying cannot change.
+LossReason = Literal["lease_lost", "lapsing", "refused"]
+
+
 class LeaseLost(SnapfenceError):
-    """``409 lease_lost``: the token is not the key's live lease. A holder that sees this must
-    stop working on the key."""
+    """``409 lease_lost``: the token is not the key's live lease, and also a keeper's loss of
+    its lease (:meth:`~snapfence.LeaseKeeper.raise_if_lost`, leaving its block, ``run``). Either
+    way: stop the work the lease guards.
+
+    ``reason`` is ``"lease_lost"`` for the server's answer (and a renewal that got it),
+    ``"lapsing"`` when the keeper could not prove the lease live before the deadline minus the
+    margin (renewals kept failing, or the process was paused), ``"refused"`` when a renewal was
+    refused for good; ``cause`` is the failure behind it, if any. ``LostLease`` is another name
+    of this class."""
 
     code = "lease_lost"
     status = 409
+
+    def __init__(
+        self,
+        detail: str,
+        *,
+        reason: LossReason = "lease_lost",
+        cause: Optional[BaseException] = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(detail, **kw)
+        self.reason: LossReason = reason
+        self.cause = cause
+        #: For a loss ``run`` reports after its work ended: whether the work returned, and what.
+        self.work_completed = False
+        self.work_result: Any = None
 
 
 class _Refused(SnapfenceError):
@@ -118,12 +146,17 @@ class _Refused(SnapfenceError):
         presented_token: Optional[int] = None,
         highest_token: Optional[int] = None,
         audit_id: Optional[int] = None,
+        key: Optional[str] = None,
+        fencing_key: Optional[str] = None,
         **kw: Any,
     ) -> None:
         super().__init__(detail, **kw)
         self.presented_token = presented_token
         self.highest_token = highest_token
         self.audit_id = audit_id
+        #: The key the write failed on and the fence it named (contract v1.3), when sent.
+        self.key = key
+        self.fencing_key = fencing_key
 
 
 class StaleToken(_Refused):
@@ -143,10 +176,15 @@ class UnknownToken(_Refused):
 
 
 class PreconditionFailed(SnapfenceError):
-    """``412 precondition_failed``: ``If-Match`` did not match the current snapshot."""
+    """``412 precondition_failed``: ``If-Match`` did not match the current snapshot; in a
+    transaction (v1.3), ``op_index`` is the op whose precondition failed."""
 
     code = "precondition_failed"
     status = 412
+
+    def __init__(self, detail: str, *, op_index: Optional[int] = None, **kw: Any) -> None:
+        super().__init__(detail, **kw)
+        self.op_index = op_index
 
 
 class NotFound(SnapfenceError):
@@ -342,18 +380,8 @@ class ProtocolError(SnapfenceError):
         return True
 
 
-class LostLease(SnapfenceError):
-    """Raised by a keeper's :meth:`~snapfence.LeaseKeeper.raise_if_lost` (and by ``run``) once
-    the lease it keeps is lost: stop the work the lease guards. ``reason`` is one of
-    ``"lease_lost"`` (a renewal answered lease_lost: expired, released or superseded),
-    ``"lapsing"`` (renewals kept failing and less than the margin was left before the deadline)
-    or ``"refused"`` (a renewal was refused in a way retrying cannot change); ``cause`` is the
-    last failure, if any."""
-
-    def __init__(self, detail: str, *, reason: str, cause: Optional[BaseException] = None) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.cause = cause
+#: The keeper's loss is the contract's ``lease_lost``: one class, two names.
+LostLease = LeaseLost
 
 
 #: Each code of the contract, and the class that stands for it.

@@ -8,25 +8,28 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Callable, Iterator, Mapping, Optional, Type, TypeVar, Union
+from typing import Any, Callable, Iterator, Literal, Mapping, Optional, Sequence, Tuple, Type, TypeVar, Union
 
 import httpx
 
 from . import _core
 from ._config import OnRetry, from_env, make_config
 from ._core import Answer, Attempts, Call, RetryPolicy, Seconds, WatchState, jittered, transport_error
-from ._errors import LeaseLost, LostLease, SnapfenceError
-from ._keeper import KeeperState
+from ._errors import LeaseLost, LossReason, SnapfenceError
+from ._keeper import KeeperState, slow_grant
 from ._types import (
     ChangeEvent,
     Grant,
     KeyStatus,
     Lease,
+    LeaseState,
     Page,
     Recovery,
     Rejection,
     Snapshot,
     SnapshotMeta,
+    TxnAnswer,
+    TxnOp,
     Waiter,
 )
 
@@ -203,7 +206,7 @@ class Client:
         self,
         *,
         prefix: Optional[str] = None,
-        state: Optional[str] = None,
+        state: Optional[LeaseState] = None,
         limit: Optional[int] = None,
         cursor: Optional[str] = None,
     ) -> Page[KeyStatus]:
@@ -211,7 +214,11 @@ class Client:
         return self._run(_core.list_leases(prefix, state, limit, cursor))
 
     def iter_leases(
-        self, *, prefix: Optional[str] = None, state: Optional[str] = None, page_size: Optional[int] = None
+        self,
+        *,
+        prefix: Optional[str] = None,
+        state: Optional[LeaseState] = None,
+        page_size: Optional[int] = None,
     ) -> Iterator[KeyStatus]:
         """Every key of :meth:`list_leases`, page after page."""
         return self._pages(lambda c: _core.list_leases(prefix, state, page_size, c))
@@ -238,12 +245,16 @@ class Client:
         wait: Optional[Seconds] = None,
         metadata: Optional[Mapping[str, Any]] = None,
         crash_recovery: bool = False,
+        reconciled: bool = False,
+        reconciling: bool = False,
         margin: Optional[Seconds] = None,
         renew_every: Optional[Seconds] = None,
-        on_lost: Optional[Callable[[LostLease], None]] = None,
+        on_lost: Optional[Callable[[LeaseLost], None]] = None,
     ) -> LeaseKeeper:
         """A :class:`LeaseKeeper`: ``with client.hold(key, owner=..., ttl=...) as lease:``
-        acquires the key, renews it in the background, and releases it at the end."""
+        acquires the key (as :meth:`acquire`, with the same options), renews it in the
+        background, and releases it at the end. With ``reconciling=True`` the grant's
+        ``lease.grant.recovery`` is the record to examine, and ``lease.reconciled()`` clears it."""
         return LeaseKeeper(
             self,
             key,
@@ -252,9 +263,36 @@ class Client:
             wait=wait,
             metadata=metadata,
             crash_recovery=crash_recovery,
+            reconciled=reconciled,
+            reconciling=reconciling,
             margin=margin,
             renew_every=renew_every,
             on_lost=on_lost,
+        )
+
+    def keep(
+        self,
+        lease: Union[Lease, Grant],
+        *,
+        ttl: Optional[Seconds] = None,
+        margin: Optional[Seconds] = None,
+        renew_every: Optional[Seconds] = None,
+        on_lost: Optional[Callable[[LeaseLost], None]] = None,
+    ) -> LeaseKeeper:
+        """A :class:`LeaseKeeper` that adopts a lease granted earlier (by :meth:`acquire`, or
+        another process that handed it over) instead of acquiring one: starting it renews the
+        lease at once (with ``ttl``, default the lease's) and dates the deadline from that
+        renewal; :class:`LeaseLost` if the lease is no longer live."""
+        held = lease.lease if isinstance(lease, Grant) else lease
+        return LeaseKeeper(
+            self,
+            held.key,
+            held.owner,
+            held.ttl if ttl is None else ttl,
+            margin=margin,
+            renew_every=renew_every,
+            on_lost=on_lost,
+            adopt=held,
         )
 
     # ---- Snapshots ---------------------------------------------------------------------------
@@ -267,11 +305,52 @@ class Client:
         *,
         content_type: Optional[str] = None,
         if_match: Optional[str] = None,
+        fencing_key: Optional[str] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
     ) -> SnapshotMeta:
-        """``PUT /v1/snapshots/{key}``: a fenced write, accepted only with the key's newest token
-        (else :class:`StaleToken` / :class:`UnknownToken`, audited); ``if_match`` adds a
-        compare-and-set on the current ETag (:class:`PreconditionFailed`)."""
-        return self._run(_core.put_snapshot(key, token, body, content_type=content_type, if_match=if_match))
+        """``PUT /v1/snapshots/{key}``: a fenced write, accepted only with the fence's newest
+        token (else :class:`StaleToken` / :class:`UnknownToken`, audited); ``if_match`` adds a
+        compare-and-set on the current ETag (:class:`PreconditionFailed`). A ``str`` body is sent
+        as ``text/plain``; use :meth:`put_json` for JSON. v1.3: ``fencing_key`` names the lease
+        that fences the write (a key whose namespace holds ``key``), ``metadata`` a JSON object
+        stored with the version."""
+        return self._run(
+            _core.put_snapshot(
+                key,
+                token,
+                body,
+                content_type=content_type,
+                if_match=if_match,
+                fencing_key=fencing_key,
+                metadata=metadata,
+            )
+        )
+
+    def put_json(
+        self,
+        key: str,
+        token: int,
+        value: Any,
+        *,
+        if_match: Optional[str] = None,
+        fencing_key: Optional[str] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+    ) -> SnapshotMeta:
+        """:meth:`put_snapshot` of ``value`` as JSON (``application/json``)."""
+        return self._run(
+            _core.put_json(key, token, value, if_match=if_match, fencing_key=fencing_key, metadata=metadata)
+        )
+
+    def get_json(self, key: str) -> Any:
+        """The current snapshot of ``key``, read as JSON."""
+        return (self.get_snapshot(key)).json()
+
+    def txn(self, fencing_key: str, token: int, ops: Sequence[TxnOp]) -> TxnAnswer:
+        """``POST /v1/txn`` (v1.3): ``ops`` (:class:`TxnOp`) commit as one, fenced by the lease on
+        ``fencing_key`` with ``token``: every key must be in its namespace, the fence rules hold
+        for each and every precondition holds, or nothing is written (:class:`StaleToken`,
+        :class:`UnknownToken`, :class:`PreconditionFailed` with ``op_index``)."""
+        return self._run(_core.txn(fencing_key, token, list(ops)))
 
     def get_snapshot(self, key: str) -> Snapshot:
         """``GET /v1/snapshots/{key}``: the body and its ETag, token and version."""
@@ -299,23 +378,72 @@ class Client:
         return self._pages(lambda c: _core.list_versions(key, page_size, c))
 
     def list_snapshots(
-        self, *, prefix: Optional[str] = None, limit: Optional[int] = None, cursor: Optional[str] = None
+        self,
+        *,
+        prefix: Optional[str] = None,
+        start_after: Optional[str] = None,
+        order: Optional[Literal["asc", "desc"]] = None,
+        include_metadata: bool = False,
+        limit: Optional[int] = None,
+        cursor: Optional[str] = None,
     ) -> Page[SnapshotMeta]:
-        """``GET /v1/snapshots`` (beyond the contract): one page of the keys that have a current
-        snapshot (written and not deleted since), in byte order, each with its current version's
-        :class:`SnapshotMeta` (``key`` set, no body); ``prefix`` selects keys that start with it."""
-        return self._run(_core.list_snapshots(prefix, limit, cursor))
+        """``GET /v1/snapshots``: one page of the keys that have a current snapshot, in byte
+        order of their UTF-8 (``order="desc"``: reversed), each with its current version's
+        :class:`SnapshotMeta` (``key`` set, no body); ``prefix`` selects keys that start with it.
+        v1.3: ``start_after`` is exclusive in the order asked for, ``include_metadata`` adds each
+        version's ``metadata``."""
+        return self._run(
+            _core.list_snapshots(
+                prefix,
+                limit,
+                cursor,
+                start_after=start_after,
+                order=order,
+                include_metadata=include_metadata,
+            )
+        )
 
     def iter_snapshots(
-        self, *, prefix: Optional[str] = None, page_size: Optional[int] = None
+        self,
+        *,
+        prefix: Optional[str] = None,
+        start_after: Optional[str] = None,
+        order: Optional[Literal["asc", "desc"]] = None,
+        include_metadata: bool = False,
+        page_size: Optional[int] = None,
     ) -> Iterator[SnapshotMeta]:
-        """Every key of :meth:`list_snapshots` with its current snapshot's metadata, in byte
-        order, page after page."""
-        return self._pages(lambda c: _core.list_snapshots(prefix, page_size, c))
+        """Every key of :meth:`list_snapshots`, page after page."""
+        return self._pages(
+            lambda c: _core.list_snapshots(
+                prefix,
+                page_size,
+                c,
+                start_after=start_after,
+                order=order,
+                include_metadata=include_metadata,
+            )
+        )
 
-    def delete_snapshot(self, key: str, token: int, *, if_match: Optional[str] = None) -> None:
+    def delete_snapshot(
+        self, key: str, token: int, *, if_match: Optional[str] = None, fencing_key: Optional[str] = None
+    ) -> None:
         """``DELETE /v1/snapshots/{key}``: a fenced delete, same token rule as a put."""
-        self._run(_core.delete_snapshot(key, token, if_match=if_match))
+        self._run(_core.delete_snapshot(key, token, if_match=if_match, fencing_key=fencing_key))
+
+    # ---- Operations -------------------------------------------------------------------------
+
+    def health(self) -> None:
+        """``GET /healthz``: raises unless the process is up."""
+        self._run(_core.health())
+
+    def ready(self) -> None:
+        """``GET /readyz``: raises (:class:`Unavailable`, after the retries) unless the database
+        is reachable and migrated."""
+        self._run(_core.ready())
+
+    def metrics(self) -> str:
+        """``GET /metrics``: the Prometheus text exposition."""
+        return self._run(_core.metrics())
 
     # ---- Audit ---------------------------------------------------------------------------------
 
@@ -509,18 +637,21 @@ class LeaseKeeper:
     Use it as a context manager: ``with client.hold("jobs/42", owner="w1", ttl=15) as lease:``
     acquires the key (waiting up to ``wait`` seconds if given), renews every ``renew_every``
     seconds (default a third of the TTL), and releases the key when the block ends.
+    ``client.keep(lease)`` adopts a lease granted earlier instead.
 
-    The lease is *lost* (``lease.lost`` turns ``True``, ``lease.lost_event`` is set, ``on_lost``
-    is called from the keeper's thread) when a renewal answers ``lease_lost`` or is refused for
-    good, or when renewals keep failing and less than ``margin`` (default a fifth of the TTL) is
-    left before the deadline. The deadline is measured on the monotonic clock from the moment the
-    last successful renewal (or the acquire) was *sent*, plus the TTL: never later than the
-    server's expiry. So when ``lost`` turns true the server still holds the lease for at least
-    the margin: stop within it and no other holder can have started. Call
-    :meth:`raise_if_lost` between steps of the work, and send :attr:`token` with every write.
+    The deadline is the send time of the request that last proved the lease live (the acquire,
+    a renewal) plus the TTL, on the monotonic clock: never later than the server's expiry. A
+    grant that waited in the queue is renewed at once, and dated from that renewal. The lease is
+    *lost* when a renewal answers ``lease_lost`` or is refused for good, or when less than
+    ``margin`` (default a fifth of the TTL) is left before the deadline: renewals kept failing,
+    or the process did not run (paused, swapped out). :attr:`lost` and :meth:`raise_if_lost`
+    read the clock themselves, so a process that wakes from a pause past its TTL learns at its
+    next check, before its next write. ``lease.lost_event`` is set and ``on_lost`` called (from
+    the thread that noticed) once. Stop within the margin and no other holder can have started;
+    send :attr:`token` with every write.
 
     If the lease was lost and the block ended without an exception, leaving the block raises
-    :class:`LostLease`, so work that never checked does not pass for protected work.
+    :class:`LeaseLost`, so work that never checked does not pass for protected work.
     """
 
     def __init__(
@@ -533,16 +664,32 @@ class LeaseKeeper:
         wait: Optional[Seconds] = None,
         metadata: Optional[Mapping[str, Any]] = None,
         crash_recovery: bool = False,
+        reconciled: bool = False,
+        reconciling: bool = False,
         margin: Optional[Seconds] = None,
         renew_every: Optional[Seconds] = None,
-        on_lost: Optional[Callable[[LostLease], None]] = None,
+        on_lost: Optional[Callable[[LeaseLost], None]] = None,
+        adopt: Optional[Lease] = None,
     ) -> None:
         self._client = client
-        self._acquire = _core.acquire(
-            key, owner, ttl, wait=wait, metadata=metadata, crash_recovery=crash_recovery
+        self._adopt = adopt
+        self._acquire = (
+            None
+            if adopt is not None
+            else _core.acquire(
+                key,
+                owner,
+                ttl,
+                wait=wait,
+                metadata=metadata,
+                crash_recovery=crash_recovery,
+                reconciled=reconciled,
+                reconciling=reconciling,
+            )
         )
+        self._ttl = _core.seconds(ttl)
         self._periods = _core.keeper_periods(
-            _core.seconds(ttl),
+            self._ttl,
             None if margin is None else _core.seconds(margin),
             None if renew_every is None else _core.seconds(renew_every),
         )
@@ -560,13 +707,33 @@ class LeaseKeeper:
     # ---- Starting and stopping ------------------------------------------------------------------
 
     def start(self) -> LeaseKeeper:
-        """Acquires the key and starts renewing (what entering the ``with`` block does)."""
+        """Acquires the key (or renews the adopted lease) and starts renewing (what entering the
+        ``with`` block does). Raises :class:`LeaseLost` if an adopted lease, or a grant that
+        waited, ended before it could be renewed."""
         if self._state is not None:
             raise RuntimeError("this keeper was started already")
-        sent = time.monotonic()
-        self._grant = self._client._run(self._acquire)
         margin, every = self._periods
-        self._state = KeeperState(self._grant.lease, sent, margin, every)
+        if self._adopt is not None:
+            sent = time.monotonic()
+            lease = self._client.renew(self._adopt.key, self._adopt.token, self._ttl)
+            self._grant = Grant(lease=lease)
+        else:
+            assert self._acquire is not None
+            sent = time.monotonic()
+            self._grant = self._client._run(self._acquire)
+            lease = self._grant.lease
+            if slow_grant(sent, time.monotonic(), lease.ttl):
+                # The grant came long after the request was sent (it waited in the queue): date
+                # the lease from a renewal sent now, not from the start of the wait.
+                again = time.monotonic()
+                try:
+                    lease = self._client.renew(lease.key, lease.token)
+                    sent = again
+                except LeaseLost:
+                    raise
+                except SnapfenceError:
+                    pass  # dated from the acquire: the loop renews, or declares the lapse
+        self._state = KeeperState(lease, sent, margin, every)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapfence-renew")
         self._thread = threading.Thread(target=self._keep, name=f"snapfence-keeper {self.key}", daemon=True)
         self._thread.start()
@@ -630,7 +797,7 @@ class LeaseKeeper:
 
     @property
     def grant(self) -> Grant:
-        """The acquire's answer."""
+        """The acquire's answer (for an adopted lease, its first renewal's)."""
         self._st()
         assert self._grant is not None
         return self._grant
@@ -656,41 +823,71 @@ class LeaseKeeper:
 
     @property
     def lost(self) -> bool:
-        """Whether the lease was lost: stop the work it guards."""
-        return self.lost_event.is_set()
+        """Whether the lease was lost: stop the work it guards. Reads the clock too."""
+        return self._check() is not None
 
     @property
-    def lost_reason(self) -> Optional[str]:
+    def lost_reason(self) -> Optional[LossReason]:
         """``"lease_lost"``, ``"lapsing"`` or ``"refused"`` once lost."""
+        self._check()
         return self._st().reason
 
     @property
-    def error(self) -> Optional[LostLease]:
-        """The :class:`LostLease` that says why, once lost."""
-        return None if self._state is None else self._state.error
+    def error(self) -> Optional[LeaseLost]:
+        """The :class:`LeaseLost` that says why, once lost."""
+        return self._check()
 
     def raise_if_lost(self) -> None:
-        """Raises :class:`LostLease` if the lease was lost."""
-        if self.lost and self._state is not None and self._state.error is not None:
-            raise self._state.error
+        """Raises :class:`LeaseLost` if the lease was lost, or if the deadline minus the margin
+        has passed on the monotonic clock (the process was paused, renewals are late)."""
+        e = self._check()
+        if e is not None:
+            raise e
 
     def wait_lost(self, timeout: Optional[float] = None) -> bool:
         """Blocks until the lease is lost (``True``) or ``timeout`` passes (``False``)."""
-        return self.lost_event.wait(timeout)
+        return self.lost_event.wait(timeout) or self.lost
+
+    def reconciled(self) -> Lease:
+        """``POST /v1/leases/{key}/reconciled`` (v1.2) for a lease held with ``reconciling=True``:
+        the leftovers of the previous holder no longer conflict; the record goes to the audit
+        log and the lease goes on."""
+        lease = self.lease
+        out = self._client.reconciled(lease.key, lease.token)
+        self._st().replaced(out)
+        return out
 
     # ---- The renewal loop ------------------------------------------------------------------------
 
-    def _declare(self, e: LostLease) -> None:
+    def _check(self) -> Optional[LeaseLost]:
+        st = self._state
+        if st is None:
+            return None
+        if self._released:
+            # Released (or being released): the clock says nothing about a lease given up.
+            return st.error
+        e, first = st.check()
+        if e is not None and first:
+            self._declared(e)
+        return e
+
+    def _declared(self, e: LeaseLost) -> None:
         self.lost_event.set()
+        self._wake.set()
         if self._on_lost is not None:
             try:
                 self._on_lost(e)
             except Exception:
                 pass
 
+    def _declare(self, loss: Tuple[LeaseLost, bool]) -> None:
+        e, first = loss
+        if first:
+            self._declared(e)
+
     def _renew_once(self, key: str, token: int) -> Lease:
         # The keeper retries on its own schedule, against the deadline.
-        return self._client._run(_core.renew(key, token), RetryPolicy(max_attempts=1))
+        return self._client._run(_core.renew(key, token, self._ttl), RetryPolicy(max_attempts=1))
 
     def _keep(self) -> None:
         st = self._st()
@@ -700,7 +897,7 @@ class LeaseKeeper:
         last_error: Optional[SnapfenceError] = None
         _, sent0 = st.held()
         nxt = sent0 + jittered(st.every)
-        while not self._stop.is_set():
+        while not self._stop.is_set() and st.error is None:
             lapse = st.lapse()
             now = time.monotonic()
             if now >= lapse:
@@ -716,13 +913,13 @@ class LeaseKeeper:
             self._inflight = fut
             fut.add_done_callback(lambda _: self._wake.set())
             # A renewal in flight never delays the lapse: it is raced against it.
-            while not fut.done() and not self._stop.is_set():
+            while not fut.done() and not self._stop.is_set() and st.error is None:
                 left = lapse - time.monotonic()
                 if left <= 0:
                     break
                 self._wake.wait(left)
                 self._wake.clear()
-            if self._stop.is_set():
+            if self._stop.is_set() or st.error is not None:
                 return
             if not fut.done():
                 self._declare(st.lapsing(last_error))

@@ -2,14 +2,35 @@
 
 from __future__ import annotations
 
+import json as _json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Dict, Generic, List, Mapping, Optional, TypeVar
+from typing import Any, Dict, Generic, List, Literal, Mapping, Optional, Tuple, TypeVar
 
 _RFC3339 = re.compile(
     r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(?:([Zz])|([+-])(\d{2}):(\d{2}))$"
 )
+
+
+#: A key's state, as ``GET /v1/leases/{key}`` tells it (and ``list_leases(state=)`` selects).
+LeaseState = Literal["held", "expired", "released", "recovery_pending"]
+#: Why a recovery record was kept.
+RecoveryReason = Literal["abandoned", "expired", "recovery_required"]
+#: Why a fenced write was refused.
+RefusalReason = Literal["stale_token", "unknown_token"]
+#: The kinds of change a watch delivers.
+ChangeKind = Literal[
+    "lease.granted",
+    "lease.released",
+    "lease.abandoned",
+    "lease.expired",
+    "lease.recovery_required",
+    "lease.reconciled",
+    "snapshot.written",
+    "snapshot.deleted",
+    "write.refused",
+]
 
 
 def parse_time(text: str) -> datetime:
@@ -83,7 +104,7 @@ class RecoveryRecord:
     token: int
     acquired_at: datetime
     ended_at: datetime
-    reason: str
+    reason: RecoveryReason
     metadata: Optional[Dict[str, Any]] = None
 
     @classmethod
@@ -154,7 +175,7 @@ class KeyStatus:
     ``recovery_pending``; ``lease`` the newest lease (also when it ended)."""
 
     key: str
-    state: str
+    state: LeaseState
     lease: Lease
     recovery: Optional[RecoveryRecord]
     newest_token: int
@@ -198,6 +219,12 @@ class SnapshotMeta:
     content_type: str
     updated_at: datetime
     key: Optional[str] = None
+    #: The fence the write named (contract v1.3; its own key when it named none).
+    fencing_key: Optional[str] = None
+    #: The version's ``Snapshot-Metadata`` (contract v1.3), or ``None``.
+    metadata: Optional[Dict[str, Any]] = None
+    #: In a transaction's result: whether the key had no current snapshot before.
+    created: Optional[bool] = None
 
     @classmethod
     def from_json(cls, j: Mapping[str, Any]) -> SnapshotMeta:
@@ -209,6 +236,9 @@ class SnapshotMeta:
             content_type=j["content_type"],
             updated_at=parse_time(j["updated_at"]),
             key=j.get("key"),
+            fencing_key=j.get("fencing_key"),
+            metadata=j.get("metadata"),
+            created=j.get("created"),
         )
 
 
@@ -225,11 +255,19 @@ class Snapshot:
     version: int
     last_modified: datetime
     size: int
+    #: The ``Fencing-Key`` header: the fence of the write (contract v1.3).
+    fencing_key: Optional[str] = None
+    #: The ``Snapshot-Metadata`` header (contract v1.3), or ``None``.
+    metadata: Optional[Dict[str, Any]] = None
 
     @property
     def text(self) -> str:
         """The body as UTF-8 text."""
         return self.body.decode("utf-8")
+
+    def json(self) -> Any:
+        """The body as JSON."""
+        return _json.loads(self.body)
 
 
 @dataclass(frozen=True)
@@ -239,7 +277,7 @@ class Rejection:
     id: int
     at: datetime
     key: str
-    reason: str
+    reason: RefusalReason
     presented_token: Optional[int]
     highest_token: Optional[int]
     holder: Optional[str]
@@ -302,7 +340,7 @@ class Recovery:
 
 
 #: The kinds of change a watch delivers.
-CHANGE_KINDS = (
+CHANGE_KINDS: Tuple[ChangeKind, ...] = (
     "lease.granted",
     "lease.released",
     "lease.abandoned",
@@ -321,7 +359,7 @@ class ChangeEvent:
     :data:`CHANGE_KINDS`), and its data; the members a kind does not have are ``None``."""
 
     id: int
-    kind: str
+    kind: ChangeKind
     key: str
     token: int
     at: datetime
@@ -334,10 +372,16 @@ class ChangeEvent:
     operation: Optional[str] = None
     highest_token: Optional[int] = None
     record_token: Optional[int] = None
+    #: The fence of a write (contract v1.3).
+    fencing_key: Optional[str] = None
+    #: The id of the first change of the transaction this change is part of, and how many
+    #: changes it made (contract v1.3); ``None`` outside a transaction.
+    txn: Optional[int] = None
+    txn_size: Optional[int] = None
     data: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def from_json(cls, id: int, kind: str, j: Mapping[str, Any]) -> ChangeEvent:
+    def from_json(cls, id: int, kind: ChangeKind, j: Mapping[str, Any]) -> ChangeEvent:
         return cls(
             id=id,
             kind=kind,
@@ -353,6 +397,9 @@ class ChangeEvent:
             operation=j.get("operation"),
             highest_token=j.get("highest_token"),
             record_token=j.get("record_token"),
+            fencing_key=j.get("fencing_key"),
+            txn=j.get("txn"),
+            txn_size=j.get("txn_size"),
             data=dict(j),
         )
 
@@ -366,3 +413,72 @@ class Page(Generic[T]):
 
     items: List[T]
     next_cursor: Optional[str]
+
+
+@dataclass(frozen=True)
+class TxnOp:
+    """One operation of a transaction (contract v1.3): make them with :meth:`put`,
+    :meth:`delete` and :meth:`delete_prefix`."""
+
+    op: Literal["put", "delete", "delete_prefix"]
+    key: Optional[str] = None
+    prefix: Optional[str] = None
+    body: Optional[bytes] = None
+    content_type: Optional[str] = None
+    metadata: Optional[Mapping[str, Any]] = None
+    if_match: Optional[str] = None
+    create_only: bool = False
+
+    @classmethod
+    def put(
+        cls,
+        key: str,
+        body: bytes,
+        *,
+        content_type: Optional[str] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+        if_match: Optional[str] = None,
+        create_only: bool = False,
+    ) -> TxnOp:
+        """Writes ``body`` to ``key``; ``if_match`` depends on its current ETag,
+        ``create_only`` on it having no current snapshot (``if_none_match: "*"``)."""
+        return cls(
+            "put",
+            key=key,
+            body=bytes(body),
+            content_type=content_type,
+            metadata=metadata,
+            if_match=if_match,
+            create_only=create_only,
+        )
+
+    @classmethod
+    def delete(cls, key: str) -> TxnOp:
+        """Deletes ``key``'s snapshot (no error when it has none)."""
+        return cls("delete", key=key)
+
+    @classmethod
+    def delete_prefix(cls, prefix: str) -> TxnOp:
+        """Deletes every snapshot under ``prefix``."""
+        return cls("delete_prefix", prefix=prefix)
+
+
+@dataclass(frozen=True)
+class TxnResult:
+    """One operation's outcome: a put's :class:`SnapshotMeta` (``put``), a delete's ``deleted``
+    (``True``/``False``) or a delete_prefix's count."""
+
+    op: Literal["put", "delete", "delete_prefix"]
+    key: Optional[str]
+    prefix: Optional[str]
+    put: Optional[SnapshotMeta]
+    deleted: int
+
+
+@dataclass(frozen=True)
+class TxnAnswer:
+    """A committed transaction: its fence and one result per op, in order."""
+
+    token: int
+    fencing_key: str
+    results: List[TxnResult]

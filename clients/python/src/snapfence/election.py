@@ -5,7 +5,10 @@ are served in the order they asked) and the watch.
 - :meth:`Election.campaign` blocks until this candidate leads and returns its
   :class:`~snapfence.LeaseKeeper`: the lease is renewed in the background, ``leadership.token``
   is the leader's fencing token (send it with every write the leader makes, and a deposed
-  leader's writes are refused), and ``leadership.lost`` says when to stop leading.
+  leader's writes are refused; with contract v1.3, ``fencing_key=name`` fences the keys under
+  ``name/`` too), and ``leadership.lost`` says when to stop leading. The grant that ends the
+  wait in the queue is renewed at once and dated from that renewal, so a long wait never reads
+  as a lapsing lease: one failover grants one token, and it is kept.
 - :meth:`Election.resign` (or leaving the keeper's ``with`` block) hands leadership to the next
   candidate at once.
 - :meth:`Election.observe` follows who leads: the current leader, then each change.
@@ -15,11 +18,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator, Iterator, Optional
+from typing import AsyncIterator, Callable, Iterator, Optional
 
 from ._async import AsyncClient, AsyncLeaseKeeper
 from ._core import Seconds, seconds
-from ._errors import LeaseHeld, NotFound
+from ._errors import LeaseHeld, LeaseLost, NotFound
 from ._sync import Client, LeaseKeeper
 from ._types import ChangeEvent, KeyStatus
 
@@ -84,6 +87,7 @@ class Election:
         ttl: Seconds = 15.0,
         margin: Optional[Seconds] = None,
         renew_every: Optional[Seconds] = None,
+        on_lost: Optional[Callable[[LeaseLost], None]] = None,
     ) -> None:
         self.client = client
         self.name = name
@@ -91,6 +95,7 @@ class Election:
         self.ttl = ttl
         self.margin = margin
         self.renew_every = renew_every
+        self.on_lost = on_lost
         self.leadership: Optional[LeaseKeeper] = None
 
     def campaign(self, timeout: Optional[Seconds] = None) -> LeaseKeeper:
@@ -106,6 +111,7 @@ class Election:
                 wait=max(left, 0.0),
                 margin=self.margin,
                 renew_every=self.renew_every,
+                on_lost=self.on_lost,
             )
             try:
                 keeper.start()
@@ -113,6 +119,8 @@ class Election:
                 if until is not None and time.monotonic() >= until:
                     raise
                 continue
+            except LeaseLost:
+                continue  # the grant ended before it could be kept: queue again
             self.leadership = keeper
             return keeper
 
@@ -155,6 +163,7 @@ class AsyncElection:
         ttl: Seconds = 15.0,
         margin: Optional[Seconds] = None,
         renew_every: Optional[Seconds] = None,
+        on_lost: Optional[Callable[[LeaseLost], None]] = None,
     ) -> None:
         self.client = client
         self.name = name
@@ -162,6 +171,7 @@ class AsyncElection:
         self.ttl = ttl
         self.margin = margin
         self.renew_every = renew_every
+        self.on_lost = on_lost
         self.leadership: Optional[AsyncLeaseKeeper] = None
 
     async def campaign(self, timeout: Optional[Seconds] = None) -> AsyncLeaseKeeper:
@@ -175,6 +185,7 @@ class AsyncElection:
                 wait=max(left, 0.0),
                 margin=self.margin,
                 renew_every=self.renew_every,
+                on_lost=self.on_lost,
             )
             try:
                 await keeper.start()
@@ -182,6 +193,8 @@ class AsyncElection:
                 if until is not None and time.monotonic() >= until:
                     raise
                 continue
+            except LeaseLost:
+                continue  # the grant ended before it could be kept: queue again
             self.leadership = keeper
             return keeper
 
