@@ -149,6 +149,26 @@ pub async fn no_query(req: Request, next: Next) -> Result<Response, ApiError> {
     }
 }
 
+/// Middleware for every API call: a query string whose escapes are malformed (`%`, `%zz`) or
+/// decode to invalid UTF-8 (`%FF`) is refused, as such a path is, rather than read leniently
+/// (which made `prefix=%FF` a watch on U+FFFD).
+pub async fn strict_query(req: Request, next: Next) -> Result<Response, ApiError> {
+    if let Some(query) = req.uri().query() {
+        for part in query.split('&') {
+            let bad = well_escaped(part).is_err()
+                || percent_encoding::percent_decode_str(part)
+                    .decode_utf8()
+                    .is_err();
+            if bad {
+                return Err(ApiError::InvalidRequest(format!(
+                    "the query parameter {part:?} is not well percent-encoded UTF-8; encode each value's bytes as %XX (a `%` itself is %25)"
+                )));
+            }
+        }
+    }
+    Ok(next.run(req).await)
+}
+
 /// The `{key}` path segment, percent-decoded and validated.
 pub struct KeyPath(pub Key);
 
@@ -201,7 +221,7 @@ fn path_error(e: PathRejection) -> ApiError {
 }
 
 /// The value of a header that may be sent at most once, as text.
-fn single_header<'a>(
+pub(super) fn single_header<'a>(
     headers: &'a HeaderMap,
     name: &HeaderName,
 ) -> Result<Option<&'a str>, ApiError> {

@@ -88,6 +88,7 @@ pub fn router(state: AppState) -> Router {
     api_routes()
         .router
         .layer(authorize)
+        .layer(axum::middleware::from_fn(extract::strict_query))
         .layer(shed)
         .merge(ops::routes().router)
         .merge(ui::routes().router)

@@ -24,7 +24,7 @@ use super::error::ApiError;
 use super::extract::ApiQuery;
 use super::limits::HeldAdmission;
 use crate::domain::headers::{LAST_EVENT_ID, WATCH_AFTER};
-use crate::domain::{ChangeId, InvalidInput, KeyPrefix, Principal};
+use crate::domain::{ChangeId, KeyPrefix, Principal};
 use crate::state::AppState;
 use crate::store::watch::{Opened, Watch};
 
@@ -62,17 +62,9 @@ async fn watch(
     // A reconnecting EventSource sends the URL it first opened (with its `since`) and the id it
     // got to: the header is the newer news. Both are checked, whichever is used.
     let since = params.since.as_deref().map(ChangeId::parse).transpose()?;
-    let last = headers
-        .get(LAST_EVENT_ID)
-        .map(|raw| {
-            raw.to_str()
-                .map_err(|_| {
-                    InvalidInput::new(
-                        "Last-Event-ID is not visible ASCII; send the id of the last event you received",
-                    )
-                })
-                .and_then(ChangeId::parse)
-        })
+    let last_event_id = axum::http::HeaderName::from_static(LAST_EVENT_ID);
+    let last = super::extract::single_header(&headers, &last_event_id)?
+        .map(ChangeId::parse)
         .transpose()?;
     let since = last.or(since);
     // Counted before the history is read, for as long as the stream stays open: against the

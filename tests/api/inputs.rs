@@ -345,3 +345,39 @@ async fn a_prefix_sent_twice_is_refused() {
     }
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_query_value_that_is_not_well_encoded_utf8_is_400_everywhere() {
+    let app = TestApp::spawn().await;
+    for path in [
+        "/v1/watch?prefix=%FF",
+        "/v1/watch?prefix=%C0%AF",
+        "/v1/watch?prefix=%ED%A0%80",
+        "/v1/snapshots?prefix=%FF",
+        "/v1/leases?prefix=%",
+        "/v1/leases?prefix=%zz",
+        "/v1/audit/rejections?key=a%2",
+    ] {
+        let r = app.get(path).await;
+        let p = problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
+        assert!(
+            p["detail"].as_str().unwrap().contains("percent-encoded"),
+            "{path}: {p}"
+        );
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_watch_sent_last_event_id_twice_is_400() {
+    let app = TestApp::spawn().await;
+    let r = app
+        .request(reqwest::Method::GET, "/v1/watch")
+        .header("Last-Event-ID", "0")
+        .header("Last-Event-ID", "5")
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
+    app.stop().await;
+}
