@@ -23,6 +23,39 @@
 //! # }
 //! ```
 //!
+//! # A lease fences its namespace
+//!
+//! A lease on `runs/7` fences every key under `runs/7/` (contract v1.3): name it as the write's
+//! [`PutOptions::fence`], or write many keys at once, all or nothing, with [`Client::txn`]. A
+//! superseded holder's write is [`Error::StaleToken`], audited, and changes nothing:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use snapfence_client::{AcquireRequest, Client, Key, Owner, PutOptions, TxnOp};
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = Client::new("http://127.0.0.1:7878")?;
+//! let run = Key::parse("runs/7")?;
+//! let grant = client
+//!     .acquire(&run, &AcquireRequest::new(Owner::parse("worker-7")?, Duration::from_secs(30)))
+//!     .await?;
+//! let under_run = PutOptions {
+//!     fence: Some(run.clone()),
+//!     ..PutOptions::default()
+//! };
+//! let step = Key::parse("runs/7/step/0001")?;
+//! client.put_snapshot(&step, grant.lease.token, "state", &under_run).await?;
+//! let ops = [
+//!     TxnOp::put(Key::parse("runs/7/step/0002")?, "state 2"),
+//!     TxnOp::put(Key::parse("runs/7/writes/0002/a")?, "pending write"),
+//! ];
+//! let committed = client.txn(&run, grant.lease.token, &ops).await?;
+//! println!("{} ops committed under {}", committed.results.len(), committed.fencing_key);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Watching changes
 //!
 //! [`Client::watch`] follows the changes to keys (grants, releases, expiries, writes,
@@ -64,7 +97,7 @@
 //! attempt is still running on the server).
 //!
 //! That is safe for the changes too (acquire, renew, release, abandon, require-recovery,
-//! reconciled, put, delete): each call is sent with a fresh `Idempotency-Key`, the same on every attempt, and the
+//! reconciled, put, delete, txn): each call is sent with a fresh `Idempotency-Key`, the same on every attempt, and the
 //! server (v1.1) does a change at most once per key and answers a retry with what the first
 //! attempt did. So a grant or a write whose answer was lost happens exactly once, and its caller
 //! still learns the token or the version. [`Error::is_indeterminate`] tells a failure that left
