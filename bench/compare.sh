@@ -2,7 +2,7 @@
 # The service against its SQL floors (pgbench running the service's own statements, and the
 # simplest hand-written fenced write and read), against an older revision of itself, and against
 # a peer (etcd, over its native gRPC API and its JSON gateway), side by side in one run, on a
-# throwaway PostgreSQL this script starts itself. Prints one table; see bench/README.md.
+# throwaway PostgreSQL this script starts itself. Prints its tables at the end; see bench/README.md.
 #
 #   bench/compare.sh [--duration 10s] [--clients "1 8 32"] [--keys 10000] [--ops "acquire lock renew put get"]
 #                    [--baseline REV] [--with-etcd] [--with-watcher] [--install] [--memory] [--catch-up]
@@ -40,8 +40,8 @@
 #   --profile     perf record the server through a 32-client put run; summary in the work dir
 #   --repeat N    each cell of the service and the baseline N times, interleaved (service, baseline,
 #                 service, ...), and its row from the round of median answers/s: one cell's ratio
-#                 to an unchanged baseline moves by ±10 % from run to run (bench/README.md, ninth
-#                 pass), so a smaller change shows only over rounds. Every round's answers are checked
+#                 to an unchanged baseline moves by ±10 % from run to run, so a smaller change
+#                 shows only over rounds. Every round's answers are checked
 #   --dev         build with the dev profile (quick to build, slow to run: a smoke test of this
 #                 script, as CI runs it, not figures)
 #   --clean       remove the work directory (the tools' logs) at the end
