@@ -188,7 +188,11 @@ impl Worker {
         if op == Op::Lock && self.etcd_lock == EtcdLock::Session {
             self.session = match target {
                 Target::Snapfence(_) => None,
-                Target::Etcd { .. } => Some(etcd_grant(target, ETCD_SESSION_TTL).await?),
+                Target::Etcd { .. } => Some(
+                    etcd_grant(target, ETCD_SESSION_TTL)
+                        .await
+                        .map_err(|code| format!("granting the session lease failed ({code})"))?,
+                ),
                 #[cfg(feature = "etcd-grpc")]
                 Target::EtcdGrpc(etcd) => Some(
                     etcd.clone()
