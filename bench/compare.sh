@@ -2,15 +2,17 @@
 # The service against its SQL floors (pgbench running the service's own statements, and the
 # simplest hand-written fenced write and read), against an older revision of itself, and against
 # a peer (etcd, over its native gRPC API and its JSON gateway), side by side in one run, on a
-# throwaway PostgreSQL this script starts itself. Prints one table; see bench/README.md.
+# throwaway PostgreSQL this script starts itself. Prints its tables at the end; see bench/README.md.
 #
-#   bench/compare.sh [--duration 10s] [--clients "1 8 32"] [--keys 10000] [--ops "acquire renew put get"]
+#   bench/compare.sh [--duration 10s] [--clients "1 8 32"] [--keys 10000] [--ops "acquire lock renew put get"]
 #                    [--baseline REV] [--with-etcd] [--with-watcher] [--install] [--memory] [--catch-up]
 #                    [--growth] [--profile]
 #                    [--dev] [--clean] [--rounds 200] [--expiry-rounds 40] [--rates "200 2000"]
 #
 #   Lists (--clients, --ops, --rates) are separated by spaces or commas.
-#   --ops         also takes the timing cells, printed in a table of their own:
+#   --ops         the request cells: acquire (a lease on a key that expired since), lock (acquire
+#                 then release of a free key, one cycle), renew, put (a fenced write), get; and
+#                 the timing cells, printed in a table of their own:
 #                 handoff  a waiting acquire's grant after the holder's release (--rounds times)
 #                          and after its expiry (--rounds, and etcd --expiry-rounds, each at
 #                          least 2 s there); etcd: Lock after Unlock / after the lease ran out
@@ -23,8 +25,10 @@
 #                 kept as target/release/snapfence-baseline-<commit>)
 #   --install     apt-get install wrk, and etcd-server and protobuf-compiler (for --with-etcd),
 #                 when they are missing
-#   --with-etcd   also load etcd (lease grant; fenced txn; range read), over its native gRPC API
-#                 and its JSON gateway, for the peer columns
+#   --with-etcd   also load etcd doing the same work, over its native gRPC API and its JSON
+#                 gateway, in a table of its own: lock as lease grant + txn + revoke and as a
+#                 session mutex (txn + delete on a lease granted once), put as a txn on a fence
+#                 key, get as a range read; and a bare lease grant (no key) as a calibration row
 #   --with-watcher  also run each service cell again with one watcher of every change open
 #                 (`GET /v1/watch`, read to the end by curl): the watched/s column, and x-watch
 #                 (watched / unwatched), the watch's cost as its users pay it
@@ -36,8 +40,8 @@
 #   --profile     perf record the server through a 32-client put run; summary in the work dir
 #   --repeat N    each cell of the service and the baseline N times, interleaved (service, baseline,
 #                 service, ...), and its row from the round of median answers/s: one cell's ratio
-#                 to an unchanged baseline moves by ±10 % from run to run (bench/README.md, ninth
-#                 pass), so a smaller change shows only over rounds. Every round's answers are checked
+#                 to an unchanged baseline moves by ±10 % from run to run, so a smaller change
+#                 shows only over rounds. Every round's answers are checked
 #   --dev         build with the dev profile (quick to build, slow to run: a smoke test of this
 #                 script, as CI runs it, not figures)
 #   --clean       remove the work directory (the tools' logs) at the end
@@ -47,7 +51,7 @@
 # Runs as root (PostgreSQL then runs as the `postgres` user) or as any user.
 set -euo pipefail
 
-duration=10s clients="1 8 32" keys=10000 ops="acquire renew put get"
+duration=10s clients="1 8 32" keys=10000 ops="acquire lock renew put get"
 rounds=200 expiry_rounds=40 rates="200 2000" repeat=1
 with_etcd=0 with_watcher=0 install=0 memory=0 catch_up=0 growth=0 profile=0 baseline= profile_dir=release clean=0
 while [ $# -gt 0 ]; do
@@ -325,15 +329,40 @@ if [ "$with_etcd" = 1 ]; then
 fi
 
 rss_peak() { awk '/VmHWM/ {printf "%.1f", $2 / 1024}' "/proc/$sf_pid/status"; }
-rows=() failed=0
-row_format='%-8s %7s %9s %7s %7s %9s %6s %8s %6s %8s %6s %7s %9s %7s %8s %6s %8s %6s %8s  %s'
+rows=() peer_rows=() failed=0
+row_format='%-8s %7s %9s %7s %7s %9s %6s %8s %6s %8s %6s %7s %9s %7s %8s  %s'
+peer_format='%-8s %7s %11s %7s %7s %9s %7s %7s %7s %8s  %-40s %s'
 declare -A at32
+peer_row() { # cell clients service-report etcd-does [bench args] -> a row of the etcd table
+    local cell=$1 c=$2 mine=$3 does=$4 grpc json e g_s s_s=- s_p50=- s_p99=-
+    shift 4
+    say "$cell x$c: etcd, $does (gRPC)"
+    grpc=$(target_url=$etcd_url bench "$cell" "$c" --target etcd-grpc "$@")
+    say "$cell x$c: etcd, $does (JSON gateway)"
+    json=$(target_url=$etcd_url bench "$cell" "$c" --target etcd "$@")
+    if [ -n "$mine" ]; then
+        s_s=$(field ops_per_sec <<<"$mine") s_p50=$(field latency_ms.p50 <<<"$mine") s_p99=$(field latency_ms.p99 <<<"$mine")
+    fi
+    e="$(errors <<<"$grpc") $(errors <<<"$json")"
+    if [ "$e" = "- -" ]; then e=-; else failed=1; fi
+    g_s=$(field ops_per_sec <<<"$grpc")
+    peer_rows+=("$(printf "$peer_format" "$cell" "$c" "$s_s" "$s_p50" "$s_p99" "$g_s" \
+        "$(field latency_ms.p50 <<<"$grpc")" "$(field latency_ms.p99 <<<"$grpc")" "$(ratio "$s_s" "$g_s")" \
+        "$(field ops_per_sec <<<"$json")" "$does" "$e")")
+    say "row: ${peer_rows[-1]}"
+}
 for op in $load_ops; do
-    say "$op: pgbench (the service's statement) at $clients clients"
-    pgbench_prepare "$op"
+    # A lock cycle is two requests and two statements: pgbench has no one statement to run.
+    if [ "$op" != lock ]; then
+        say "$op: pgbench (the service's statement) at $clients clients"
+        pgbench_prepare "$op"
+    fi
     for c in $clients; do
-        pg=$(pgbench_run "$op" "$c" "$secs")
-        floor=$(floor_run "$op" "$c")
+        pg=- floor=-
+        if [ "$op" != lock ]; then
+            pg=$(pgbench_run "$op" "$c" "$secs")
+            floor=$(floor_run "$op" "$c")
+        fi
         if [ "$op" = acquire ]; then sleep 0.2; fi
         reports= base_reports= errs=
         for n in $(seq "$repeat"); do
@@ -381,19 +410,22 @@ for op in $load_ops; do
         if [ "$op" = get ] && command -v wrk >/dev/null; then
             wrk_s=$(wrk_get "$c" "$(field prefix <<<"$report" | sed 's#/#%2F#g')" "$(field keys <<<"$report")")
         fi
-        etcd_s=- vs_etcd=- grpc_s=- vs_grpc=-
-        if [ -n "$etcd_url" ] && [ "$op" != renew ]; then
-            say "$op x$c: etcd (JSON gateway)"
-            etcd_s=$(target_url=$etcd_url bench "$op" "$c" --target etcd | field ops_per_sec)
-            vs_etcd=$(ratio "$ops_s" "$etcd_s")
-            say "$op x$c: etcd (gRPC)"
-            grpc_s=$(target_url=$etcd_url bench "$op" "$c" --target etcd-grpc | field ops_per_sec)
-            vs_grpc=$(ratio "$ops_s" "$grpc_s")
+        if [ -n "$etcd_url" ]; then
+            case $op in
+            lock)
+                peer_row lock "$c" "$report" "lease grant + txn + revoke" --etcd-lock per-lock
+                peer_row lock "$c" "$report" "session mutex: txn + delete" --etcd-lock session
+                # What one etcd write costs, to read the rows above by: a grant takes no key.
+                peer_row grant "$c" "" "calibration: a bare lease grant, no key"
+                ;;
+            put) peer_row put "$c" "$report" "txn: compare a fence key, put it + body" ;;
+            get) peer_row get "$c" "$report" "range read" ;;
+            esac
         fi
         if [ "$c" = 32 ]; then at32[$op]=$ops_s; fi
         rows+=("$(printf "$row_format" "$op" "$c" "$ops_s" "$p50" "$p99" "$pg" "$(ratio "$ops_s" "$pg")" \
             "$floor" "$(ratio "$ops_s" "$floor")" "$base_s" "$vs_base" "$base_p50" "$watched_s" "$vs_watched" \
-            "$grpc_s" "$vs_grpc" "$etcd_s" "$vs_etcd" "$wrk_s" "$errs")")
+            "$wrk_s" "$errs")")
         say "row: ${rows[-1]}"
         [ "$errs" = - ] || failed=1
     done
@@ -529,8 +561,13 @@ fi
 echo
 if [ ${#rows[@]} -gt 0 ]; then
     echo "snapfence $("$sf" --version | cut -d' ' -f2) vs pgbench (PostgreSQL $("${as_pg[@]}" "$pgbin/postgres" --version | awk '{print $3}')) on $(nproc) cores, loopback, $duration per cell, $keys keys, 1 KiB bodies"
-    printf "$row_format\n" op clients service/s p50ms p99ms pgbench/s x-pg floor/s x-floor base/s x-base b-p50ms watched/s x-watch grpc/s x-grpc json/s x-json wrk/s errors
+    printf "$row_format\n" op clients service/s p50ms p99ms pgbench/s x-pg floor/s x-floor base/s x-base b-p50ms watched/s x-watch wrk/s errors
     for r in "${rows[@]}"; do echo "$r"; done
+fi
+if [ ${#peer_rows[@]} -gt 0 ]; then
+    echo "snapfence vs etcd $(etcd --version | awk 'NR == 1 {print $3}') (one member, over gRPC; json/s: over its JSON gateway), the same work on both sides"
+    printf "$peer_format\n" cell clients snapfence/s p50ms p99ms etcd/s p50ms p99ms x-etcd json/s "etcd does" errors
+    for r in "${peer_rows[@]}"; do echo "$r"; done
 fi
 if [ ${#timing_rows[@]} -gt 0 ]; then
     echo "hand-off and watch delivery on $(nproc) cores, loopback: latencies in ms (n: hand-offs or events); watch cells $duration of 1 KiB writes"

@@ -1,6 +1,7 @@
 //! The shell examples of the documentation, run as a newcomer pastes them: every ```console
 //! block of a file, in order, in one bash session against a fresh server, each command's output
-//! (stdout and stderr together, as a terminal shows them) compared with the lines under it.
+//! (stdout and stderr together, as a terminal shows them) compared with the lines under it. The
+//! tutorial goes on from the README's quick start, so it runs after it in the same session.
 //!
 //! A runner of its own rather than trycmd: trycmd runs one program per line without a shell, so
 //! the docs could not pipe a body into `snapshot put`, show `echo $?`, `export` an API key made
@@ -240,20 +241,43 @@ impl Session {
     }
 }
 
-/// Runs every example of `name` (a path from the repository's root) in order against a fresh
-/// server, and panics at the first whose output differs from the docs; with `BLESS=1`, writes
-/// every output into the file instead.
-async fn answers_as_shown(name: &str) {
-    let path: PathBuf = [env!("CARGO_MANIFEST_DIR"), name].iter().collect();
-    let text = std::fs::read_to_string(&path).unwrap();
-    let all = examples(name, &text);
-    assert!(!all.is_empty(), "{name} has no ```console examples");
+/// Runs every example of the files `names` (paths from the repository's root), one file after
+/// the other, in one session against a fresh server, as a reader who goes on from one to the
+/// next; panics at the first whose output differs from the docs. With `BLESS=1`, writes every
+/// output into its file instead.
+async fn answers_as_shown(names: &[&str]) {
     let bless = std::env::var_os("BLESS").is_some();
     let app = TestApp::spawn().await;
     let mut session = Session::start(&app).await;
     let mut unshown_failure: Option<(String, i32)> = None;
+    for name in names {
+        let path: PathBuf = [env!("CARGO_MANIFEST_DIR"), name].iter().collect();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let all = examples(name, &text);
+        assert!(!all.is_empty(), "{name} has no ```console examples");
+        let printed = run_in_order(&mut session, &all, bless, &mut unshown_failure).await;
+        if bless {
+            std::fs::write(&path, blessed(&text, &all, &printed)).unwrap();
+        }
+    }
+    if let Some((at, status)) = unshown_failure {
+        panic!("{at}: the last example exits {status}; show it with `echo $?`");
+    }
+    session.end().await;
+    app.stop().await;
+}
+
+/// Runs `all` in `session`, comparing each output with the docs' unless `bless`; returns what
+/// each printed. `unshown_failure` carries a failed command over to the next example, which must
+/// show its status, across files too.
+async fn run_in_order(
+    session: &mut Session,
+    all: &[Example],
+    bless: bool,
+    unshown_failure: &mut Option<(String, i32)>,
+) -> Vec<Vec<String>> {
     let mut printed = Vec::new();
-    for example in &all {
+    for example in all {
         if let Some((at, status)) = unshown_failure.take() {
             assert_eq!(
                 example.command, "echo $?",
@@ -273,18 +297,11 @@ async fn answers_as_shown(name: &str) {
             actual.join("\n"),
         );
         if status != 0 {
-            unshown_failure = Some((example.at.clone(), status));
+            *unshown_failure = Some((example.at.clone(), status));
         }
         printed.push(actual);
     }
-    if let Some((at, status)) = unshown_failure {
-        panic!("{at}: the last example exits {status}; show it with `echo $?`");
-    }
-    session.end().await;
-    app.stop().await;
-    if bless {
-        std::fs::write(&path, blessed(&text, &all, &printed)).unwrap();
-    }
+    printed
 }
 
 /// `text` with each example's output replaced by what it printed.
@@ -298,18 +315,42 @@ fn blessed(text: &str, all: &[Example], printed: &[Vec<String>]) -> String {
 }
 
 #[tokio::test]
-async fn the_readme_walk_through_answers_as_shown() {
-    answers_as_shown("README.md").await;
+async fn the_readme_quick_start_answers_as_shown() {
+    answers_as_shown(&["README.md"]).await;
+}
+
+#[tokio::test]
+async fn the_tutorial_answers_as_shown_after_the_quick_start() {
+    answers_as_shown(&["README.md", "docs/tutorial.md"]).await;
 }
 
 #[tokio::test]
 async fn the_cli_reference_answers_as_shown() {
-    answers_as_shown("docs/cli.md").await;
+    answers_as_shown(&["docs/cli.md"]).await;
 }
 
 #[tokio::test]
 async fn the_operations_guide_answers_as_shown() {
-    answers_as_shown("docs/operations.md").await;
+    answers_as_shown(&["docs/operations.md"]).await;
+}
+
+#[test]
+fn the_readme_shows_the_operator_page_as_the_browser_test_takes_it() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    assert!(
+        readme.contains("](docs/operator-page.png)"),
+        "the README embeds docs/operator-page.png"
+    );
+    let png = std::fs::read(root.join("docs/operator-page.png")).unwrap_or_else(|e| {
+        panic!(
+            "docs/operator-page.png: {e}; make it with `SNAPFENCE_DOCS_SCREENSHOT=1 cargo test --locked --test ui a_lease_made_by_the_test`"
+        )
+    });
+    assert!(
+        png.starts_with(b"\x89PNG\r\n\x1a\n"),
+        "docs/operator-page.png is a PNG"
+    );
 }
 
 #[test]

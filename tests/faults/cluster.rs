@@ -75,12 +75,18 @@ impl Cluster {
     pub async fn primary(dir: &Path, spec: &ClusterSpec) -> Self {
         let settings = spec.settings();
         let pg = blocking(|| EmbeddedPostgres::start(dir, &settings)).expect("starting a cluster");
-        pg.remove_when_process_exits(std::process::id())
+        // Owned before anything else can fail, so that a failure stops the server on drop.
+        let cluster = Self { pg, settings };
+        cluster
+            .pg
+            .remove_when_process_exits(std::process::id())
             .expect("a watchdog for the cluster");
-        pg.ensure_database(DATABASE)
+        cluster
+            .pg
+            .ensure_database(DATABASE)
             .await
             .expect("creating the database");
-        Self { pg, settings }
+        cluster
     }
 
     /// A streaming standby of whatever server `upstream` (a libpq connection string) reaches.
@@ -88,9 +94,12 @@ impl Cluster {
         let settings = spec.settings();
         let pg = blocking(|| EmbeddedPostgres::start_standby(dir, upstream, &settings))
             .expect("starting a standby");
-        pg.remove_when_process_exits(std::process::id())
+        let cluster = Self { pg, settings };
+        cluster
+            .pg
+            .remove_when_process_exits(std::process::id())
             .expect("a watchdog for the standby");
-        Self { pg, settings }
+        cluster
     }
 
     /// The TCP address (the cluster must have been made with `tcp`).
@@ -165,19 +174,33 @@ impl Cluster {
 }
 
 impl Drop for Cluster {
+    // Never panics: a drop runs while a failed scenario unwinds too, and a second panic would
+    // abort the whole binary.
     fn drop(&mut self) {
+        // A frozen server would take the stop only after pg_ctl's wait ran out.
+        if let Some(postmaster) = self.pg.pid() {
+            try_signal_server(postmaster, Signal::SIGCONT).ok();
+        }
         self.pg.stop_immediately().ok();
     }
 }
 
 /// Sends `signal` to a PostgreSQL server: its postmaster, then every process it forked. With
-/// SIGSTOP the postmaster stops first, so that it cannot fork a process that escapes.
+/// SIGSTOP the postmaster stops first, so that it cannot fork a process that escapes. Panics if
+/// the postmaster is gone; cleanup uses [`try_signal_server`].
 pub fn signal_server(postmaster: i32, signal: Signal) {
-    kill(Pid::from_raw(postmaster), signal).expect("signalling the postmaster");
+    try_signal_server(postmaster, signal)
+        .unwrap_or_else(|e| panic!("signalling the postmaster {postmaster} with {signal}: {e}"));
+}
+
+/// [`signal_server`], with the postmaster's failure returned (ESRCH once it has exited).
+pub fn try_signal_server(postmaster: i32, signal: Signal) -> nix::Result<()> {
+    kill(Pid::from_raw(postmaster), signal)?;
     for child in children_of(postmaster) {
         // A backend may have exited since it was listed.
         kill(Pid::from_raw(child), signal).ok();
     }
+    Ok(())
 }
 
 /// The processes whose parent is `parent`, from `/proc`.
@@ -288,6 +311,8 @@ impl Service {
                 .as_mut()
                 .and_then(|c| c.try_wait().ok().flatten())
             {
+                // Reaped: its number may be reused, so no later signal may go to it.
+                self.child = None;
                 panic!(
                     "snapfence serve exited ({status}): {}",
                     std::fs::read_to_string(&self.log).unwrap_or_default()
@@ -301,20 +326,24 @@ impl Service {
         }
     }
 
-    fn signal(&self, signal: Signal) {
-        if let Some(child) = &self.child {
-            kill(Pid::from_raw(child.id() as i32), signal).expect("signalling the service");
+    /// Sends `signal` to the process; `Err` (ESRCH) once it has exited and been reaped.
+    fn signal(&self, signal: Signal) -> nix::Result<()> {
+        match &self.child {
+            Some(child) => kill(Pid::from_raw(child.id() as i32), signal),
+            None => Ok(()),
         }
     }
 
     /// SIGSTOP: the process freezes with whatever requests it has in flight.
     pub fn pause(&self) {
-        self.signal(Signal::SIGSTOP);
+        self.signal(Signal::SIGSTOP)
+            .unwrap_or_else(|e| panic!("pausing the service: {e}; see {}", self.log.display()));
     }
 
     /// SIGCONT: the frozen requests go on.
     pub fn resume(&self) {
-        self.signal(Signal::SIGCONT);
+        self.signal(Signal::SIGCONT)
+            .unwrap_or_else(|e| panic!("resuming the service: {e}; see {}", self.log.display()));
     }
 
     /// SIGKILL, and reap it.
@@ -366,8 +395,33 @@ pub fn detached_watchdog(script: &str, what: &str) {
 }
 
 impl Drop for Service {
+    // Never panics (see `Cluster`'s drop): a process that is gone is already stopped.
     fn drop(&mut self) {
-        self.resume();
+        self.signal(Signal::SIGCONT).ok();
         self.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_service_whose_process_was_reaped_drops_without_panicking() {
+        let mut child = Command::new("true").spawn().expect("running `true`");
+        child.wait().expect("reaping it");
+        let service = Service {
+            child: Some(child),
+            port: free_port(),
+            url: String::new(),
+            log: PathBuf::from("/dev/null"),
+            broken_fencing: false,
+            args: Vec::new(),
+        };
+        assert!(
+            service.signal(Signal::SIGCONT).is_err(),
+            "a reaped process takes no signal"
+        );
+        drop(service);
     }
 }

@@ -32,6 +32,7 @@ use sqlx::Connection;
 
 use crate::cluster::{
     DATABASE, blocking, children_of, detached_watchdog, free_port, scratch, signal_server, tcp_url,
+    try_signal_server,
 };
 use crate::proxy::Proxy;
 
@@ -646,7 +647,7 @@ impl Drop for Patroni {
         }
         for n in &self.nodes {
             if let Some(pm) = n.postmaster() {
-                signal_server(pm, Signal::SIGCONT);
+                try_signal_server(pm, Signal::SIGCONT).ok();
                 let children = children_of(pm);
                 kill(Pid::from_raw(pm), Signal::SIGKILL).ok();
                 for c in children {

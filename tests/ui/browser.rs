@@ -1,8 +1,10 @@
 //! The operator page in a headless Chromium against a real server that the test fills: what it
 //! shows in each view, what a read-scope key may not do, and a screenshot of each view in
-//! `target/ui-screenshots/`. The tests take turns (one browser at a time on a small machine);
+//! `target/ui-screenshots/` (the leases view's also in `docs/operator-page.png` when
+//! `SNAPFENCE_DOCS_SCREENSHOT=1`). The tests take turns (one browser at a time on a small machine);
 //! each waits for what it expects with a ceiling of [`CEILING`], never for a fixed time.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use reqwest::{Method, StatusCode};
@@ -77,6 +79,20 @@ async fn api_state_is(app: &TestApp, api_key: Option<&str>, key: &str, state: &s
         }
         assert!(Instant::now() < deadline, "{key} is not {state}: {status}");
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The operator page as the README shows it: the leases view with a key in every state.
+const DOCS_SCREENSHOT: &str = "docs/operator-page.png";
+
+/// With `SNAPFENCE_DOCS_SCREENSHOT=1`, copies `shot` to [`DOCS_SCREENSHOT`], so that the README's
+/// picture is the page as it is: `SNAPFENCE_DOCS_SCREENSHOT=1 cargo test --locked --test ui
+/// a_lease_made_by_the_test`.
+fn keep_for_the_docs(shot: &Path) {
+    if std::env::var_os("SNAPFENCE_DOCS_SCREENSHOT").is_some_and(|v| v == "1") {
+        let to = Path::new(env!("CARGO_MANIFEST_DIR")).join(DOCS_SCREENSHOT);
+        std::fs::copy(shot, &to)
+            .unwrap_or_else(|e| panic!("copying {} to {}: {e}", shot.display(), to.display()));
     }
 }
 
@@ -168,7 +184,8 @@ async fn a_lease_made_by_the_test_appears_with_its_holder_token_metadata_and_a_l
             .await,
         "jobs/6 jobs/7 jobs/8 jobs/9 reports/daily"
     );
-    browser.screenshot("leases").await;
+    let shot = browser.screenshot("leases").await;
+    keep_for_the_docs(&shot);
 
     // Filters: by prefix, then also by state.
     browser

@@ -9,6 +9,12 @@
 //! numbers are the server's: requests are sent over keep-alive connections and a request
 //! is timed from before it is sent until its answer has been read and checked.
 //!
+//! `lock` is the lock cycle an application pays for a critical section: acquire a free key, then
+//! release it. Against etcd it is done as etcd's users do it (`--etcd-lock`), so both sides do
+//! the same work; `grant` is etcd's bare lease grant, which takes no key: a calibration only.
+//!
+//! The bench talks to the server through `snapfence-client` alone, never the server's crate.
+//!
 //! Two kinds of run time something else than a request: `handoff` and `expiry` time how long a
 //! waiting acquire (etcd: a blocked `Lock`) takes to be granted after the holder lets go
 //! ([`handoff`]), and `watch` how long a write takes to reach a watcher ([`watch`]).
@@ -18,6 +24,7 @@ mod report;
 mod target;
 mod watch;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,8 +37,7 @@ use tokio::time::Instant;
 use clap::Parser;
 use report::Recorder;
 pub use report::Report;
-use snapfence::cli::{Exit, Global, Output, client_of};
-use snapfence_client::RetryPolicy;
+use snapfence_client::{Client, RetryPolicy};
 use target::{Target, Worker};
 
 /// snapfence-bench: load a snapfence server (or etcd, over JSON or gRPC) with many concurrent
@@ -39,12 +45,63 @@ use target::{Target, Worker};
 #[derive(Debug, Parser)]
 #[command(name = "snapfence-bench", version, about)]
 struct Cli {
-    /// How to reach the server, as for `snapfence`.
+    /// How to reach the server.
     #[command(flatten)]
     global: Global,
     /// What to send.
     #[command(flatten)]
     args: BenchArgs,
+}
+
+/// How to reach the server and how to print the report: the options and variables `snapfence`'s
+/// own client commands take.
+#[derive(Debug, Args)]
+pub struct Global {
+    /// The server (etcd's client URL with `--target etcd` or `etcd-grpc`).
+    #[arg(long, env = "SNAPFENCE_URL", default_value = "http://127.0.0.1:7878")]
+    pub url: String,
+    /// How the report is printed: a table for people, or JSON for scripts.
+    #[arg(long, value_enum, default_value = "table")]
+    pub output: Output,
+    /// How long one request may take.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub timeout: Duration,
+    /// The API key (`sf_<id>_<secret>`), needed once the server has any.
+    #[arg(long, env = "SNAPFENCE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Also trust the certificates in this PEM file for an https --url.
+    #[arg(long, env = "SNAPFENCE_CA_CERT")]
+    pub ca_cert: Option<PathBuf>,
+}
+
+/// How the report is printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// Lines for people.
+    Table,
+    /// The report as JSON.
+    Json,
+}
+
+/// The exit status of a wrong command line (clap's own).
+const EXIT_USAGE: u8 = 2;
+/// The exit status of a run that failed or whose check did.
+const EXIT_FAILURE: u8 = 1;
+
+/// The client of `global`, without retries: every failure is counted.
+fn client_of(global: &Global) -> Result<Client, String> {
+    let mut builder = Client::builder(global.url.clone())
+        .timeout(global.timeout)
+        .retry(RetryPolicy::none());
+    if let Some(key) = &global.api_key {
+        builder = builder.api_key(key.clone());
+    }
+    if let Some(path) = &global.ca_cert {
+        let pem = std::fs::read(path)
+            .map_err(|e| format!("--ca-cert: cannot read {}: {e}", path.display()))?;
+        builder = builder.root_certificates_pem(pem);
+    }
+    builder.build().map_err(|e| format!("{e}"))
 }
 
 fn main() -> ExitCode {
@@ -56,8 +113,9 @@ fn main() -> ExitCode {
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// What each request does: `acquire` a lease (each key's lease expires before its worker
-    /// comes back to it), `renew` a held lease, `put` a fenced write, `get` a snapshot, or
-    /// `mixed` (70% get, 20% put, 10% renew); or a timing run: `handoff` and `expiry` (a
+    /// comes back to it), `lock` a free key and release it (one cycle), `renew` a held lease,
+    /// `put` a fenced write, `get` a snapshot, `mixed` (70% get, 20% put, 10% renew), or
+    /// `grant` (etcd only: a bare lease grant, a calibration); or a timing run: `handoff` and `expiry` (a
     /// waiter's grant after the holder's release or expiry, `--rounds` times), `watch` (writes
     /// at `--rate` to a watcher, for `--duration`).
     #[arg(long, value_enum)]
@@ -75,11 +133,17 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1024)]
     pub body_bytes: usize,
     /// Whose API to load: snapfence at --url, or etcd at --url through its v3 JSON gateway
-    /// (`etcd`) or its native gRPC API (`etcd-grpc`); for etcd, `acquire` is a lease grant,
-    /// `put` a transaction that compares a fence key and then puts the fence and the body, `get`
-    /// a range read.
+    /// (`etcd`) or its native gRPC API (`etcd-grpc`); for etcd, `lock` is as `--etcd-lock`
+    /// says, `put` a transaction that compares a fence key and then puts the fence and the
+    /// body, `get` a range read.
     #[arg(long, value_enum, default_value = "snapfence")]
     pub target: TargetKind,
+    /// How etcd's `lock` cycle takes and gives back the key: `per-lock` grants a lease, creates
+    /// the key under it in a transaction and revokes the lease (as a lock with its own TTL);
+    /// `session` creates the key in a transaction under a lease each worker was granted once
+    /// and deletes it (etcd's `concurrency.Mutex` on a session).
+    #[arg(long, value_enum, default_value = "per-lock")]
+    pub etcd_lock: EtcdLock,
     /// `handoff` and `expiry`: how many hand-offs to time, one after another, each on a key of
     /// its own.
     #[arg(long, default_value_t = 200)]
@@ -99,6 +163,10 @@ pub struct BenchArgs {
 pub enum Op {
     /// Acquire a lease.
     Acquire,
+    /// Acquire a free key, then release it.
+    Lock,
+    /// etcd only: grant a lease, which takes no key (a calibration of etcd's write path).
+    Grant,
     /// Renew a held lease.
     Renew,
     /// A fenced write.
@@ -113,6 +181,16 @@ pub enum Op {
     Expiry,
     /// Writes delivered to a watcher (`GET /v1/watch`; etcd: `Watch`).
     Watch,
+}
+
+/// How etcd's lock cycle is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EtcdLock {
+    /// Lease grant, a transaction that creates the key under it, lease revoke.
+    PerLock,
+    /// A transaction that creates the key under a lease granted once, and a delete.
+    Session,
 }
 
 /// The service a run loads.
@@ -132,7 +210,7 @@ pub enum TargetKind {
 fn bench(args: BenchArgs, global: &Global) -> ExitCode {
     let fail = |message: String| -> ExitCode {
         eprintln!("snapfence-bench: {message}");
-        Exit::Usage.into()
+        EXIT_USAGE.into()
     };
     if args.concurrency == 0 || args.keys < args.concurrency {
         return fail(format!(
@@ -148,8 +226,7 @@ fn bench(args: BenchArgs, global: &Global) -> ExitCode {
         Err(e) => return fail(format!("cannot start the async runtime: {e}")),
     };
     let target = match args.target {
-        TargetKind::Snapfence => client_of(global)
-            .map(|(client, _)| Target::Snapfence(client.with_retry(RetryPolicy::none()))),
+        TargetKind::Snapfence => Target::snapfence(client_of(global), args.op),
         TargetKind::Etcd => Target::etcd(&global.url, global.timeout, args.op),
         #[cfg(feature = "etcd-grpc")]
         TargetKind::EtcdGrpc => {
@@ -189,12 +266,12 @@ fn bench(args: BenchArgs, global: &Global) -> ExitCode {
             if report.verified.is_ok() {
                 ExitCode::SUCCESS
             } else {
-                Exit::Failure.into()
+                EXIT_FAILURE.into()
             }
         }
         Err(message) => {
             eprintln!("snapfence-bench: {message}");
-            Exit::Failure.into()
+            EXIT_FAILURE.into()
         }
     }
 }
@@ -204,7 +281,15 @@ async fn run(args: &BenchArgs, target: Arc<Target>, prefix: &str) -> Result<Repo
     let body = body_of(args.body_bytes);
     let per = args.keys / args.concurrency;
     let mut workers = (0..args.concurrency)
-        .map(|w| Worker::new(w, prefix, w * per..(w + 1) * per, body.clone()))
+        .map(|w| {
+            Worker::new(
+                w,
+                prefix,
+                w * per..(w + 1) * per,
+                body.clone(),
+                args.etcd_lock,
+            )
+        })
         .collect::<Result<Vec<_>, _>>()?;
 
     let bar = progress(per * args.concurrency, "preparing keys");

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::target::WRONG_ANSWER;
-use super::{BenchArgs, Op, TargetKind};
+use super::{BenchArgs, EtcdLock, Op, TargetKind};
 
 /// Errors by the code they were counted under.
 pub(super) type Errors = BTreeMap<String, u64>;
@@ -98,6 +98,8 @@ impl Report {
         Report {
             target: args.target,
             op: args.op,
+            etcd_lock: (args.op == Op::Lock && args.target != TargetKind::Snapfence)
+                .then_some(args.etcd_lock),
             concurrency: args.concurrency,
             keys: args.keys / args.concurrency * args.concurrency,
             body_bytes: args.body_bytes,
@@ -120,6 +122,9 @@ pub struct Report {
     pub target: TargetKind,
     /// The operation.
     pub op: Op,
+    /// An etcd `lock` run's way of locking.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub etcd_lock: Option<EtcdLock>,
     /// Requests in flight at once.
     pub concurrency: usize,
     /// Keys used (a whole number per worker).
@@ -205,9 +210,13 @@ pub struct Latencies {
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let l = &self.latency_ms;
+        let how = self
+            .etcd_lock
+            .map(|l| format!(" ({l:?})"))
+            .unwrap_or_default();
         writeln!(
             f,
-            "{:?} {:?} x{} over {} keys, {} B bodies, {:.1}s",
+            "{:?} {:?}{how} x{} over {} keys, {} B bodies, {:.1}s",
             self.target, self.op, self.concurrency, self.keys, self.body_bytes, self.seconds
         )?;
         writeln!(f, "  ok          {} ({:.0}/s)", self.ok, self.ops_per_sec)?;

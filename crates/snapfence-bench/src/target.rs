@@ -12,7 +12,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
-use super::Op;
+use super::{EtcdLock, Op};
 use snapfence_client::{AcquireRequest, Client, Error, PutOptions};
 use snapfence_client::{FencingToken, Key, LeaseState, Owner, Version};
 
@@ -22,8 +22,13 @@ pub(super) const ACQUIRE_TTL: Duration = Duration::from_millis(100);
 /// The TTL of the leases that `renew`, `put`, `get` and `mixed` (and a watch run's writers)
 /// hold through the run.
 pub(super) const HELD_TTL: Duration = Duration::from_secs(600);
-/// The TTL of an etcd lease grant, in seconds.
+/// The TTL of a `lock` cycle's lease, released at once: long enough never to lapse on its own.
+const LOCK_TTL: Duration = Duration::from_secs(60);
+/// The TTL of an etcd lease grant (a `grant`, a `per-lock` cycle's lease), in seconds.
 const ETCD_LEASE_TTL: u64 = 60;
+/// The TTL of a worker's etcd session lease, in seconds: longer than any run, so that it needs
+/// no keep-alive stream.
+const ETCD_SESSION_TTL: i64 = 24 * 3600;
 /// The token an etcd fence key holds through a run.
 const ETCD_FENCE: &str = "1";
 
@@ -50,12 +55,18 @@ pub(super) enum Target {
 
 /// Refuses the operations etcd has no equivalent of.
 fn etcd_has(op: Op) -> Result<(), String> {
-    if matches!(op, Op::Renew | Op::Mixed) {
-        return Err(format!(
-            "etcd has no equivalent of --op {op:?}; use acquire, put or get"
-        ));
+    match op {
+        Op::Renew | Op::Mixed => Err(format!(
+            "etcd has no equivalent of --op {op:?}; use lock, put or get"
+        )),
+        Op::Acquire => Err(
+            "etcd has no acquire that keeps a key alone: use --op lock (acquire \
+            and release, the same work on both sides) or --op grant (a bare lease grant, as a \
+            calibration)"
+                .to_owned(),
+        ),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// Refuses the timing runs over etcd's JSON gateway: its `Lock` and `Watch` are streams or
@@ -70,6 +81,18 @@ fn etcd_gateway_has(op: Op) -> Result<(), String> {
 }
 
 impl Target {
+    /// The snapfence target, for the operations it has.
+    pub(super) fn snapfence(client: Result<Client, String>, op: Op) -> Result<Self, String> {
+        if op == Op::Grant {
+            return Err(
+                "--op grant is etcd's bare lease grant, with --target etcd or etcd-grpc; \
+                snapfence's grant of a key is --op acquire"
+                    .to_owned(),
+            );
+        }
+        client.map(Self::Snapfence)
+    }
+
     /// The etcd gRPC target at `url` (`http://host:port`), for the operations it has an
     /// equivalent of.
     #[cfg(feature = "etcd-grpc")]
@@ -114,6 +137,12 @@ pub(super) struct Worker {
     owner: Owner,
     body: Bytes,
     rng: SmallRng,
+    /// How an etcd `lock` cycle is done.
+    etcd_lock: EtcdLock,
+    /// An etcd `session` cycle's lease, granted while preparing.
+    session: Option<i64>,
+    /// A `lock` run's: every key's last cycle ended with a release.
+    released: bool,
 }
 
 impl Worker {
@@ -123,6 +152,7 @@ impl Worker {
         prefix: &str,
         keys: Range<usize>,
         body: Bytes,
+        etcd_lock: EtcdLock,
     ) -> Result<Self, String> {
         let keys = keys
             .map(|i| {
@@ -141,6 +171,9 @@ impl Worker {
             owner: Owner::parse(format!("bench-{id}")).expect("a valid owner"),
             body,
             rng: SmallRng::seed_from_u64(id as u64),
+            etcd_lock,
+            session: None,
+            released: false,
         })
     }
 
@@ -152,8 +185,27 @@ impl Worker {
         op: Op,
         bar: &ProgressBar,
     ) -> Result<(), String> {
+        if op == Op::Lock && self.etcd_lock == EtcdLock::Session {
+            self.session = match target {
+                Target::Snapfence(_) => None,
+                Target::Etcd { .. } => Some(
+                    etcd_grant(target, ETCD_SESSION_TTL)
+                        .await
+                        .map_err(|code| format!("granting the session lease failed ({code})"))?,
+                ),
+                #[cfg(feature = "etcd-grpc")]
+                Target::EtcdGrpc(etcd) => Some(
+                    etcd.clone()
+                        .lease_grant(ETCD_SESSION_TTL, None)
+                        .await
+                        .map_err(|e| format!("granting the session lease failed ({e})"))?
+                        .id(),
+                ),
+            };
+        }
         for i in 0..self.keys.len() {
             let ready = match (target, op) {
+                (_, Op::Lock | Op::Grant) => Ok(()),
                 (Target::Snapfence(client), Op::Acquire) => {
                     self.acquire(client, i, ACQUIRE_TTL).await
                 }
@@ -218,6 +270,15 @@ impl Worker {
         };
         match (target, op) {
             (Target::Snapfence(client), Op::Acquire) => self.acquire(client, i, ACQUIRE_TTL).await,
+            (Target::Snapfence(client), Op::Lock) => {
+                self.released = true;
+                self.acquire(client, i, LOCK_TTL).await?;
+                let state = &self.keys[i];
+                client
+                    .release(&state.key, state.token.expect("just granted"))
+                    .await
+                    .map_err(|e| code(&e))
+            }
             (Target::Snapfence(client), Op::Renew) => {
                 let state = &self.keys[i];
                 let token = state.token.expect("prepared");
@@ -238,11 +299,10 @@ impl Worker {
                     read.body.len() == self.body.len() && read.head.version.get() == state.version,
                 )
             }
-            (Target::Etcd { .. }, Op::Acquire) => {
-                let granted =
-                    etcd_call(target, "lease/grant", json!({"TTL": ETCD_LEASE_TTL})).await?;
-                check(granted.get("ID").is_some())
+            (Target::Etcd { .. }, Op::Grant) => {
+                etcd_grant(target, ETCD_LEASE_TTL as i64).await.map(drop)
             }
+            (Target::Etcd { .. }, Op::Lock) => self.etcd_lock(target, i).await,
             (Target::Etcd { .. }, Op::Put) => self.etcd_put(target, i).await,
             (Target::Etcd { .. }, _) => {
                 let read =
@@ -251,7 +311,9 @@ impl Worker {
                 check(size == self.body.len().div_ceil(3) * 4)
             }
             #[cfg(feature = "etcd-grpc")]
-            (Target::EtcdGrpc(etcd), Op::Acquire) => {
+            (Target::EtcdGrpc(etcd), Op::Lock) => self.grpc_lock(etcd, i).await,
+            #[cfg(feature = "etcd-grpc")]
+            (Target::EtcdGrpc(etcd), Op::Grant) => {
                 let granted = etcd
                     .clone()
                     .lease_grant(ETCD_LEASE_TTL as i64, None)
@@ -311,6 +373,12 @@ impl Worker {
             if status.state != LeaseState::Held && state.version > 0 {
                 return Err(failed(format!("the lease is {:?}, not held", status.state)));
             }
+            if self.released && status.state != LeaseState::Released {
+                return Err(failed(format!(
+                    "the lease is {:?}, not released",
+                    status.state
+                )));
+            }
             if state.version > 0 {
                 let head = client
                     .head_snapshot(&state.key)
@@ -350,6 +418,64 @@ impl Worker {
         let expected = state.version + 1;
         state.version = written.meta.version.get();
         check(written.meta.token == token && written.meta.version == Version::from_stored(expected))
+    }
+
+    /// In etcd, the key a `lock` cycle creates and gives back for key `i`.
+    fn lock_key(&self, i: usize) -> String {
+        format!("{}/lock", self.keys[i].key)
+    }
+
+    /// etcd's lock cycle over the JSON gateway (see [`EtcdLock`]): the key must have been free.
+    async fn etcd_lock(&self, target: &Target, i: usize) -> Result<(), String> {
+        let key = STANDARD.encode(self.lock_key(i));
+        let lease = match self.session {
+            Some(session) => session,
+            None => etcd_grant(target, ETCD_LEASE_TTL as i64).await?,
+        };
+        let txn = json!({
+            "compare": [{"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
+            "success": [{"request_put": {"key": key, "value": STANDARD.encode(self.owner.as_str()), "lease": lease.to_string()}}],
+        });
+        let created = etcd_call(target, "kv/txn", txn).await?;
+        check(created["succeeded"].as_bool() == Some(true))?;
+        if self.session.is_some() {
+            let deleted = etcd_call(target, "kv/deleterange", json!({"key": key})).await?;
+            check(deleted["deleted"].as_str() == Some("1"))
+        } else {
+            etcd_call(target, "lease/revoke", json!({"ID": lease.to_string()}))
+                .await
+                .map(drop)
+        }
+    }
+
+    /// etcd's lock cycle over gRPC (see [`EtcdLock`]): the key must have been free.
+    #[cfg(feature = "etcd-grpc")]
+    async fn grpc_lock(&self, etcd: &etcd_client::Client, i: usize) -> Result<(), String> {
+        use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+        let mut etcd = etcd.clone();
+        let key = self.lock_key(i);
+        let lease = match self.session {
+            Some(session) => session,
+            None => etcd
+                .lease_grant(ETCD_LEASE_TTL as i64, None)
+                .await
+                .map_err(grpc_code)?
+                .id(),
+        };
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key.clone(),
+                self.owner.as_str(),
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        check(etcd.txn(txn).await.map_err(grpc_code)?.succeeded())?;
+        if self.session.is_some() {
+            let deleted = etcd.delete(key, None).await.map_err(grpc_code)?;
+            check(deleted.deleted() == 1)
+        } else {
+            etcd.lease_revoke(lease).await.map(drop).map_err(grpc_code)
+        }
     }
 
     /// In etcd, the key that fences key `i`: it holds the writer's token ([`ETCD_FENCE`]).
@@ -416,6 +542,16 @@ pub(super) fn grpc_code(e: etcd_client::Error) -> String {
         etcd_client::Error::GRpcStatus(status) => format!("grpc_{:?}", status.code()),
         _ => "transport".to_owned(),
     }
+}
+
+/// A lease grant over etcd's gateway; its id.
+async fn etcd_grant(target: &Target, ttl: i64) -> Result<i64, String> {
+    let granted = etcd_call(target, "lease/grant", json!({"TTL": ttl})).await?;
+    // The gateway writes 64-bit integers as strings.
+    granted["ID"]
+        .as_str()
+        .and_then(|id| id.parse().ok())
+        .ok_or_else(|| WRONG_ANSWER.to_owned())
 }
 
 /// A call of etcd's gateway: `POST /v3/{path}` with a JSON body.

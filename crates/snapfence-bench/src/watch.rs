@@ -21,14 +21,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::Value;
-use snapfence::cli::Global;
 use snapfence_client::{AcquireRequest, FencingToken, Key, Owner, PutOptions};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::report::{Errors, Histogram, Report, Timing};
 use super::target::{HELD_TTL, Target, check, code};
-use super::{BenchArgs, body_of};
+use super::{BenchArgs, Global, body_of};
 
 /// How long the watcher has, after the last write's answer, to receive the events not yet in.
 const DRAIN: Duration = Duration::from_secs(5);

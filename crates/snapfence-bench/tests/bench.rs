@@ -170,3 +170,46 @@ async fn bench_sees_every_watched_write_once_in_order() {
     );
     app.stop().await;
 }
+
+#[tokio::test]
+async fn bench_counts_as_lock_cycles_exactly_the_grants_and_releases_the_database_recorded() {
+    let app = TestApp::spawn().await;
+    let ran = cli(
+        &app.instance.base,
+        &[
+            "--output",
+            "json",
+            "--op",
+            "lock",
+            "--concurrency",
+            "2",
+            "--keys",
+            "4",
+            "--duration",
+            "1s",
+            "--prefix",
+            "l/",
+        ],
+    )
+    .await;
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    let report: Value = serde_json::from_str(&ran.stdout).unwrap();
+    assert_eq!(report["errors"], serde_json::json!({}), "{report}");
+    let ok = report["ok"].as_i64().unwrap();
+    assert!(ok > 0, "{report}");
+    let recorded: (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE kind = 'lease.granted'), \
+         count(*) FILTER (WHERE kind = 'lease.released'), \
+         (SELECT count(*) FROM leases WHERE key LIKE 'l/%' AND end_reason = 'released') \
+         FROM change_log WHERE key LIKE 'l/%'",
+    )
+    .fetch_one(app.db())
+    .await
+    .unwrap();
+    assert_eq!(
+        recorded,
+        (ok, ok, 4),
+        "one grant and one release per counted cycle, and every key left released"
+    );
+    app.stop().await;
+}
