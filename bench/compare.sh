@@ -225,12 +225,21 @@ script() { # op -> a pgbench script on stdout: the service's statement over a ba
     if [ "$op" = acquire ]; then
         sql=$(sed -E 's/\$14::([a-z]+)\[\]/ARRAY[NULL::\1]/g' <<<"$sql")
     fi
+    # A put's prefix columns (a transaction's delete_prefix alone has them) and its metadata.
+    if [ "$op" = put ]; then
+        sql=$(sed -E 's/\$(10|11|12|23)::([a-z]+)\[\]/ARRAY[NULL::\2]/g' <<<"$sql")
+    fi
     sql=$(sed -E 's/\$([0-9]+)::([a-z]+)\[\]/ARRAY[:p\1::\2]/g' <<<"$sql")
     if [ "$op" = get ]; then
         printf '\\set i :n %% :per + :client_id * :per\n\\set n :n + 1\n\\set p1 :base_key + :i\n'
     else
         printf '\\set i :n %% :per + :client_id * :per\n\\set n :n + 1\n\\set p5 :base_key + :i\n'
-        [ "$op" != acquire ] && printf '\\set p6 :base_token + :i\n'
+        # A put's fence ($6) is its key; its token is $7.
+        case $op in
+        acquire) ;;
+        put) printf '\\set p6 :p5\n\\set p7 :base_token + :i\n' ;;
+        *) printf '\\set p6 :base_token + :i\n' ;;
+        esac
     fi
     printf '%s;\n' "$sql"
 }
@@ -239,7 +248,7 @@ pg_vars() { # op -> the fixed parameters of its statement
     case $1 in
     acquire) echo "-D p6=pgbench -D p7=$3 -D p8={} -D p9=false -D p10=false -D p11=pgbench -D p12=127.0.0.1 -D p13=false -D p15=true" ;;
     renew) echo "-D p7=600000" ;;
-    put) echo "-D p7=false -D p8=[] -D p9=pgbench -D p10=127.0.0.1 -D p11=put -D p12=pgbench-etag -D p13=1024 -D p14=application/octet-stream -D p15=\\x$body_hex -D p16=10" ;;
+    put) echo "-D p8=false -D p9=put -D p13=false -D p14=[] -D p15=pgbench -D p16=127.0.0.1 -D p17=put -D p18=pgbench-etag -D p19=1024 -D p20=application/octet-stream -D p21=\\x$body_hex -D p22=10" ;;
     get) echo "-D p2=1 -D p3=true -D p4=10 -D p5=[]" ;;
     esac
 }
