@@ -11,7 +11,8 @@
 #
 #   Lists (--clients, --ops, --rates) are separated by spaces or commas.
 #   --ops         the request cells: acquire (a lease on a key that expired since), lock (acquire
-#                 then release of a free key, one cycle), renew, put (a fenced write), get; and
+#                 then release of a free key, one cycle), renew, put (a fenced write), get, nsput
+#                 (a fenced write under a namespace's lease), txn (a transaction of ten puts); and
 #                 the timing cells, printed in a table of their own:
 #                 handoff  a waiting acquire's grant after the holder's release (--rounds times)
 #                          and after its expiry (--rounds, and etcd --expiry-rounds, each at
@@ -360,15 +361,18 @@ peer_row() { # cell clients service-report etcd-does [bench args] -> a row of th
         "$(field ops_per_sec <<<"$json")" "$does" "$e")")
     say "row: ${peer_rows[-1]}"
 }
+# The cells whose request is one statement, which pgbench runs beside the service: a lock cycle
+# is two, and the v1.3 cells (nsput, txn) are the put's statement in other forms.
+one_statement() { case $1 in acquire | renew | put | get) return 0 ;; *) return 1 ;; esac; }
+declare -A by_cell
 for op in $load_ops; do
-    # A lock cycle is two requests and two statements: pgbench has no one statement to run.
-    if [ "$op" != lock ]; then
+    if one_statement "$op"; then
         say "$op: pgbench (the service's statement) at $clients clients"
         pgbench_prepare "$op"
     fi
     for c in $clients; do
         pg=- floor=-
-        if [ "$op" != lock ]; then
+        if one_statement "$op"; then
             pg=$(pgbench_run "$op" "$c" "$secs")
             floor=$(floor_run "$op" "$c")
         fi
@@ -380,7 +384,8 @@ for op in $load_ops; do
             one=$(bench "$op" "$c")
             reports+="$(tr -d '\n' <<<"$one")"$'\n'
             e=$(errors <<<"$one"); [ "$e" = - ] || errs="$errs $e"
-            if [ -n "$base_url" ]; then
+            # A baseline before v1.3 has no namespace fences nor transactions.
+            if [ -n "$base_url" ] && [ "$op" != nsput ] && [ "$op" != txn ]; then
                 say "$op x$c: the baseline$round"
                 one=$(target_url=$base_url target_key=$baseline_api_key bench "$op" "$c")
                 base_reports+="$(tr -d '\n' <<<"$one")"$'\n'
@@ -392,7 +397,7 @@ for op in $load_ops; do
         ops_s=$(field ops_per_sec <<<"$report")
         p50=$(field latency_ms.p50 <<<"$report") p99=$(field latency_ms.p99 <<<"$report")
         base_s=- vs_base=- base_p50=-
-        if [ -n "$base_url" ]; then
+        if [ -n "$base_reports" ]; then
             base_report=$(median <<<"$base_reports")
             base_s=$(field ops_per_sec <<<"$base_report")
             base_p50=$(field latency_ms.p50 <<<"$base_report")
@@ -432,6 +437,7 @@ for op in $load_ops; do
             esac
         fi
         if [ "$c" = 32 ]; then at32[$op]=$ops_s; fi
+        by_cell[$op/$c]=$ops_s
         rows+=("$(printf "$row_format" "$op" "$c" "$ops_s" "$p50" "$p99" "$pg" "$(ratio "$ops_s" "$pg")" \
             "$floor" "$(ratio "$ops_s" "$floor")" "$base_s" "$vs_base" "$base_p50" "$watched_s" "$vs_watched" \
             "$wrk_s" "$errs")")
@@ -485,6 +491,19 @@ done
 
 extra=()
 note() { extra+=("$1"); say "$1"; }
+# The v1.3 cells against the plain put of the same run (issue 47's targets: a put under a
+# namespace fence >= 0.9 x the put; a transaction of ten puts >= 0.3 x its rate, 3 x its writes).
+for c in $clients; do
+    put_s=${by_cell[put/$c]:-}
+    [ -n "$put_s" ] || continue
+    if [ -n "${by_cell[nsput/$c]:-}" ]; then
+        note "nsput x$c: ${by_cell[nsput/$c]}/s against put's $put_s/s ($(ratio "${by_cell[nsput/$c]}" "$put_s") x; target >= 0.90)"
+    fi
+    if [ -n "${by_cell[txn/$c]:-}" ]; then
+        note "txn x$c (10 puts each): ${by_cell[txn/$c]}/s against put's $put_s/s ($(ratio "${by_cell[txn/$c]}" "$put_s") x; target >= 0.30)"
+    fi
+done
+
 if [ "$memory" = 1 ]; then
     say "memory: 32 concurrent 8 MiB puts"
     big=$(run_keys=32 run_for=5s bench put 32 --body-bytes 8388608)

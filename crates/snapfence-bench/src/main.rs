@@ -171,6 +171,11 @@ pub enum Op {
     Renew,
     /// A fenced write.
     Put,
+    /// A fenced write of a key under the worker's lease, fenced by that lease's namespace
+    /// (v1.3 `Fencing-Key`).
+    Nsput,
+    /// A transaction (v1.3) of ten 1 KiB puts under the worker's lease's namespace.
+    Txn,
     /// Read a snapshot.
     Get,
     /// 70% get, 20% put, 10% renew.

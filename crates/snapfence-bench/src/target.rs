@@ -13,7 +13,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
 use super::{EtcdLock, Op};
-use snapfence_client::{AcquireRequest, Client, Error, PutOptions};
+use snapfence_client::{AcquireRequest, Client, Error, PutOptions, TxnOp, TxnOpResult};
 use snapfence_client::{FencingToken, Key, LeaseState, Owner, Version};
 
 /// The TTL of the leases an `acquire` run takes: the shortest the default bounds allow, so each
@@ -56,7 +56,7 @@ pub(super) enum Target {
 /// Refuses the operations etcd has no equivalent of.
 fn etcd_has(op: Op) -> Result<(), String> {
     match op {
-        Op::Renew | Op::Mixed => Err(format!(
+        Op::Renew | Op::Mixed | Op::Nsput | Op::Txn => Err(format!(
             "etcd has no equivalent of --op {op:?}; use lock, put or get"
         )),
         Op::Acquire => Err(
@@ -126,9 +126,13 @@ struct KeyState {
     key: Key,
     /// The token of the worker's lease on it.
     token: Option<FencingToken>,
-    /// The version of its newest accepted write (0 before any).
+    /// The version of its newest accepted write (0 before any); of the keys under it too, for
+    /// `nsput` and `txn`, which write all of them at every request.
     version: i64,
 }
+
+/// How many puts a `txn` request makes.
+const TXN_PUTS: usize = 10;
 
 /// One of the concurrent workers, with the keys it alone uses.
 pub(super) struct Worker {
@@ -143,6 +147,8 @@ pub(super) struct Worker {
     session: Option<i64>,
     /// A `lock` run's: every key's last cycle ended with a release.
     released: bool,
+    /// What each key's writes wrote: the key itself (""), or the keys under it (`nsput`, `txn`).
+    written: Vec<String>,
 }
 
 impl Worker {
@@ -174,6 +180,7 @@ impl Worker {
             etcd_lock,
             session: None,
             released: false,
+            written: vec![String::new()],
         })
     }
 
@@ -289,6 +296,8 @@ impl Worker {
                 check(lease.token == token)
             }
             (Target::Snapfence(client), Op::Put) => self.put(client, i).await,
+            (Target::Snapfence(client), Op::Nsput) => self.nsput(client, i).await,
+            (Target::Snapfence(client), Op::Txn) => self.txn(client, i).await,
             (Target::Snapfence(client), _) => {
                 let state = &self.keys[i];
                 let read = client
@@ -379,16 +388,21 @@ impl Worker {
                     status.state
                 )));
             }
-            if state.version > 0 {
+            for suffix in self.written.iter().filter(|_| state.version > 0) {
+                let key = Key::parse(format!("{}{suffix}", state.key))
+                    .map_err(|e| failed(e.to_string()))?;
                 let head = client
-                    .head_snapshot(&state.key)
+                    .head_snapshot(&key)
                     .await
                     .map_err(|e| failed(e.to_string()))?;
                 if head.version.get() != state.version || head.token != token {
                     return Err(failed(format!(
-                        "the snapshot is version {} by token {}; the run counted {} accepted writes ending with token {token}",
+                        "{key}'s snapshot is version {} by token {}; the run counted {} accepted writes ending with token {token}",
                         head.version, head.token, state.version
                     )));
+                }
+                if !suffix.is_empty() && head.fencing_key.as_ref() != Some(&state.key) {
+                    return Err(failed(format!("{key} was not fenced by {}", state.key)));
                 }
             }
             bar.inc(1);
@@ -418,6 +432,53 @@ impl Worker {
         let expected = state.version + 1;
         state.version = written.meta.version.get();
         check(written.meta.token == token && written.meta.version == Version::from_stored(expected))
+    }
+
+    /// A fenced write of `{key}/s`, under the namespace of the worker's lease on key `i`.
+    async fn nsput(&mut self, client: &Client, i: usize) -> Result<(), String> {
+        self.written = vec!["/s".to_owned()];
+        let state = &mut self.keys[i];
+        let token = state.token.expect("prepared");
+        let child = Key::parse(format!("{}/s", state.key)).map_err(|e| e.to_string())?;
+        let options = PutOptions {
+            fence: Some(state.key.clone()),
+            ..PutOptions::default()
+        };
+        let written = client
+            .put_snapshot(&child, token, self.body.clone(), &options)
+            .await
+            .map_err(|e| code(&e))?;
+        let expected = state.version + 1;
+        state.version = written.meta.version.get();
+        check(written.meta.token == token && written.meta.version == Version::from_stored(expected))
+    }
+
+    /// A transaction of [`TXN_PUTS`] puts of `{key}/t{n}`, under the namespace of the worker's
+    /// lease on key `i`: each must come back as its key's next version.
+    async fn txn(&mut self, client: &Client, i: usize) -> Result<(), String> {
+        self.written = (0..TXN_PUTS).map(|n| format!("/t{n}")).collect();
+        let state = &mut self.keys[i];
+        let token = state.token.expect("prepared");
+        let ops = (0..TXN_PUTS)
+            .map(|n| {
+                Key::parse(format!("{}/t{n}", state.key))
+                    .map(|k| TxnOp::put(k, self.body.clone()))
+                    .map_err(|e| e.to_string())
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let answer = client
+            .txn(&state.key, token, &ops)
+            .await
+            .map_err(|e| code(&e))?;
+        let expected = state.version + 1;
+        state.version = expected;
+        check(
+            answer.results.len() == TXN_PUTS
+                && answer.results.iter().all(|r| {
+                    matches!(r, TxnOpResult::Put { meta, .. }
+                        if meta.token == token && meta.version == Version::from_stored(expected))
+                }),
+        )
     }
 
     /// In etcd, the key a `lock` cycle creates and gives back for key `i`.
