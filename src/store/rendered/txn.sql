@@ -78,17 +78,19 @@ expanded AS (
             AND (h.key = p.fence OR starts_with(h.key, p.fence || '/'))
         ORDER BY h.key LIMIT p.prefix_limit + 1) m
     WHERE p.op = 'delete_prefix'),
+bound AS (
+    SELECT (SELECT count(*) FROM expanded) > max(r.prefix_limit) AS over_limit FROM req r),
 w AS (
     SELECT r.i, 1::bigint AS gi, r.op, r.key, coalesce(r.key, r.prefix) AS subject, r.fence,
         r.token, r.has_if_match, r.tags, r.if_none_match, r.operation, r.request_id,
         r.remote_addr, r.principal, r.etag, r.size, r.content_type, r.keep, r.metadata, r.body,
-        (SELECT count(*) FROM expanded) > r.prefix_limit AS over_limit, true AS in_txn
-    FROM req r
+        b.over_limit, true AS in_txn
+    FROM req r CROSS JOIN bound b
     UNION ALL
     SELECT x.n, 1, 'delete', x.key, x.key, r.fence, r.token, false, NULL, false, r.operation,
         r.request_id, r.remote_addr, r.principal, NULL, NULL, NULL, r.keep, NULL, NULL,
-        (SELECT count(*) FROM expanded) > r.prefix_limit, true
-    FROM expanded x JOIN req r ON r.i = x.prefix_i),
+        b.over_limit, true
+    FROM expanded x JOIN req r ON r.i = x.prefix_i CROSS JOIN bound b),
 -- The fencing rules, in this one place, for every write `w` (writes.sql for single requests,
 -- txn_writes.sql for a transaction), and the audit row of each refused group, written by the
 -- same statement so that it commits with the verdict. A write of key `key` under lease `fence`
