@@ -61,7 +61,7 @@ async fn bench_counts_as_accepted_exactly_the_writes_the_database_holds() {
     let ok = report["ok"].as_i64().unwrap();
     assert!(ok > 0, "{report}");
     let held: (i64, i64) = sqlx::query_as(
-        "SELECT count(*), sum(snapshot_version)::bigint FROM leases WHERE key LIKE 'b/%'",
+        "SELECT count(*), sum(version)::bigint FROM snapshot_heads WHERE key LIKE 'b/%'",
     )
     .fetch_one(app.db())
     .await
@@ -85,7 +85,7 @@ async fn bench_counts_refused_writes_by_their_code_and_fails_its_check() {
     // to that key is a stale one.
     let token = loop {
         let token: Option<i64> = sqlx::query_scalar(
-            "SELECT token FROM leases WHERE key = 'r/0' AND snapshot_version > 0",
+            "SELECT l.token FROM leases l JOIN snapshot_heads h ON h.key = l.key WHERE l.key = 'r/0'",
         )
         .fetch_optional(app.db())
         .await
@@ -159,7 +159,7 @@ async fn bench_sees_every_watched_write_once_in_order() {
     let more = ["--concurrency", "2", "--rate", "40", "--duration", "1s"];
     let report = timing_run(&app.instance.base, "watch", "w/", &more).await;
     let versions: i64 =
-        sqlx::query_scalar("SELECT sum(snapshot_version)::bigint FROM leases WHERE key LIKE 'w/%'")
+        sqlx::query_scalar("SELECT sum(version)::bigint FROM snapshot_heads WHERE key LIKE 'w/%'")
             .fetch_one(app.db())
             .await
             .unwrap();
