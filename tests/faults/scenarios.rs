@@ -1,6 +1,9 @@
 //! The fault scenarios: each runs the workload against real service processes and real
 //! PostgreSQL clusters, injects one kind of fault under load, checks the history, and prints its
-//! figures. `SNAPFENCE_FAULTS_LONG=1` runs each for longer, with more faults.
+//! figures. `SNAPFENCE_FAULTS_LONG=1` runs each for longer, with more faults. Besides the
+//! clients that put single keys, transaction clients commit several puts at once under a
+//! namespace lease, so each promise is checked for transactions too (whole or not at all, once
+//! after a retry with its Idempotency-Key, fenced by their namespace's grants, audited once).
 
 use std::io::Write as _;
 use std::path::Path;
@@ -35,6 +38,7 @@ pub(crate) fn plan(seconds: u64) -> Plan {
         stall_chance: 0.1,
         idempotency_keys: true,
         min_changing_calls: 0,
+        txn_clients: if scale() > 1 { 8 } else { 4 },
     }
 }
 
@@ -149,6 +153,7 @@ const EXACTLY_ONCE_CALLS: usize = 1000;
 fn exactly_once_plan() -> Plan {
     Plan {
         clients: plan(0).clients * 2,
+        txn_clients: plan(0).txn_clients * 2,
         min_changing_calls: EXACTLY_ONCE_CALLS,
         ..plan(12)
     }
@@ -163,6 +168,15 @@ pub(crate) fn assert_clean(report: &Report) {
         report.anomalies.is_empty(),
         "{report}: {:#?}",
         report.anomalies
+    );
+}
+
+/// The transaction clients did their share under the fault: some transactions committed, and
+/// (the checker having found nothing) each whole, once, and fenced.
+fn assert_transactions_ran(report: &Report) {
+    assert!(
+        report.committed_txns > 0,
+        "transactions committed: {report}"
     );
 }
 
@@ -225,6 +239,7 @@ async fn crash_restarts_of_postgres_lose_no_acknowledged_write_and_never_reissue
         .verdict("postgres crash-restart", faults, &services[0])
         .await;
     assert_exactly_once(&report, &recorder, EXACTLY_ONCE_CALLS);
+    assert_transactions_ran(&report);
     assert_eq!(faults, crashes, "every crash happened under load");
 }
 
@@ -235,9 +250,20 @@ async fn a_service_killed_mid_request_leaves_the_other_serving_and_fencing_intac
     let mut services = two_services(&db.url(), dir.path(), false).await;
     let load = Load::start(plan(8), &[&services[0], &services[1]]);
     let mut faults = 0;
+    let mut mid_txn = 0;
     while load.running() {
         sleep_ms(800).await;
         let victim = &mut services[faults % 2];
+        // Mid-transaction: the kill waits (a little) for a transaction sent to the victim and
+        // not yet answered.
+        let base = victim.base();
+        for _ in 0..200 {
+            if load.recorder.txn_in_flight(&base) {
+                break;
+            }
+            sleep_ms(1).await;
+        }
+        mid_txn += usize::from(load.recorder.txn_in_flight(&base));
         victim.kill();
         sleep_ms(300).await;
         victim.restart().await;
@@ -246,10 +272,17 @@ async fn a_service_killed_mid_request_leaves_the_other_serving_and_fencing_intac
     let recorder = load.recorder.clone();
     let report = load.verdict("service SIGKILL", faults, &services[0]).await;
     assert_clean(&report);
+    assert_transactions_ran(&report);
     let figures = recorder.figures();
+    writeln!(
+        std::io::stderr(),
+        "faults:   {mid_txn} of the {faults} kills landed while a transaction was in flight"
+    )
+    .ok();
     assert!(
-        figures.unknown_attempts > 0,
-        "some request was cut: {figures}"
+        mid_txn > 0 && figures.txn_unknown_attempts > 0,
+        "some kill cut a transaction, which was sent again: {mid_txn} kills mid-transaction; \
+         {figures}"
     );
 }
 
@@ -292,10 +325,11 @@ async fn answers_lost_after_commit_leave_indeterminate_operations_and_nothing_el
         .verdict("database link cut or stalled", faults, &services[0])
         .await;
     assert_exactly_once(&report, &recorder, EXACTLY_ONCE_CALLS);
+    assert_transactions_ran(&report);
     let figures = recorder.figures();
     assert!(
-        figures.unknown_attempts > 0,
-        "some answer was lost: {figures}"
+        figures.unknown_attempts > 0 && figures.txn_unknown_attempts > 0,
+        "some answer was lost, a transaction's among them: {figures}"
     );
     assert_eq!(
         recorder.figures().timed_out_attempts,
@@ -525,19 +559,24 @@ pub(crate) const LOST_WITH_ASYNC: [Property; 6] = [
 /// time, so that a superseded holder often wakes before its successor's first write (the window
 /// that checking against written tokens leaves open).
 async fn stalling_holders(broken: bool) -> Report {
-    let dir = scratch();
-    let db = Cluster::primary(dir.path(), &unix_only()).await;
-    let services = two_services(&db.url(), dir.path(), broken).await;
     let plan = Plan {
         stall_chance: 0.5,
         ..plan(6)
     };
-    let load = Load::start(plan, &[&services[0], &services[1]]);
     let name = if broken {
         "negative control, fencing broken"
     } else {
         "negative control, fencing intact"
     };
+    stalling(plan, broken, name).await
+}
+
+/// Runs `plan` against two services, with fencing broken or not, and returns the verdict.
+async fn stalling(plan: Plan, broken: bool, name: &str) -> Report {
+    let dir = scratch();
+    let db = Cluster::primary(dir.path(), &unix_only()).await;
+    let services = two_services(&db.url(), dir.path(), broken).await;
+    let load = Load::start(plan, &[&services[0], &services[1]]);
     load.verdict(name, 0, &services[0]).await
 }
 
@@ -555,7 +594,23 @@ async fn with_fencing_intact_the_negative_controls_workload_has_no_anomalies() {
     let report = stalling_holders(false).await;
     assert_clean(&report);
     assert!(
-        report.refused_writes > 0,
-        "late writes were refused: {report}"
+        report.refused_writes > 0 && report.refused_txns > 0,
+        "late writes and late transactions were refused: {report}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_fencing_checked_against_written_tokens_the_checker_finds_late_transactions() {
+    // Transaction clients only: every write the checker finds late is a transaction's put.
+    let plan = Plan {
+        clients: 0,
+        txn_clients: 8,
+        stall_chance: 0.5,
+        ..plan(6)
+    };
+    let report = stalling(plan, true, "negative control, transactions, fencing broken").await;
+    assert!(
+        report.count(Property::WriteAfterNewerGrant) > 0,
+        "the checker caught the broken fencing of transactions: {report}"
     );
 }

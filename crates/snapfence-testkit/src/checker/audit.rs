@@ -22,11 +22,22 @@ impl<'a> Checker<'a> {
             }
         }
         for op in self.ops {
-            let Call::Put { token, .. } = op.call else {
+            let Some(token) = fenced_token(&op.call) else {
                 continue;
             };
             let found = rows.get(op.request_id().as_str()).map_or(&[][..], |r| r);
-            let describes = |row: &AuditRow| row.key == op.key && row.presented_token == token;
+            // A put's row names its key; a transaction's, the first of its keys it was refused
+            // on, beside its fence.
+            let describes = |row: &AuditRow| {
+                let (operation, key_ok) = match &op.call {
+                    Call::Txn { puts, .. } => ("txn", puts.iter().any(|p| p.key == row.key)),
+                    _ => ("put", row.key == op.key),
+                };
+                key_ok
+                    && row.presented_token == token
+                    && row.operation == operation
+                    && row.fencing_key == op.key
+            };
             match &op.outcome {
                 Outcome::Refused {
                     code,
@@ -89,8 +100,9 @@ impl<'a> Checker<'a> {
             }
         }
     }
-    /// A refusal must be explained: `stale_token` by a higher grant on the key or a release of
-    /// the token that may have happened before the write completed; `unknown_token` only for a
+    /// A refusal must be explained: `stale_token` by a higher grant on the write's fence (its
+    /// key, or a transaction's fence) or a release of the token that may have happened before
+    /// the write completed; `unknown_token` only for a
     /// token that was not acknowledged as granted on this key (the clients present nothing else,
     /// so that is never expected).
     pub(super) fn refusals_justified(&mut self) {
@@ -102,10 +114,12 @@ impl<'a> Checker<'a> {
                 .push((op, token));
         }
         for op in self.ops {
-            let (Call::Put { token, .. }, Outcome::Refused { code, .. }) = (&op.call, &op.outcome)
+            let (Some(token), Outcome::Refused { code, .. }) =
+                (fenced_token(&op.call), &op.outcome)
             else {
                 continue;
             };
+            let token = &token;
             let grants = granted_on.get(op.key.as_str()).map_or(&[][..], |g| g);
             let explained = match code.as_str() {
                 "stale_token" => {
