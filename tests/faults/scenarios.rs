@@ -86,6 +86,23 @@ impl Load {
         !self.task.is_finished()
     }
 
+    /// Waits (at most 200 ms) until a transaction is in flight to one of `services`, so that
+    /// a fault done next lands in the middle of it; returns whether one is.
+    async fn until_txn_in_flight(&self, services: &[Service]) -> bool {
+        let in_flight = || {
+            services
+                .iter()
+                .any(|s| self.recorder.txn_in_flight(&s.base()))
+        };
+        for _ in 0..200 {
+            if in_flight() {
+                break;
+            }
+            sleep_ms(1).await;
+        }
+        in_flight()
+    }
+
     /// Waits for the clients to finish, reads the end state through `service`, checks the
     /// history and prints the scenario's figures.
     pub(crate) async fn verdict(self, scenario: &str, faults: usize, service: &Service) -> Report {
@@ -163,6 +180,16 @@ pub(crate) async fn sleep_ms(ms: u64) {
     tokio::time::sleep(Duration::from_millis(ms)).await;
 }
 
+/// Prints how many of the faults landed while a transaction was in flight.
+fn note_mid_txn(mid_txn: usize, faults: usize, what: &str) {
+    // Past the test harness's capture, as `Load::verdict` does.
+    writeln!(
+        std::io::stderr(),
+        "faults:   {mid_txn} of the {faults} {what} landed while a transaction was in flight"
+    )
+    .ok();
+}
+
 pub(crate) fn assert_clean(report: &Report) {
     assert!(
         report.anomalies.is_empty(),
@@ -227,8 +254,10 @@ async fn crash_restarts_of_postgres_lose_no_acknowledged_write_and_never_reissue
     };
     let load = Load::start(plan, &[&services[0], &services[1]]);
     let mut faults = 0;
+    let mut mid_txn = 0;
     while load.running() && faults < crashes {
         sleep_ms(1000).await;
+        mid_txn += usize::from(load.until_txn_in_flight(&services).await);
         db.crash();
         sleep_ms(300).await;
         db.restart();
@@ -240,6 +269,20 @@ async fn crash_restarts_of_postgres_lose_no_acknowledged_write_and_never_reissue
         .await;
     assert_exactly_once(&report, &recorder, EXACTLY_ONCE_CALLS);
     assert_transactions_ran(&report);
+    note_mid_txn(mid_txn, faults, "crashes");
+    // A transaction cut by a crash is answered `unavailable` (the checker has verified that it
+    // left nothing) or settled by a retry with its key.
+    let unavailable_txns = recorder
+        .history()
+        .iter()
+        .filter(|o| matches!(o.call, Call::Txn { .. }) && o.outcome == Outcome::NoEffect)
+        .count();
+    let figures = recorder.figures();
+    assert!(
+        mid_txn > 0 && unavailable_txns + figures.txn_unknown_attempts > 0,
+        "some crash cut a transaction: {mid_txn} crashes mid-transaction, {unavailable_txns} \
+         transactions answered 503 unavailable; {figures}"
+    );
     assert_eq!(faults, crashes, "every crash happened under load");
 }
 
@@ -254,16 +297,7 @@ async fn a_service_killed_mid_request_leaves_the_other_serving_and_fencing_intac
     while load.running() {
         sleep_ms(800).await;
         let victim = &mut services[faults % 2];
-        // Mid-transaction: the kill waits (a little) for a transaction sent to the victim and
-        // not yet answered.
-        let base = victim.base();
-        for _ in 0..200 {
-            if load.recorder.txn_in_flight(&base) {
-                break;
-            }
-            sleep_ms(1).await;
-        }
-        mid_txn += usize::from(load.recorder.txn_in_flight(&base));
+        mid_txn += usize::from(load.until_txn_in_flight(std::slice::from_ref(victim)).await);
         victim.kill();
         sleep_ms(300).await;
         victim.restart().await;
@@ -274,11 +308,7 @@ async fn a_service_killed_mid_request_leaves_the_other_serving_and_fencing_intac
     assert_clean(&report);
     assert_transactions_ran(&report);
     let figures = recorder.figures();
-    writeln!(
-        std::io::stderr(),
-        "faults:   {mid_txn} of the {faults} kills landed while a transaction was in flight"
-    )
-    .ok();
+    note_mid_txn(mid_txn, faults, "kills");
     assert!(
         mid_txn > 0 && figures.txn_unknown_attempts > 0,
         "some kill cut a transaction, which was sent again: {mid_txn} kills mid-transaction; \

@@ -197,3 +197,79 @@ fn a_transaction_refused_with_no_newer_grant_on_its_fence_is_found() {
     h.refused_txn(1, &[("f/a", "a"), ("f/b", "b")], (10, 15), 7);
     assert_eq!(h.broken(), vec![Property::UnjustifiedRefusal]);
 }
+
+/// `f/a` under its own lease too: a grant on it and a put of it with `token`.
+fn own_lease_of_f_a(h: &mut History, token: i64, at: i64, outcome: Outcome) -> u64 {
+    h.op(
+        "f/a",
+        Call::Acquire { ttl_ms: 100 },
+        (at, at + 5),
+        Outcome::Ok(Answer::Granted { token }),
+    );
+    h.op(
+        "f/a",
+        Call::Put {
+            token,
+            etag: format!("own-{token}"),
+        },
+        (at + 10, at + 15),
+        outcome,
+    )
+}
+
+#[test]
+fn a_transaction_refused_below_a_keys_token_written_under_its_own_lease_is_justified() {
+    let mut h = History::default();
+    h.grant_f(1, (0, 5));
+    own_lease_of_f_a(&mut h, 2, 10, Outcome::Ok(Answer::Written { version: 1 }));
+    h.refused_txn(1, &[("f/a", "a"), ("f/b", "b")], (30, 35), 7);
+    h.holds_of("f/a", &[(1, 2, "own-2")]);
+    assert_eq!(h.broken(), vec![]);
+}
+
+#[test]
+fn a_put_refused_below_a_keys_token_written_by_a_transaction_is_justified() {
+    let mut h = History::default();
+    h.op(
+        "f/a",
+        Call::Acquire { ttl_ms: 100 },
+        (0, 5),
+        Outcome::Ok(Answer::Granted { token: 1 }),
+    );
+    h.grant_f(2, (20, 25));
+    h.txn(
+        2,
+        &[("f/a", "a"), ("f/b", "b")],
+        (30, 35),
+        committed(&[1, 1]),
+    );
+    let refused = Outcome::Refused {
+        code: "stale_token".into(),
+        audit_id: Some(7),
+    };
+    let put = Call::Put {
+        token: 1,
+        etag: "late".into(),
+    };
+    let op = h.op("f/a", put, (40, 45), refused);
+    h.audit_row_of(7, op, 1, ("put", "f/a", "f/a"));
+    h.holds_of("f/a", &[(1, 2, "a")]);
+    h.holds_of("f/b", &[(1, 2, "b")]);
+    assert_eq!(h.broken(), vec![]);
+}
+
+#[test]
+fn a_transaction_accepted_below_a_keys_token_written_under_its_own_lease_is_found() {
+    let mut h = History::default();
+    h.grant_f(1, (0, 5));
+    own_lease_of_f_a(&mut h, 2, 10, Outcome::Ok(Answer::Written { version: 1 }));
+    h.txn(
+        1,
+        &[("f/a", "a"), ("f/b", "b")],
+        (30, 35),
+        committed(&[2, 1]),
+    );
+    h.holds_of("f/a", &[(1, 2, "own-2"), (2, 1, "a")]);
+    h.holds_of("f/b", &[(1, 1, "b")]);
+    assert_eq!(h.broken(), vec![Property::TokenOrder]);
+}

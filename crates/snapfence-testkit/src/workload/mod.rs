@@ -62,10 +62,10 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Every key the plan's clients may write: the keys the plain clients lease, and the keys
-    /// of the namespaces if there are transaction clients.
+    /// Every key the plan's clients may write: the plain keys, and the keys of the namespaces
+    /// if there are transaction clients.
     pub fn keys(&self) -> Vec<String> {
-        let mut keys = self.lease_keys();
+        let mut keys = self.plain_keys();
         if self.txn_clients > 0 {
             for ns in txn::namespaces() {
                 keys.extend(txn::keys_of(&ns));
@@ -74,9 +74,24 @@ impl Plan {
         keys
     }
 
-    /// The keys the plain clients lease and write.
-    fn lease_keys(&self) -> Vec<String> {
+    /// `key-N`, the keys only the plain clients write.
+    fn plain_keys(&self) -> Vec<String> {
         (0..self.keys).map(|k| format!("key-{k}")).collect()
+    }
+
+    /// The keys the plain clients lease and put: the plain keys, and with transaction clients
+    /// the first key of each namespace too, so that a key is written under two fences (its
+    /// own lease's and its namespace's) and its tokens must still only go forward.
+    fn lease_keys(&self) -> Vec<String> {
+        let mut keys = self.plain_keys();
+        if self.txn_clients > 0 {
+            keys.extend(
+                txn::namespaces()
+                    .iter()
+                    .map(|ns| txn::keys_of(ns)[0].clone()),
+            );
+        }
+        keys
     }
 }
 

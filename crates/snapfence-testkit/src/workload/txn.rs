@@ -1,7 +1,7 @@
 //! The transaction clients' share of the workload: a holder of the lease on a namespace `ns-N`
 //! commits transactions of two or three puts to keys `ns-N/K`, fenced by that lease
 //! (`Fencing-Key: ns-N`). Every body is unique, so the checker finds each put at the end, or
-//! not, by its ETag.
+//! not, by its ETag. The plain clients lease and put `ns-N/0` as well, under its own lease.
 
 use base64::Engine as _;
 use rand::Rng;
