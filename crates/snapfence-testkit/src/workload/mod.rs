@@ -11,9 +11,9 @@
 //! working on the key, as the contract asks of a holder. Some holders stall past their TTL before
 //! writing, the pause that fencing exists for.
 //!
-//! Transaction clients ([`txn`]) do the same with a lease on a namespace `ns-N`, writing
+//! Transaction clients (`txn`) do the same with a lease on a namespace `ns-N`, writing
 //! several keys `ns-N/K` at once with `POST /v1/txn` instead of one put.
-//! [`recorder`] keeps the history, [`answers`] reads each answer, [`end`] the final state.
+//! `recorder` keeps the history, `answers` reads each answer, `end` the final state.
 
 mod answers;
 mod end;
@@ -57,7 +57,7 @@ pub struct Plan {
     /// rather than failing by its speed.
     pub min_changing_calls: usize,
     /// Concurrent transaction clients besides `clients`: each leases one of the namespaces
-    /// and commits transactions of several puts in it (see [`txn`]).
+    /// and commits transactions of several puts in it (see the module's docs).
     pub txn_clients: usize,
 }
 
