@@ -42,7 +42,7 @@ pub(crate) fn plan(seconds: u64) -> Plan {
     }
 }
 
-fn unix_only() -> ClusterSpec {
+pub(crate) fn unix_only() -> ClusterSpec {
     ClusterSpec {
         tcp: false,
         extra: vec![],
@@ -62,8 +62,13 @@ pub(crate) struct Load {
 
 impl Load {
     pub(crate) fn start(plan: Plan, services: &[&Service]) -> Self {
+        Self::start_on(plan, services.iter().map(|s| s.base()).collect())
+    }
+
+    /// [`start`](Self::start) with the clients sent to `bases` (gateways in front of the
+    /// services, say) rather than to the services themselves.
+    pub(crate) fn start_on(plan: Plan, bases: Vec<String>) -> Self {
         let recorder = Arc::new(Recorder::default());
-        let bases = services.iter().map(|s| s.base()).collect();
         let task = tokio::spawn(workload::run(plan.clone(), bases, recorder.clone()));
         Self {
             plan,
@@ -82,7 +87,7 @@ impl Load {
         self.recorder.highest_token().expect("grants")
     }
 
-    fn running(&self) -> bool {
+    pub(crate) fn running(&self) -> bool {
         !self.task.is_finished()
     }
 
@@ -162,12 +167,12 @@ pub(crate) fn assert_exactly_once(report: &Report, recorder: &Recorder, at_least
 }
 
 /// The fewest changing calls over which a scenario checks the exactly-once promise.
-const EXACTLY_ONCE_CALLS: usize = 1000;
+pub(crate) const EXACTLY_ONCE_CALLS: usize = 1000;
 
 /// The plan of a scenario that checks the exactly-once promise: twice the clients for longer,
 /// and on until [`EXACTLY_ONCE_CALLS`] are made, although the faults hold every call up for a
 /// while.
-fn exactly_once_plan() -> Plan {
+pub(crate) fn exactly_once_plan() -> Plan {
     Plan {
         clients: plan(0).clients * 2,
         txn_clients: plan(0).txn_clients * 2,
@@ -200,7 +205,7 @@ pub(crate) fn assert_clean(report: &Report) {
 
 /// The transaction clients did their share under the fault: some transactions committed, and
 /// (the checker having found nothing) each whole, once, and fenced.
-fn assert_transactions_ran(report: &Report) {
+pub(crate) fn assert_transactions_ran(report: &Report) {
     assert!(
         report.committed_txns > 0,
         "transactions committed: {report}"
