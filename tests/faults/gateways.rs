@@ -15,6 +15,9 @@ use crate::scenarios::{
 };
 use crate::workload::{Plan, Recorder};
 
+/// How many of the connections opened after each cut lose their answer.
+const DROPS: usize = 8;
+
 /// The loopback address a service listens on.
 fn addr_of(service: &Service) -> SocketAddr {
     let base = service.base();
@@ -23,8 +26,8 @@ fn addr_of(service: &Service) -> SocketAddr {
         .unwrap_or_else(|e| panic!("{base} is not an HTTP address: {e}"))
 }
 
-/// Runs `plan` through gateways in front of two services that, every 300 ms, cut their open
-/// connections and drop the answers of the next few: each of those requests reaches its
+/// Runs `plan` through gateways in front of two services that, every 600 ms, cut their open
+/// connections and drop the answers of the next [`DROPS`]: each of those requests reaches its
 /// service, which acts on it, and the client sees the connection close.
 async fn through_dropping_gateways(plan: Plan, scenario: &str) -> (Report, Arc<Recorder>) {
     let dir = scratch();
@@ -35,11 +38,19 @@ async fn through_dropping_gateways(plan: Plan, scenario: &str) -> (Report, Arc<R
         Proxy::start(addr_of(&services[1])).await,
     ];
     let load = Load::start_on(plan, gateways.iter().map(Proxy::base).collect());
+    // Per gateway, the count of connections by which the drops queued so far are used up: no
+    // more are queued before, or on a loaded machine every connection would come to lose its
+    // answer and no retry would get through.
+    let mut dropping_until = [0; 2];
     let mut faults = 0;
     while load.running() {
-        sleep_ms(300).await;
-        for gateway in &gateways {
-            gateway.next_connections(vec![Mode::DropAnswer; 4]);
+        sleep_ms(600).await;
+        for (gateway, until) in gateways.iter().zip(&mut dropping_until) {
+            let accepted = gateway.connections();
+            if accepted >= *until {
+                gateway.next_connections(vec![Mode::DropAnswer; DROPS]);
+                *until = accepted + DROPS;
+            }
             gateway.cut();
         }
         faults += 1;
