@@ -14,7 +14,7 @@ use reqwest::StatusCode;
 use serde_json::json;
 use tokio::task::JoinHandle;
 
-use crate::checker::{Call, Outcome, Property, Report, check};
+use crate::checker::{Call, Micros, Outcome, Property, Report, check};
 use crate::cluster::{Cluster, ClusterSpec, Service, scratch, tcp_url};
 use crate::proxy::Proxy;
 use crate::workload::{self, Plan, Recorder, final_state};
@@ -87,6 +87,22 @@ impl Load {
         self.recorder.highest_token().expect("grants")
     }
 
+    /// Once a write sent after `at` (a failover) is accepted, lets the clients go on for a
+    /// second more and stops them: however slow the machine, the promoted server has served
+    /// the workload (and secured its tokens at its first grant) before the verdict.
+    async fn stop_once_served_after(&self, at: Micros) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.recorder.first_write_after(at).is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "no write was accepted in the minute after the failover"
+            );
+            sleep_ms(100).await;
+        }
+        sleep_ms(1000).await;
+        self.recorder.stop();
+    }
+
     pub(crate) fn running(&self) -> bool {
         !self.task.is_finished()
     }
@@ -127,6 +143,14 @@ impl Load {
             writeln!(err, "faults:   {:?}: {}", a.property, a.detail).ok();
         }
         report
+    }
+}
+
+/// A plan that runs until its scenario stops it ([`Recorder::stop`]).
+fn until_stopped() -> Plan {
+    Plan {
+        duration: Duration::from_secs(600),
+        ..plan(0)
     }
 }
 
@@ -507,11 +531,13 @@ async fn failover_to_a_synchronous_standby_loses_no_acknowledged_write_nor_reiss
     // The services reach the database at a virtual address, moved to the standby on failover.
     let vip = Proxy::start(primary.tcp_addr()).await;
     let services = two_services(&tcp_url(vip.addr()), dir.path(), false).await;
-    let load = Load::start(plan(8), &[&services[0], &services[1]]);
+    let load = Load::start(until_stopped(), &[&services[0], &services[1]]);
     sleep_ms(3000).await;
+    let at = workload::now();
     primary.crash();
     standby.promote();
     vip.retarget(standby.tcp_addr());
+    load.stop_once_served_after(at).await;
     let report = load.verdict("failover, synchronous", 1, &services[0]).await;
     assert_clean(&report);
     assert_eq!(
@@ -535,16 +561,18 @@ async fn failover_to_a_lagging_asynchronous_standby_never_reissues_a_token() {
     wait_for_standbys(&primary, false).await;
     let vip = Proxy::start(primary.tcp_addr()).await;
     let services = two_services(&tcp_url(vip.addr()), dir.path(), false).await;
-    let load = Load::start(plan(8), &[&services[0], &services[1]]);
+    let load = Load::start(until_stopped(), &[&services[0], &services[1]]);
     sleep_ms(2000).await;
     link.stall();
     let handed_out = load.grant_burst(&services[0]).await;
+    let at = workload::now();
     primary.crash();
     standby.promote();
     let standby_sequence = standby
         .scalar("SELECT last_value FROM fencing_token_seq")
         .await;
     vip.retarget(standby.tcp_addr());
+    load.stop_once_served_after(at).await;
     let report = load
         .verdict("failover, asynchronous", 1, &services[0])
         .await;
