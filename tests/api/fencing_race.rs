@@ -29,6 +29,7 @@ async fn accepted_writes_always_carry_the_newest_token_under_racing_holders() {
         stall_chance: 0.3,
         idempotency_keys: true,
         min_changing_calls: 0,
+        txn_clients: 0,
     };
     let recorder = Arc::new(Recorder::default());
     workload::run(

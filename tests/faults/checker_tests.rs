@@ -1,5 +1,8 @@
 //! The checker on hand-made histories: one valid history that it passes, and for each promise a
 //! history that breaks it, and only it. Times are in milliseconds here, written `ms(..)`.
+//! [`txn`] does the same for transactions.
+
+mod txn;
 
 use crate::checker::{
     Answer, AuditRow, Call, FinalState, Micros, Op, Outcome, Property, Version, check,
@@ -72,12 +75,20 @@ impl History {
     }
 
     fn audit_row(&mut self, audit_id: i64, op: u64, token: i64) {
+        self.audit_row_of(audit_id, op, token, ("put", "k", "k"));
+    }
+
+    /// A `stale_token` row of `op` with its (operation, key, fencing key).
+    fn audit_row_of(&mut self, audit_id: i64, op: u64, token: i64, what: (&str, &str, &str)) {
+        let (operation, key, fencing_key) = what;
         self.end.rejections.push(AuditRow {
             id: audit_id,
             request_id: Some(format!("op-{op}")),
-            key: "k".into(),
+            key: key.into(),
             reason: "stale_token".into(),
             presented_token: token,
+            operation: operation.into(),
+            fencing_key: fencing_key.into(),
         });
     }
 
@@ -92,8 +103,13 @@ impl History {
 
     /// The end holds these (version, token, body) of `k`.
     fn holds(&mut self, versions: &[(i64, i64, &str)]) {
+        self.holds_of("k", versions);
+    }
+
+    /// The end holds these (version, token, body) of `key`.
+    fn holds_of(&mut self, key: &str, versions: &[(i64, i64, &str)]) {
         self.end.versions.insert(
-            "k".into(),
+            key.into(),
             versions
                 .iter()
                 .map(|&(version, token, etag)| Version {

@@ -4,7 +4,8 @@
 //!
 //! `checker` knows only histories; `checker_tests` proves it on hand-made ones; `workload`
 //! makes and records them; `cluster` and `proxy` are the real parts the faults are done to;
-//! `scenarios` puts them together, one fault each, and prints each run's figures. `patroni` is
+//! `scenarios` puts them together, one fault each, and prints each run's figures; `gateways`
+//! loses answers between the services and their clients. `patroni` is
 //! the stack production runs PostgreSQL with (Patroni, etcd, HAProxy), and `ha` the failovers
 //! done to it under the same workload and checker. `checker`,
 //! `workload` and `proxy` are `snapfence-testkit`'s, shared with the other test binaries.
@@ -13,6 +14,7 @@ use snapfence_testkit::{checker, proxy, workload};
 
 mod checker_tests;
 mod cluster;
+mod gateways;
 mod ha;
 mod instances;
 mod patroni;

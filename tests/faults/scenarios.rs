@@ -1,6 +1,9 @@
 //! The fault scenarios: each runs the workload against real service processes and real
 //! PostgreSQL clusters, injects one kind of fault under load, checks the history, and prints its
-//! figures. `SNAPFENCE_FAULTS_LONG=1` runs each for longer, with more faults.
+//! figures. `SNAPFENCE_FAULTS_LONG=1` runs each for longer, with more faults. Besides the
+//! clients that put single keys, transaction clients commit several puts at once under a
+//! namespace lease, so each promise is checked for transactions too (whole or not at all, once
+//! after a retry with its Idempotency-Key, fenced by their namespace's grants, audited once).
 
 use std::io::Write as _;
 use std::path::Path;
@@ -11,7 +14,7 @@ use reqwest::StatusCode;
 use serde_json::json;
 use tokio::task::JoinHandle;
 
-use crate::checker::{Call, Outcome, Property, Report, check};
+use crate::checker::{Call, Micros, Outcome, Property, Report, check};
 use crate::cluster::{Cluster, ClusterSpec, Service, scratch, tcp_url};
 use crate::proxy::Proxy;
 use crate::workload::{self, Plan, Recorder, final_state};
@@ -35,10 +38,11 @@ pub(crate) fn plan(seconds: u64) -> Plan {
         stall_chance: 0.1,
         idempotency_keys: true,
         min_changing_calls: 0,
+        txn_clients: if scale() > 1 { 8 } else { 4 },
     }
 }
 
-fn unix_only() -> ClusterSpec {
+pub(crate) fn unix_only() -> ClusterSpec {
     ClusterSpec {
         tcp: false,
         extra: vec![],
@@ -58,8 +62,13 @@ pub(crate) struct Load {
 
 impl Load {
     pub(crate) fn start(plan: Plan, services: &[&Service]) -> Self {
+        Self::start_on(plan, services.iter().map(|s| s.base()).collect())
+    }
+
+    /// [`start`](Self::start) with the clients sent to `bases` (gateways in front of the
+    /// services, say) rather than to the services themselves.
+    pub(crate) fn start_on(plan: Plan, bases: Vec<String>) -> Self {
         let recorder = Arc::new(Recorder::default());
-        let bases = services.iter().map(|s| s.base()).collect();
         let task = tokio::spawn(workload::run(plan.clone(), bases, recorder.clone()));
         Self {
             plan,
@@ -78,8 +87,41 @@ impl Load {
         self.recorder.highest_token().expect("grants")
     }
 
-    fn running(&self) -> bool {
+    /// Once a write sent after `at` (a failover) is accepted, lets the clients go on for a
+    /// second more and stops them: however slow the machine, the promoted server has served
+    /// the workload (and secured its tokens at its first grant) before the verdict.
+    async fn stop_once_served_after(&self, at: Micros) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.recorder.first_write_after(at).is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "no write was accepted in the minute after the failover"
+            );
+            sleep_ms(100).await;
+        }
+        sleep_ms(1000).await;
+        self.recorder.stop();
+    }
+
+    pub(crate) fn running(&self) -> bool {
         !self.task.is_finished()
+    }
+
+    /// Waits (at most 200 ms) until a transaction is in flight to one of `services`, so that
+    /// a fault done next lands in the middle of it; returns whether one is.
+    async fn until_txn_in_flight(&self, services: &[Service]) -> bool {
+        let in_flight = || {
+            services
+                .iter()
+                .any(|s| self.recorder.txn_in_flight(&s.base()))
+        };
+        for _ in 0..200 {
+            if in_flight() {
+                break;
+            }
+            sleep_ms(1).await;
+        }
+        in_flight()
     }
 
     /// Waits for the clients to finish, reads the end state through `service`, checks the
@@ -101,6 +143,14 @@ impl Load {
             writeln!(err, "faults:   {:?}: {}", a.property, a.detail).ok();
         }
         report
+    }
+}
+
+/// A plan that runs until its scenario stops it ([`Recorder::stop`]).
+fn until_stopped() -> Plan {
+    Plan {
+        duration: Duration::from_secs(600),
+        ..plan(0)
     }
 }
 
@@ -141,14 +191,15 @@ pub(crate) fn assert_exactly_once(report: &Report, recorder: &Recorder, at_least
 }
 
 /// The fewest changing calls over which a scenario checks the exactly-once promise.
-const EXACTLY_ONCE_CALLS: usize = 1000;
+pub(crate) const EXACTLY_ONCE_CALLS: usize = 1000;
 
 /// The plan of a scenario that checks the exactly-once promise: twice the clients for longer,
 /// and on until [`EXACTLY_ONCE_CALLS`] are made, although the faults hold every call up for a
 /// while.
-fn exactly_once_plan() -> Plan {
+pub(crate) fn exactly_once_plan() -> Plan {
     Plan {
         clients: plan(0).clients * 2,
+        txn_clients: plan(0).txn_clients * 2,
         min_changing_calls: EXACTLY_ONCE_CALLS,
         ..plan(12)
     }
@@ -158,11 +209,55 @@ pub(crate) async fn sleep_ms(ms: u64) {
     tokio::time::sleep(Duration::from_millis(ms)).await;
 }
 
+/// Some of the faults landed while a transaction was in flight (`mid_txn` of them), and
+/// transactions were cut: answered `503 unavailable` (a transaction cut before its COMMIT was
+/// sent; the checker has verified that it left nothing) or sent again with their key after an
+/// unknown outcome.
+fn assert_txns_cut(mid_txn: usize, recorder: &Recorder) {
+    let unavailable = recorder
+        .history()
+        .iter()
+        .filter(|o| matches!(o.call, Call::Txn { .. }) && o.outcome == Outcome::NoEffect)
+        .count();
+    let figures = recorder.figures();
+    writeln!(
+        std::io::stderr(),
+        "faults:   transactions cut: {unavailable} answered 503 unavailable, {} attempts sent \
+         again after an unknown outcome",
+        figures.txn_unknown_attempts
+    )
+    .ok();
+    assert!(
+        mid_txn > 0 && unavailable + figures.txn_unknown_attempts > 0,
+        "the faults cut transactions: {mid_txn} faults mid-transaction, {unavailable} \
+         transactions answered 503 unavailable; {figures}"
+    );
+}
+
+/// Prints how many of the faults landed while a transaction was in flight.
+fn note_mid_txn(mid_txn: usize, faults: usize, what: &str) {
+    // Past the test harness's capture, as `Load::verdict` does.
+    writeln!(
+        std::io::stderr(),
+        "faults:   {mid_txn} of the {faults} {what} landed while a transaction was in flight"
+    )
+    .ok();
+}
+
 pub(crate) fn assert_clean(report: &Report) {
     assert!(
         report.anomalies.is_empty(),
         "{report}: {:#?}",
         report.anomalies
+    );
+}
+
+/// The transaction clients did their share under the fault: some transactions committed, and
+/// (the checker having found nothing) each whole, once, and fenced.
+pub(crate) fn assert_transactions_ran(report: &Report) {
+    assert!(
+        report.committed_txns > 0,
+        "transactions committed: {report}"
     );
 }
 
@@ -213,8 +308,10 @@ async fn crash_restarts_of_postgres_lose_no_acknowledged_write_and_never_reissue
     };
     let load = Load::start(plan, &[&services[0], &services[1]]);
     let mut faults = 0;
+    let mut mid_txn = 0;
     while load.running() && faults < crashes {
         sleep_ms(1000).await;
+        mid_txn += usize::from(load.until_txn_in_flight(&services).await);
         db.crash();
         sleep_ms(300).await;
         db.restart();
@@ -225,6 +322,9 @@ async fn crash_restarts_of_postgres_lose_no_acknowledged_write_and_never_reissue
         .verdict("postgres crash-restart", faults, &services[0])
         .await;
     assert_exactly_once(&report, &recorder, EXACTLY_ONCE_CALLS);
+    assert_transactions_ran(&report);
+    note_mid_txn(mid_txn, faults, "crashes");
+    assert_txns_cut(mid_txn, &recorder);
     assert_eq!(faults, crashes, "every crash happened under load");
 }
 
@@ -235,9 +335,11 @@ async fn a_service_killed_mid_request_leaves_the_other_serving_and_fencing_intac
     let mut services = two_services(&db.url(), dir.path(), false).await;
     let load = Load::start(plan(8), &[&services[0], &services[1]]);
     let mut faults = 0;
+    let mut mid_txn = 0;
     while load.running() {
         sleep_ms(800).await;
         let victim = &mut services[faults % 2];
+        mid_txn += usize::from(load.until_txn_in_flight(std::slice::from_ref(victim)).await);
         victim.kill();
         sleep_ms(300).await;
         victim.restart().await;
@@ -246,10 +348,13 @@ async fn a_service_killed_mid_request_leaves_the_other_serving_and_fencing_intac
     let recorder = load.recorder.clone();
     let report = load.verdict("service SIGKILL", faults, &services[0]).await;
     assert_clean(&report);
+    assert_transactions_ran(&report);
     let figures = recorder.figures();
+    note_mid_txn(mid_txn, faults, "kills");
     assert!(
-        figures.unknown_attempts > 0,
-        "some request was cut: {figures}"
+        mid_txn > 0 && figures.txn_unknown_attempts > 0,
+        "some kill cut a transaction, which was sent again: {mid_txn} kills mid-transaction; \
+         {figures}"
     );
 }
 
@@ -267,8 +372,10 @@ async fn answers_lost_after_commit_leave_indeterminate_operations_and_nothing_el
     let (_db, proxy, services) = behind_a_proxy(dir.path()).await;
     let load = Load::start(exactly_once_plan(), &[&services[0], &services[1]]);
     let mut faults = 0;
+    let mut mid_txn = 0;
     while load.running() {
         sleep_ms(600).await;
+        mid_txn += usize::from(load.until_txn_in_flight(&services).await);
         // In turn: cut every connection; stall them past the service's timeout, then let the
         // late answers through; stall them, then cut.
         match faults % 3 {
@@ -292,6 +399,9 @@ async fn answers_lost_after_commit_leave_indeterminate_operations_and_nothing_el
         .verdict("database link cut or stalled", faults, &services[0])
         .await;
     assert_exactly_once(&report, &recorder, EXACTLY_ONCE_CALLS);
+    assert_transactions_ran(&report);
+    note_mid_txn(mid_txn, faults, "cuts and stalls");
+    assert_txns_cut(mid_txn, &recorder);
     let figures = recorder.figures();
     assert!(
         figures.unknown_attempts > 0,
@@ -438,11 +548,13 @@ async fn failover_to_a_synchronous_standby_loses_no_acknowledged_write_nor_reiss
     // The services reach the database at a virtual address, moved to the standby on failover.
     let vip = Proxy::start(primary.tcp_addr()).await;
     let services = two_services(&tcp_url(vip.addr()), dir.path(), false).await;
-    let load = Load::start(plan(8), &[&services[0], &services[1]]);
+    let load = Load::start(until_stopped(), &[&services[0], &services[1]]);
     sleep_ms(3000).await;
+    let at = workload::now();
     primary.crash();
     standby.promote();
     vip.retarget(standby.tcp_addr());
+    load.stop_once_served_after(at).await;
     let report = load.verdict("failover, synchronous", 1, &services[0]).await;
     assert_clean(&report);
     assert_eq!(
@@ -466,16 +578,18 @@ async fn failover_to_a_lagging_asynchronous_standby_never_reissues_a_token() {
     wait_for_standbys(&primary, false).await;
     let vip = Proxy::start(primary.tcp_addr()).await;
     let services = two_services(&tcp_url(vip.addr()), dir.path(), false).await;
-    let load = Load::start(plan(8), &[&services[0], &services[1]]);
+    let load = Load::start(until_stopped(), &[&services[0], &services[1]]);
     sleep_ms(2000).await;
     link.stall();
     let handed_out = load.grant_burst(&services[0]).await;
+    let at = workload::now();
     primary.crash();
     standby.promote();
     let standby_sequence = standby
         .scalar("SELECT last_value FROM fencing_token_seq")
         .await;
     vip.retarget(standby.tcp_addr());
+    load.stop_once_served_after(at).await;
     let report = load
         .verdict("failover, asynchronous", 1, &services[0])
         .await;
@@ -525,19 +639,24 @@ pub(crate) const LOST_WITH_ASYNC: [Property; 6] = [
 /// time, so that a superseded holder often wakes before its successor's first write (the window
 /// that checking against written tokens leaves open).
 async fn stalling_holders(broken: bool) -> Report {
-    let dir = scratch();
-    let db = Cluster::primary(dir.path(), &unix_only()).await;
-    let services = two_services(&db.url(), dir.path(), broken).await;
     let plan = Plan {
         stall_chance: 0.5,
         ..plan(6)
     };
-    let load = Load::start(plan, &[&services[0], &services[1]]);
     let name = if broken {
         "negative control, fencing broken"
     } else {
         "negative control, fencing intact"
     };
+    stalling(plan, broken, name).await
+}
+
+/// Runs `plan` against two services, with fencing broken or not, and returns the verdict.
+async fn stalling(plan: Plan, broken: bool, name: &str) -> Report {
+    let dir = scratch();
+    let db = Cluster::primary(dir.path(), &unix_only()).await;
+    let services = two_services(&db.url(), dir.path(), broken).await;
+    let load = Load::start(plan, &[&services[0], &services[1]]);
     load.verdict(name, 0, &services[0]).await
 }
 
@@ -555,7 +674,23 @@ async fn with_fencing_intact_the_negative_controls_workload_has_no_anomalies() {
     let report = stalling_holders(false).await;
     assert_clean(&report);
     assert!(
-        report.refused_writes > 0,
-        "late writes were refused: {report}"
+        report.refused_writes > 0 && report.refused_txns > 0,
+        "late writes and late transactions were refused: {report}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_fencing_checked_against_written_tokens_the_checker_finds_late_transactions() {
+    // Transaction clients only: every write the checker finds late is a transaction's put.
+    let plan = Plan {
+        clients: 0,
+        txn_clients: 8,
+        stall_chance: 0.5,
+        ..plan(6)
+    };
+    let report = stalling(plan, true, "negative control, transactions, fencing broken").await;
+    assert!(
+        report.count(Property::WriteAfterNewerGrant) > 0,
+        "the checker caught the broken fencing of transactions: {report}"
     );
 }

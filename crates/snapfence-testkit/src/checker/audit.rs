@@ -1,7 +1,7 @@
 //! The audit log and the answers: one row per refused write, refusals justified, answers the
 //! contract allows.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::*;
 
@@ -22,11 +22,22 @@ impl<'a> Checker<'a> {
             }
         }
         for op in self.ops {
-            let Call::Put { token, .. } = op.call else {
+            let Some(token) = fenced_token(&op.call) else {
                 continue;
             };
             let found = rows.get(op.request_id().as_str()).map_or(&[][..], |r| r);
-            let describes = |row: &AuditRow| row.key == op.key && row.presented_token == token;
+            // A put's row names its key; a transaction's, the first of its keys it was refused
+            // on, beside its fence.
+            let describes = |row: &AuditRow| {
+                let (operation, key_ok) = match &op.call {
+                    Call::Txn { puts, .. } => ("txn", puts.iter().any(|p| p.key == row.key)),
+                    _ => ("put", row.key == op.key),
+                };
+                key_ok
+                    && row.presented_token == token
+                    && row.operation == operation
+                    && row.fencing_key == op.key
+            };
             match &op.outcome {
                 Outcome::Refused {
                     code,
@@ -89,10 +100,13 @@ impl<'a> Checker<'a> {
             }
         }
     }
-    /// A refusal must be explained: `stale_token` by a higher grant on the key or a release of
-    /// the token that may have happened before the write completed; `unknown_token` only for a
-    /// token that was not acknowledged as granted on this key (the clients present nothing else,
-    /// so that is never expected).
+    /// A refusal must be explained. `stale_token`: by rule (1), a release of the token on the
+    /// write's fence (its key, or a transaction's fence); by either rule, a higher grant (or an
+    /// indeterminate acquire) that may have happened before the write completed on its fence or
+    /// on any other fence that writes one of its keys (rule (2) refuses a write below a key's
+    /// highest written token, which only a higher grant on some fence of the key can make).
+    /// `unknown_token`: only a token that was not acknowledged as granted on the write's fence
+    /// (the clients present nothing else, so that is never expected).
     pub(super) fn refusals_justified(&mut self) {
         let mut granted_on: HashMap<&str, Vec<(&Op, i64)>> = HashMap::new();
         for (op, token) in granted(self.ops) {
@@ -101,33 +115,52 @@ impl<'a> Checker<'a> {
                 .or_default()
                 .push((op, token));
         }
+        // Every fence that some operation writes each key under.
+        let mut fences_of: HashMap<String, HashSet<&str>> = HashMap::new();
         for op in self.ops {
-            let (Call::Put { token, .. }, Outcome::Refused { code, .. }) = (&op.call, &op.outcome)
+            for w in asked(op) {
+                fences_of
+                    .entry(w.key.to_owned())
+                    .or_default()
+                    .insert(op.key.as_str());
+            }
+        }
+        for op in self.ops {
+            let (Some(token), Outcome::Refused { code, .. }) =
+                (fenced_token(&op.call), &op.outcome)
             else {
                 continue;
             };
             let grants = granted_on.get(op.key.as_str()).map_or(&[][..], |g| g);
             let explained = match code.as_str() {
                 "stale_token" => {
-                    grants
-                        .iter()
-                        .any(|(g, t)| t > token && g.invoked < op.completed)
-                        || self.ops.iter().any(|r| {
-                            r.key == op.key
-                                && r.invoked < op.completed
-                                && matches!(r.call, Call::Release { token: t } if t == *token)
-                                && !matches!(r.outcome, Outcome::Refused { .. } | Outcome::NoEffect)
+                    let mut fences: HashSet<&str> = HashSet::from([op.key.as_str()]);
+                    for w in asked(op) {
+                        fences.extend(fences_of.get(w.key).into_iter().flatten());
+                    }
+                    let released = self.ops.iter().any(|r| {
+                        r.key == op.key
+                            && r.invoked < op.completed
+                            && matches!(r.call, Call::Release { token: t } if t == token)
+                            && !matches!(r.outcome, Outcome::Refused { .. } | Outcome::NoEffect)
+                    });
+                    let newer = fences.iter().any(|f| {
+                        granted_on.get(f).is_some_and(|g| {
+                            g.iter()
+                                .any(|(g, t)| *t > token && g.invoked < op.completed)
                         })
-                        // A grant that was indeterminate may have taken effect with a token
-                        // no client learned.
-                        || self.ops.iter().any(|a| {
-                            a.key == op.key
-                                && a.invoked < op.completed
-                                && matches!(a.call, Call::Acquire { .. })
-                                && matches!(a.outcome, Outcome::Indeterminate(_))
-                        })
+                    });
+                    // A grant that was indeterminate may have taken effect with a token no
+                    // client learned.
+                    let unknown_grant = self.ops.iter().any(|a| {
+                        fences.contains(a.key.as_str())
+                            && a.invoked < op.completed
+                            && matches!(a.call, Call::Acquire { .. })
+                            && matches!(a.outcome, Outcome::Indeterminate(_))
+                    });
+                    released || newer || unknown_grant
                 }
-                "unknown_token" => !grants.iter().any(|(_, t)| t == token),
+                "unknown_token" => !grants.iter().any(|(_, t)| *t == token),
                 _ => true,
             };
             if !explained {

@@ -10,6 +10,10 @@
 //! *indeterminate* operation (timeout, connection cut, `503`) may or may not have taken effect:
 //! the checker accepts either, decided by what the end state and the audit log show, but
 //! nothing else.
+//!
+//! A transaction (`POST /v1/txn`) is one operation on its fence's key whose puts are writes of
+//! other keys: each is checked as a write fenced by the grants of the fence, and the end must
+//! hold all of a transaction's puts or none.
 
 mod audit;
 mod leases;
@@ -58,6 +62,23 @@ pub enum Call {
         /// The token released.
         token: i64,
     },
+    /// `POST /v1/txn` with `Fencing-Key` the op's key: puts of keys in its namespace, all or
+    /// nothing.
+    Txn {
+        /// The token presented.
+        token: i64,
+        /// The puts, in order, each of another key.
+        puts: Vec<TxnPut>,
+    },
+}
+
+/// One put of a transaction; `etag` names the body (each body of a history is unique).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TxnPut {
+    /// The key written.
+    pub key: String,
+    /// The ETag of the body sent.
+    pub etag: String,
 }
 
 /// A snapshot version as the server shows it.
@@ -88,6 +109,11 @@ pub enum Answer {
     },
     /// A read saw this version, or no snapshot.
     Read(Option<Version>),
+    /// A transaction committed; the version of each of its puts, in order.
+    Committed {
+        /// The versions.
+        versions: Vec<i64>,
+    },
 }
 
 /// How a call ended, as the client saw it.
@@ -151,6 +177,10 @@ pub struct AuditRow {
     pub reason: String,
     /// The token the write presented.
     pub presented_token: i64,
+    /// `put`, `delete` or `txn`.
+    pub operation: String,
+    /// The key of the lease that fenced the write (the key itself unless another was named).
+    pub fencing_key: String,
 }
 
 /// What the database holds once the history is over.
@@ -204,6 +234,8 @@ pub enum Property {
     /// Every grant is known to the client that asked for it: no acquire is refused because of
     /// its own grant ([`UNREPORTED_GRANT`]).
     UnreportedGrant,
+    /// A transaction took effect whole or not at all: the end holds all of its puts or none.
+    PartialTransaction,
 }
 
 /// One broken promise, with the operations that show it.
@@ -237,6 +269,10 @@ pub struct Report {
     pub accepted_writes: usize,
     /// Leases granted.
     pub grants: usize,
+    /// Transactions committed.
+    pub committed_txns: usize,
+    /// Transactions refused (and audited).
+    pub refused_txns: usize,
 }
 
 impl Report {
@@ -263,7 +299,7 @@ impl fmt::Display for Report {
             f,
             "{} operations ({} grants, {} writes accepted, {} refused), {} answered 503 \
              unavailable, {} indeterminate ({} of them writes that took effect, {} of these \
-             answered 503 indeterminate), {} anomalies",
+             answered 503 indeterminate), {} transactions committed, {} refused, {} anomalies",
             self.ops,
             self.grants,
             self.accepted_writes,
@@ -272,6 +308,8 @@ impl fmt::Display for Report {
             self.indeterminate,
             self.indeterminate_took_effect,
             self.indeterminate_answers_took_effect,
+            self.committed_txns,
+            self.refused_txns,
             self.anomalies.len()
         )?;
         let mut by_kind: BTreeMap<Property, usize> = BTreeMap::new();
@@ -288,10 +326,60 @@ impl fmt::Display for Report {
 /// A write as the checker sees it once the end state has decided indeterminate ones.
 struct Write<'a> {
     op: &'a Op,
+    /// The key written (for a transaction's put, not the op's key, its fence).
+    key: &'a str,
     token: i64,
     etag: &'a str,
     /// The version it is known to be: acknowledged, or found at the end.
     version: Option<i64>,
+}
+
+/// A write an operation asked for: a put, or one put of a transaction, with the version it was
+/// acknowledged as, if it was.
+struct Asked<'a> {
+    key: &'a str,
+    token: i64,
+    etag: &'a str,
+    acknowledged: Option<i64>,
+}
+
+/// The writes `op` asked for: none for a call that writes no snapshot.
+fn asked(op: &Op) -> Vec<Asked<'_>> {
+    match &op.call {
+        Call::Put { token, etag } => vec![Asked {
+            key: &op.key,
+            token: *token,
+            etag,
+            acknowledged: match op.outcome {
+                Outcome::Ok(Answer::Written { version }) => Some(version),
+                _ => None,
+            },
+        }],
+        Call::Txn { token, puts } => {
+            let versions = match &op.outcome {
+                Outcome::Ok(Answer::Committed { versions }) => Some(versions),
+                _ => None,
+            };
+            puts.iter()
+                .enumerate()
+                .map(|(n, p)| Asked {
+                    key: &p.key,
+                    token: *token,
+                    etag: &p.etag,
+                    acknowledged: versions.and_then(|v| v.get(n).copied()),
+                })
+                .collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// The token a fenced write (a put or a transaction) presented.
+fn fenced_token(call: &Call) -> Option<i64> {
+    match call {
+        Call::Put { token, .. } | Call::Txn { token, .. } => Some(*token),
+        _ => None,
+    }
 }
 
 /// Checks a history against the end state.
@@ -311,6 +399,7 @@ pub fn check(ops: &[Op], end: &FinalState) -> Report {
     c.refusals_justified();
     c.unexpected_answers();
     let puts = || ops.iter().filter(|o| matches!(o.call, Call::Put { .. }));
+    let txns = || ops.iter().filter(|o| matches!(o.call, Call::Txn { .. }));
     Report {
         ops: ops.len(),
         indeterminate: ops
@@ -338,6 +427,12 @@ pub fn check(ops: &[Op], end: &FinalState) -> Report {
             .filter(|o| matches!(o.outcome, Outcome::Ok(_)))
             .count(),
         grants: granted(ops).count(),
+        committed_txns: txns()
+            .filter(|o| matches!(o.outcome, Outcome::Ok(_)))
+            .count(),
+        refused_txns: txns()
+            .filter(|o| matches!(o.outcome, Outcome::Refused { .. }))
+            .count(),
         anomalies: c.anomalies,
     }
 }

@@ -7,17 +7,17 @@ use super::*;
 impl<'a> Checker<'a> {
     pub(super) fn reads(&mut self) {
         let end = self.end;
-        let mut writes: HashMap<(&str, &str), &Op> = HashMap::new();
+        let mut writes: HashMap<(&str, &str), (&Op, Asked<'_>)> = HashMap::new();
         let mut acked: HashMap<&str, Vec<(Micros, i64, u64)>> = HashMap::new();
         for op in self.ops {
-            if let Call::Put { etag, .. } = &op.call {
-                writes.insert((op.key.as_str(), etag.as_str()), op);
-                if let Outcome::Ok(Answer::Written { version }) = op.outcome {
+            for w in asked(op) {
+                if let Some(version) = w.acknowledged {
                     acked
-                        .entry(op.key.as_str())
+                        .entry(w.key)
                         .or_default()
                         .push((op.completed, version, op.id));
                 }
+                writes.insert((w.key, w.etag), (op, w));
             }
         }
         for op in self.ops {
@@ -45,14 +45,10 @@ impl<'a> Checker<'a> {
             }
             let Some(seen) = seen else { continue };
             match writes.get(&(op.key.as_str(), seen.etag.as_str())) {
-                Some(w) => {
-                    let consistent = match (&w.call, &w.outcome) {
-                        (Call::Put { token, .. }, Outcome::Ok(Answer::Written { version })) => {
-                            *token == seen.token && *version == seen.version
-                        }
-                        (Call::Put { token, .. }, Outcome::Indeterminate(_)) => {
-                            *token == seen.token
-                        }
+                Some((w, asked)) => {
+                    let consistent = match (asked.acknowledged, &w.outcome) {
+                        (Some(version), _) => asked.token == seen.token && version == seen.version,
+                        (None, Outcome::Indeterminate(_)) => asked.token == seen.token,
                         _ => false,
                     };
                     if !consistent {

@@ -30,91 +30,113 @@ impl<'a> Checker<'a> {
         let mut effective = Vec::new();
         let mut made: HashSet<(&str, &str)> = HashSet::new();
         for op in self.ops {
-            let Call::Put { token, etag } = &op.call else {
-                continue;
-            };
-            let found = stored.get(&(op.key.as_str(), etag.as_str())).copied();
-            if found.is_some() {
-                made.insert((op.key.as_str(), etag.as_str()));
-            }
-            match (&op.outcome, found) {
-                (Outcome::Ok(Answer::Written { version }), Some(v)) => {
-                    if v.version != *version || v.token != *token {
+            let writes = asked(op);
+            let mut stored_of_op = 0;
+            for w in &writes {
+                let found = stored.get(&(w.key, w.etag)).copied();
+                if found.is_some() {
+                    made.insert((w.key, w.etag));
+                    stored_of_op += 1;
+                }
+                let (token, key) = (w.token, w.key);
+                match (&op.outcome, w.acknowledged, found) {
+                    (_, Some(version), Some(v)) => {
+                        if v.version != version || v.token != token {
+                            self.flag(
+                                Property::LostWrite,
+                                format!(
+                                    "op {} was acknowledged as version {version} with token \
+                                     {token} of {key:?}; the end holds its body as version {} \
+                                     with token {}",
+                                    op.id, v.version, v.token
+                                ),
+                            );
+                        }
+                        effective.push(Write {
+                            op,
+                            key,
+                            token,
+                            etag: w.etag,
+                            version: Some(version),
+                        });
+                    }
+                    (_, Some(version), None) => {
                         self.flag(
                             Property::LostWrite,
                             format!(
-                                "op {} was acknowledged as version {version} with token {token} \
-                                 of {:?}; the end holds its body as version {} with token {}",
-                                op.id, op.key, v.version, v.token
+                                "op {} was acknowledged as version {version} of {key:?} and is \
+                                 not there at the end",
+                                op.id
                             ),
                         );
+                        effective.push(Write {
+                            op,
+                            key,
+                            token,
+                            etag: w.etag,
+                            version: Some(version),
+                        });
                     }
-                    effective.push(Write {
-                        op,
-                        token: *token,
-                        etag,
-                        version: Some(*version),
-                    });
-                }
-                (Outcome::Ok(Answer::Written { version }), None) => {
-                    self.flag(
-                        Property::LostWrite,
+                    (Outcome::Indeterminate(_), None, Some(v)) => {
+                        if v.token != token {
+                            self.flag(
+                                Property::PhantomWrite,
+                                format!(
+                                    "op {} presented token {token} and its body of {key:?} is \
+                                     stored with token {}",
+                                    op.id, v.token
+                                ),
+                            );
+                        }
+                        if audited.contains(op.request_id().as_str()) {
+                            self.flag(
+                                Property::BothOutcomes,
+                                format!(
+                                    "indeterminate op {} is stored as version {} of {key:?} and \
+                                     also audited as refused",
+                                    op.id, v.version
+                                ),
+                            );
+                        }
+                        effective.push(Write {
+                            op,
+                            key,
+                            token,
+                            etag: w.etag,
+                            version: Some(v.version),
+                        });
+                    }
+                    (Outcome::NoEffect, None, Some(v)) => self.flag(
+                        Property::HonestUnavailable,
                         format!(
-                            "op {} was acknowledged as version {version} of {:?} and is not there \
-                             at the end",
-                            op.id, op.key
+                            "op {} was answered 503 unavailable (nothing changed) and is stored \
+                             as version {} of {key:?}",
+                            op.id, v.version
                         ),
-                    );
-                    effective.push(Write {
-                        op,
-                        token: *token,
-                        etag,
-                        version: Some(*version),
-                    });
-                }
-                (Outcome::Indeterminate(_), Some(v)) => {
-                    if v.token != *token {
-                        self.flag(
-                            Property::PhantomWrite,
-                            format!(
-                                "op {} presented token {token} and its body is stored with token {}",
-                                op.id, v.token
-                            ),
-                        );
-                    }
-                    if audited.contains(op.request_id().as_str()) {
-                        self.flag(
-                            Property::BothOutcomes,
-                            format!(
-                                "indeterminate op {} is stored as version {} of {:?} and also \
-                                 audited as refused",
-                                op.id, v.version, op.key
-                            ),
-                        );
-                    }
-                    effective.push(Write {
-                        op,
-                        token: *token,
-                        etag,
-                        version: Some(v.version),
-                    });
-                }
-                (Outcome::NoEffect, Some(v)) => self.flag(
-                    Property::HonestUnavailable,
-                    format!(
-                        "op {} was answered 503 unavailable (nothing changed) and is stored as \
-                         version {} of {:?}",
-                        op.id, v.version, op.key
                     ),
-                ),
-                (Outcome::Refused { code, .. }, Some(v)) => self.flag(
-                    Property::PhantomWrite,
-                    format!(
-                        "op {} was refused ({code}) and is stored as version {} of {:?}",
-                        op.id, v.version, op.key
+                    (Outcome::Refused { code, .. }, None, Some(v)) => self.flag(
+                        Property::PhantomWrite,
+                        format!(
+                            "op {} was refused ({code}) and is stored as version {} of {key:?}",
+                            op.id, v.version
+                        ),
                     ),
-                ),
-                _ => {}
+                    _ => {}
+                }
+            }
+            if matches!(op.call, Call::Txn { .. })
+                && stored_of_op > 0
+                && stored_of_op < writes.len()
+            {
+                self.flag(
+                    Property::PartialTransaction,
+                    format!(
+                        "transaction op {} ({:?}) left {stored_of_op} of its {} puts at the end",
+                        op.id,
+                        op.outcome,
+                        writes.len()
+                    ),
+                );
             }
         }
         for (key, versions) in &end.versions {
@@ -162,8 +184,8 @@ impl<'a> Checker<'a> {
             }
         }
     }
-    /// A write that took effect after a grant with a higher token on its key was acknowledged
-    /// was made with a token that was not the key's newest at any moment of its call.
+    /// A write that took effect after a grant with a higher token on its fence was acknowledged
+    /// was made with a token that was not the fence's newest at any moment of its call.
     pub(super) fn writes_after_newer_grants(&mut self, effective: &[Write<'_>]) {
         let mut grants: HashMap<&str, Vec<(Micros, i64, u64)>> = HashMap::new();
         for (op, token) in granted(self.ops) {
@@ -190,6 +212,8 @@ impl<'a> Checker<'a> {
             newest.insert(key, running);
         }
         for w in effective {
+            // A write is fenced by the lease on the op's key: the key itself for a put, the
+            // fence of a transaction.
             let Some(list) = newest.get(w.op.key.as_str()) else {
                 continue;
             };
@@ -203,8 +227,8 @@ impl<'a> Checker<'a> {
                     Property::WriteAfterNewerGrant,
                     format!(
                         "op {} wrote {:?} with token {} (version {:?}, etag {}) after op {grant} \
-                         was granted token {t} at {at}",
-                        w.op.id, w.op.key, w.token, w.version, w.etag
+                         was granted token {t} of its fence {:?} at {at}",
+                        w.op.id, w.key, w.token, w.version, w.etag, w.op.key
                     ),
                 );
             }
