@@ -152,6 +152,7 @@ class SnapfenceSaver(BaseCheckpointSaver[int]):
         self.page_size = page_size
         self._mu = threading.Lock()
         self._held: Dict[str, ThreadHold] = {}
+        self._taking = threading.Lock()
 
     # ---- Holding threads ---------------------------------------------------------------------
 
@@ -221,17 +222,10 @@ class SnapfenceSaver(BaseCheckpointSaver[int]):
         if h is None:
             if not self.auto_hold:
                 raise L.ThreadNotHeld(thread_id, self.layout.thread(thread_id))
-            with self._mu:
-                h = self._held.get(thread_id)
-            if h is None:
-                h = self.hold(thread_id)
-                try:
-                    h.start()
-                except InvalidRequest:  # another caller took it for this saver meanwhile
-                    h2 = self.held(thread_id)
-                    if h2 is None:
-                        raise
-                    h = h2
+            with self._taking:  # one acquire at a time: LangGraph writes from several threads
+                h = self.held(thread_id)
+                if h is None:
+                    h = self.hold(thread_id).start()
         return h.key, h.token
 
     # ---- Reading ------------------------------------------------------------------------------
