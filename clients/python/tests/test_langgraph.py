@@ -5,6 +5,7 @@ graph resumes on another worker; a saver writes only the threads it holds."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
@@ -22,7 +23,7 @@ from langgraph.graph import END, START, StateGraph
 from test_v13 import v13  # noqa: F401  (the probe fixture: the saver needs contract v1.3)
 
 import snapfence
-from snapfence.langgraph import SnapfenceSaver, ThreadNotHeld
+from snapfence.langgraph import AsyncSnapfenceSaver, SnapfenceSaver, ThreadNotHeld
 
 pytestmark = pytest.mark.usefixtures("v13")
 WORKER = str(Path(__file__).with_name("langgraph_worker.py"))
@@ -140,10 +141,10 @@ def superseded_worker(url: str, tmp_path: Path, workers: List[Worker], *mode: st
     latest_key = saver.layout.checkpoint(thread, "", latest.checkpoint["id"])
     assert before[latest_key][1] == token2
     # The refusal is in the audit log.
-    found = [r for r in client.iter_rejections() if r.id == refusal["audit_id"]]
-    assert len(found) == 1
-    assert found[0].reason == "stale_token" and found[0].presented_token == token1
-    assert found[0].key.startswith(thread_key + "/") and found[0].operation == "txn"
+    audited = next((r for r in client.iter_rejections() if r.id == refusal["audit_id"]), None)
+    assert audited is not None, f"no audit row {refusal['audit_id']}"
+    assert (audited.reason, audited.operation, audited.presented_token) == ("stale_token", "txn", token1)
+    assert audited.key.startswith(thread_key + "/")
 
 
 def test_a_worker_paused_past_its_lease_is_refused_and_its_successor_keeps_the_thread(
@@ -231,3 +232,20 @@ def test_an_auto_holding_saver_takes_a_thread_at_its_first_write_and_not_again_o
         assert graph.get_state(config).values == 2
     saver.close()
     assert saver.held(thread) is None
+
+
+def test_the_async_savers_blocking_methods_run_on_its_loop_from_another_thread(url: str) -> None:
+    prefix, thread = names()
+    config: Any = {"configurable": {"thread_id": thread}}
+
+    async def main() -> None:
+        async with snapfence.AsyncClient(url) as client:
+            async with AsyncSnapfenceSaver(client, prefix=prefix, auto_hold=True) as saver:
+                graph = counter().compile(checkpointer=saver)
+                assert await graph.ainvoke(1, config) == 2
+                state = await asyncio.to_thread(graph.get_state, config)
+                assert state.values == 2
+                with pytest.raises(asyncio.InvalidStateError, match="another thread"):
+                    saver.get_tuple(config)
+
+    asyncio.run(main())

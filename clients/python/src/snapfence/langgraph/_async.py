@@ -429,8 +429,8 @@ class AsyncSnapfenceSaver(BaseCheckpointSaver[int]):
     # ---- The blocking forms: the async ones, on the saver's loop --------------------------------
 
     def _bind(self) -> None:
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
+        # The loop the saver was last used on: where the blocking methods send their work.
+        self._loop = asyncio.get_running_loop()
 
     def _on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
         loop = self._loop
