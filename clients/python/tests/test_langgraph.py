@@ -249,3 +249,21 @@ def test_the_async_savers_blocking_methods_run_on_its_loop_from_another_thread(u
                     saver.get_tuple(config)
 
     asyncio.run(main())
+
+
+def test_threads_whose_ids_nest_or_hold_a_slash_are_kept_apart(url: str) -> None:
+    client = snapfence.Client(url)
+    prefix, _ = names()
+    saver = SnapfenceSaver(client, prefix=prefix, auto_hold=True)
+    graph = counter().compile(checkpointer=saver)
+    for thread, n in (("a", 1), ("a/b", 10), ("a%2Fb", 100)):
+        assert graph.invoke(n, {"configurable": {"thread_id": thread}}) == n + 1
+    for thread, n in (("a", 1), ("a/b", 10), ("a%2Fb", 100)):
+        listed = list(saver.list({"configurable": {"thread_id": thread}}))
+        assert listed and {t.config["configurable"]["thread_id"] for t in listed} == {thread}
+        assert graph.get_state({"configurable": {"thread_id": thread}}).values == n + 1
+    saver.delete_thread("a")
+    assert saver.get_tuple({"configurable": {"thread_id": "a"}}) is None
+    assert graph.get_state({"configurable": {"thread_id": "a/b"}}).values == 11
+    assert graph.get_state({"configurable": {"thread_id": "a%2Fb"}}).values == 101
+    saver.close()
