@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from types import TracebackType
-from typing import Any, Dict, List, Optional, Tuple, Type, TypeVar
+from typing import Any, Dict, List, Optional, Set, Tuple, Type, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -15,6 +15,7 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
+    PendingWrite,
     get_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
@@ -22,7 +23,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from .._async import AsyncClient, AsyncLeaseKeeper
 from .._core import Seconds
 from .._errors import InvalidRequest, LeaseLost, NotFound, PreconditionFailed
-from .._types import Grant, SnapshotMeta, TxnOp
+from .._types import Grant, TxnOp
 from . import _layout as L
 from ._sync import _drop_checkpoint, _listing, default_owner
 
@@ -218,7 +219,7 @@ class AsyncSnapfenceSaver(BaseCheckpointSaver[int]):
         except NotFound:
             return None
 
-    async def _writes(self, thread_id: str, ns: str, checkpoint_id: str) -> List[Any]:
+    async def _writes(self, thread_id: str, ns: str, checkpoint_id: str) -> List[PendingWrite]:
         prefix = self.layout.writes(thread_id, ns, checkpoint_id)
         keys = [str(i.key) async for i in self.client.iter_snapshots(prefix=prefix, page_size=self.page_size)]
         bodies = await asyncio.gather(*(self._body(k) for k in keys))
@@ -409,9 +410,8 @@ class AsyncSnapfenceSaver(BaseCheckpointSaver[int]):
             if strategy == "delete":
                 await self.adelete_thread(thread_id)
                 continue
-            seen: set[str] = set()
+            seen: Set[str] = set()
             ops: List[TxnOp] = []
-            item: SnapshotMeta
             async for item in self.client.iter_snapshots(
                 prefix=self.layout.checkpoints(thread_id), order="desc", page_size=self.page_size
             ):

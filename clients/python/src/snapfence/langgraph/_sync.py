@@ -8,9 +8,9 @@ import asyncio
 import os
 import socket
 import threading
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import Any, Dict, List, Optional, Tuple, Type
+from typing import Any, Dict, List, Optional, Set, Tuple, Type
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -19,6 +19,7 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
+    PendingWrite,
     get_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
@@ -236,7 +237,7 @@ class SnapfenceSaver(BaseCheckpointSaver[int]):
         except NotFound:
             return None
 
-    def _writes(self, thread_id: str, ns: str, checkpoint_id: str) -> List[Any]:
+    def _writes(self, thread_id: str, ns: str, checkpoint_id: str) -> List[PendingWrite]:
         prefix = self.layout.writes(thread_id, ns, checkpoint_id)
         bodies = []
         for item in self.client.iter_snapshots(prefix=prefix, page_size=self.page_size):
@@ -517,12 +518,11 @@ def _drop_checkpoint(layout: L.Layout, thread_id: str, ns: str, checkpoint_id: s
     ]
 
 
-def _older(layout: L.Layout, newest_first: Any) -> List[TxnOp]:
+def _older(layout: L.Layout, newest_first: Iterable[SnapshotMeta]) -> List[TxnOp]:
     """The deletes of ``prune(keep_latest)``: every checkpoint but the latest of each namespace,
     with its writes."""
-    seen: set[Tuple[str, str]] = set()
+    seen: Set[Tuple[str, str]] = set()
     ops: List[TxnOp] = []
-    item: SnapshotMeta
     for item in newest_first:
         parsed = layout.parse_checkpoint(str(item.key))
         if parsed is None:
