@@ -143,7 +143,8 @@ def superseded_worker(url: str, tmp_path: Path, workers: List[Worker], *mode: st
     # The refusal is in the audit log.
     audited = next((r for r in client.iter_rejections() if r.id == refusal["audit_id"]), None)
     assert audited is not None, f"no audit row {refusal['audit_id']}"
-    assert (audited.reason, audited.operation, audited.presented_token) == ("stale_token", "txn", token1)
+    assert (audited.reason, audited.presented_token, audited.holder) == ("stale_token", token1, "w2")
+    assert audited.operation in ("put", "txn")  # a checkpoint, or a task's writes
     assert audited.key.startswith(thread_key + "/")
 
 

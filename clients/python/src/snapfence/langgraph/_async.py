@@ -298,14 +298,16 @@ class AsyncSnapfenceSaver(BaseCheckpointSaver[int]):
         self._bind()
         thread_id, ns, parent = L.target(config)
         md = get_checkpoint_metadata(config, metadata)
-        op = TxnOp.put(
+        body = L.checkpoint_body(self.serde, checkpoint, md, parent)
+        fence, token = await self._fence(thread_id)
+        await self.client.put_snapshot(
             self.layout.checkpoint(thread_id, ns, checkpoint["id"]),
-            L.checkpoint_body(self.serde, checkpoint, md, parent),
+            token,
+            body,
             content_type=L.CHECKPOINT_TYPE,
+            fencing_key=fence,
             metadata=L.checkpoint_head(md, parent),
         )
-        fence, token = await self._fence(thread_id)
-        await self.client.txn(fence, token, [op])
         return L.config_of(thread_id, ns, checkpoint["id"])
 
     async def aput_writes(
