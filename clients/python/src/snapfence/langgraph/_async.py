@@ -23,7 +23,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from .._async import AsyncClient, AsyncLeaseKeeper
 from .._core import Seconds
 from .._errors import InvalidRequest, LeaseLost, NotFound, PreconditionFailed
-from .._types import Grant, TxnOp
+from .._types import Grant, SnapshotMeta, TxnOp
 from . import _layout as L
 from ._sync import _drop_checkpoint, _listing, default_owner
 
@@ -240,14 +240,30 @@ class AsyncSnapfenceSaver(BaseCheckpointSaver[int]):
         thread_id, ns, checkpoint_id = L.target(config)
         if checkpoint_id is not None:
             return await self._tuple(thread_id, ns, checkpoint_id)
-        page = await self.client.list_snapshots(
-            prefix=self.layout.checkpoints(thread_id, ns), order="desc", limit=1
-        )
-        for item in page.items:
+        async for item in self._newest_first(self.layout.checkpoints(thread_id, ns), page_size=1):
             parsed = self.layout.parse_checkpoint(str(item.key))
             if parsed is not None:
                 return await self._tuple(*parsed)
         return None
+
+    async def _newest_first(
+        self, prefix: str, *, start_after: Optional[str] = None, page_size: Optional[int] = None
+    ) -> AsyncIterator[SnapshotMeta]:
+        """The keys under ``prefix`` in ``desc`` order, with their metadata."""
+        try:
+            async for item in self.client.iter_snapshots(
+                prefix=prefix,
+                start_after=start_after,
+                order="desc",
+                include_metadata=True,
+                page_size=page_size or self.page_size,
+            ):
+                yield item
+        except InvalidRequest as e:
+            plain = L.before_v13(e)
+            if plain is None:
+                raise
+            raise plain from e
 
     async def alist(
         self,
@@ -260,13 +276,7 @@ class AsyncSnapfenceSaver(BaseCheckpointSaver[int]):
         self._bind()
         prefix, start_after, only, below = _listing(self.layout, config, before)
         left = limit
-        async for item in self.client.iter_snapshots(
-            prefix=prefix,
-            start_after=start_after,
-            order="desc",
-            include_metadata=True,
-            page_size=self.page_size,
-        ):
+        async for item in self._newest_first(prefix, start_after=start_after):
             if left is not None and left <= 0:
                 return
             parsed = self.layout.parse_checkpoint(str(item.key))
@@ -414,9 +424,7 @@ class AsyncSnapfenceSaver(BaseCheckpointSaver[int]):
                 continue
             seen: Set[str] = set()
             ops: List[TxnOp] = []
-            async for item in self.client.iter_snapshots(
-                prefix=self.layout.checkpoints(thread_id), order="desc", page_size=self.page_size
-            ):
+            async for item in self._newest_first(self.layout.checkpoints(thread_id)):
                 parsed = self.layout.parse_checkpoint(str(item.key))
                 if parsed is None:
                     continue

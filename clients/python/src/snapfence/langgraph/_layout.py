@@ -26,7 +26,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from .._errors import SnapfenceError
+from .._errors import InvalidRequest, SnapfenceError
 from .._types import SnapshotMeta, TxnOp
 
 CHECKPOINT_TYPE = "application/vnd.snapfence.langgraph-checkpoint"
@@ -222,3 +222,16 @@ class ThreadNotHeld(SnapfenceError):
         )
         self.thread_id = thread_id
         self.key = key
+
+
+def before_v13(e: InvalidRequest) -> Optional[InvalidRequest]:
+    """A server before contract v1.3 refusing the ordered listing, said plainly (``None`` for
+    any other invalid request)."""
+    if not any(word in e.detail for word in ("order", "include", "start_after")):
+        return None
+    return InvalidRequest(
+        "snapfence.langgraph needs a server with contract v1.3 (the ordered listing, namespace "
+        f"fences, transactions); this one refused the ordered listing ({e.detail}): upgrade it",
+        request_id=e.request_id,
+        problem=e.problem,
+    )

@@ -258,15 +258,29 @@ class SnapfenceSaver(BaseCheckpointSaver[int]):
         thread_id, ns, checkpoint_id = L.target(config)
         if checkpoint_id is not None:
             return self._tuple(thread_id, ns, checkpoint_id)
-        page = self.client.list_snapshots(
-            prefix=self.layout.checkpoints(thread_id, ns), order="desc", limit=1
-        )
-        for item in page.items:
-            assert item.key is not None
-            parsed = self.layout.parse_checkpoint(item.key)
+        for item in self._newest_first(self.layout.checkpoints(thread_id, ns), page_size=1):
+            parsed = self.layout.parse_checkpoint(str(item.key))
             if parsed is not None:
                 return self._tuple(*parsed)
         return None
+
+    def _newest_first(
+        self, prefix: str, *, start_after: Optional[str] = None, page_size: Optional[int] = None
+    ) -> Iterator[SnapshotMeta]:
+        """The keys under ``prefix`` in ``desc`` order, with their metadata."""
+        try:
+            yield from self.client.iter_snapshots(
+                prefix=prefix,
+                start_after=start_after,
+                order="desc",
+                include_metadata=True,
+                page_size=page_size or self.page_size,
+            )
+        except InvalidRequest as e:
+            plain = L.before_v13(e)
+            if plain is None:
+                raise
+            raise plain from e
 
     def list(
         self,
@@ -278,13 +292,7 @@ class SnapfenceSaver(BaseCheckpointSaver[int]):
     ) -> Iterator[CheckpointTuple]:
         prefix, start_after, only, below = _listing(self.layout, config, before)
         left = limit
-        for item in self.client.iter_snapshots(
-            prefix=prefix,
-            start_after=start_after,
-            order="desc",
-            include_metadata=True,
-            page_size=self.page_size,
-        ):
+        for item in self._newest_first(prefix, start_after=start_after):
             if left is not None and left <= 0:
                 return
             assert item.key is not None
@@ -430,9 +438,7 @@ class SnapfenceSaver(BaseCheckpointSaver[int]):
                 continue
             ops = _older(
                 self.layout,
-                self.client.iter_snapshots(
-                    prefix=self.layout.checkpoints(thread_id), order="desc", page_size=self.page_size
-                ),
+                self._newest_first(self.layout.checkpoints(thread_id)),
             )
             if ops:
                 fence, token = self._fence(thread_id)
