@@ -19,6 +19,7 @@ import pytest
 
 pytest.importorskip("langgraph.checkpoint.base", reason="the langgraph extra is not installed")
 
+from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph import END, START, StateGraph
 from test_v13 import v13  # noqa: F401  (the probe fixture: the saver needs contract v1.3)
 
@@ -268,3 +269,39 @@ def test_threads_whose_ids_nest_or_hold_a_slash_are_kept_apart(url: str) -> None
     assert graph.get_state({"configurable": {"thread_id": "a/b"}}).values == 11
     assert graph.get_state({"configurable": {"thread_id": "a%2Fb"}}).values == 101
     saver.close()
+
+
+def test_list_filters_on_metadata_too_large_for_the_snapshot_head_by_reading_the_body(url: str) -> None:
+    client = snapfence.Client(url)
+    prefix, thread = names()
+    with SnapfenceSaver(client, prefix=prefix, auto_hold=True) as saver:
+        big = "x" * 5000
+        for step, note in ((0, "small"), (1, big)):
+            cp = empty_checkpoint()
+            saver.put(
+                {"configurable": {"thread_id": thread, "checkpoint_ns": ""}},
+                cp,
+                {"step": step, "note": note},
+                {},
+            )
+        heads_md = [
+            m.metadata
+            for m in client.iter_snapshots(prefix=saver.layout.checkpoints(thread), include_metadata=True)
+        ]
+        assert sum("m" not in (h or {}) for h in heads_md) == 1, (
+            "the large metadata should not be in the head"
+        )
+        found = list(saver.list({"configurable": {"thread_id": thread}}, filter={"note": big}))
+        assert [t.metadata["step"] for t in found] == [1]
+
+
+def test_put_writes_beyond_one_transaction_stores_them_all(url: str) -> None:
+    client = snapfence.Client(url)
+    prefix, thread = names()
+    with SnapfenceSaver(client, prefix=prefix, auto_hold=True, max_txn_ops=8) as saver:
+        config = saver.put(
+            {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}, empty_checkpoint(), {}, {}
+        )
+        saver.put_writes(config, [(f"ch{i}", i) for i in range(20)], "task-1")
+        tup = saver.get_tuple(config)
+        assert tup is not None and tup.pending_writes == [("task-1", f"ch{i}", i) for i in range(20)]
