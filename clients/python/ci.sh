@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # CI of the Python client (clients/python), run from the repository root (by .ci/run, or by hand):
 # a fresh virtual environment under target/, the package built as a wheel and installed in it
-# with the dev tools (pytest, mypy, ruff: in the venv only), then `mypy --strict` and
-# `ruff check` on the package and pytest. The tests start `snapfence serve` themselves, from
-# target/debug/snapfence (built here when missing) with an embedded PostgreSQL, so the
-# PostgreSQL server binaries must be there too; the TLS test makes its CA with openssl.
+# with its `langgraph` extra and the dev tools (pytest, mypy, ruff, LangGraph's conformance suite:
+# in the venv only), then `mypy --strict` and `ruff check` on the package, pytest, and the report
+# of LangGraph's conformance suite on snapfence.langgraph's savers (run by one of the tests).
+# The tests start `snapfence serve` themselves, from target/debug/snapfence (built here when
+# missing) with an embedded PostgreSQL, so the PostgreSQL server binaries must be there too; the
+# TLS test makes its CA with openssl.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -50,16 +52,33 @@ rm -rf "$venv"
 "$venv/bin/python" -m pip wheel -q --no-deps -w "$venv/wheels" ./clients/python
 # setuptools builds in the source tree: leave it as it was.
 rm -rf clients/python/build clients/python/src/snapfence.egg-info
-"$venv/bin/python" -m pip install -q "$venv"/wheels/snapfence-*.whl \
+wheel=$(ls "$venv"/wheels/snapfence-*.whl)
+langgraph=()
+if "$venv/bin/python" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+  # The versions snapfence.langgraph is tested with; the extra itself takes any 1.x / 4.x.
+  langgraph=(langgraph==1.2.24 langgraph-checkpoint==4.3.2 langgraph-checkpoint-conformance==0.0.2)
+fi
+"$venv/bin/python" -m pip install -q "$wheel[langgraph]" "${langgraph[@]}" \
   pytest==9.2.0 pytest-timeout==2.4.0 mypy==2.4.1 ruff==0.17.6
-"$venv/bin/python" -m pip list --format=freeze | grep -iE '^(snapfence|httpx)=='
+"$venv/bin/python" -m pip list --format=freeze | grep -iE '^(snapfence|httpx|langgraph[a-z-]*)=='
+# The core package depends on httpx alone; LangGraph comes with the extra only.
+"$venv/bin/python" - <<'PY'
+from importlib.metadata import requires
+core = [r for r in requires("snapfence") or [] if "extra ==" not in r]
+assert [r.split(">")[0].split("<")[0].strip() for r in core] == ["httpx"], core
+print("core dependencies:", core)
+PY
 
 cd "$root/clients/python"
 # The tools' caches go with the venv, not into the source tree.
 export MYPY_CACHE_DIR=$venv/mypy-cache RUFF_CACHE_DIR=$venv/ruff-cache
 
 step "mypy --strict (the package)"
-"$venv/bin/mypy" --strict src/snapfence
+if [ ${#langgraph[@]} -gt 0 ]; then
+  "$venv/bin/mypy" --strict src/snapfence
+else
+  "$venv/bin/mypy" --strict --exclude 'src/snapfence/langgraph/' src/snapfence
+fi
 
 step "ruff check, ruff format --check"
 "$venv/bin/ruff" check src tests
@@ -67,10 +86,19 @@ step "ruff check, ruff format --check"
 
 step "pytest (against snapfence serve)"
 log=$venv/pytest.log
+export SNAPFENCE_LANGGRAPH_REPORT=$venv/langgraph-conformance.txt
+rm -f "$SNAPFENCE_LANGGRAPH_REPORT"
 set +e
 # The installed wheel is what is tested (not src/): -p no:cacheprovider keeps the tree clean.
 "$venv/bin/python" -m pytest -p no:cacheprovider -rs --timeout 600 tests 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 set -e
+
+step "LangGraph's conformance suite on snapfence.langgraph (tests/test_langgraph_conformance.py)"
+if [ -s "$SNAPFENCE_LANGGRAPH_REPORT" ]; then
+  cat "$SNAPFENCE_LANGGRAPH_REPORT"
+else
+  echo "not run (LangGraph needs Python 3.10+, snapfence.langgraph a server with contract v1.3)"
+fi
 printf '\npython client: %s\n' "$(grep -E '^=+ .*(passed|failed|error).* =+$' "$log" | tail -n 1 | sed -E 's/^=+ //; s/ =+$//')"
 exit "$rc"
