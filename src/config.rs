@@ -11,7 +11,7 @@ use clap::{Args, ValueEnum};
 
 use crate::domain::TtlBounds;
 use crate::http::extract::MAX_JSON_BYTES;
-use crate::state::{RateLimit, Rules};
+use crate::rules::{RateLimit, Rules};
 use crate::store::DbSettings;
 
 /// The shortest `--idempotency-retention` `serve` accepts: an answer must outlive every retry of

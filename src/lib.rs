@@ -18,6 +18,7 @@ pub mod domain;
 pub mod embedded;
 pub mod http;
 pub mod metrics;
+pub mod rules;
 pub mod state;
 pub mod store;
 pub mod telemetry;
@@ -31,7 +32,8 @@ use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 use tokio::net::TcpListener;
 
 pub use http::router;
-pub use state::{AppState, Rules};
+pub use rules::Rules;
+pub use state::AppState;
 
 /// Serves the API on `listener` (over TLS when `tls` is given) until `shutdown` resolves, then
 /// finishes the requests in flight and returns. Also runs the retention pruner (audit rows, Idempotency-Key records) for as long

@@ -33,7 +33,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::http::MAX_URI_BYTES;
-use crate::state::Rules;
+use crate::rules::Rules;
 use deadline::Deadlines;
 use record::Records;
 pub use record::Transport;

@@ -19,7 +19,7 @@ use governor::clock::Clock;
 use governor::{DefaultKeyedRateLimiter, Quota};
 
 use super::error::Throttled;
-use crate::state::{RateLimit, Rules};
+use crate::rules::{RateLimit, Rules};
 
 /// The limits of one instance, from its rules.
 #[derive(Debug)]

@@ -34,7 +34,7 @@ pub use engine::{
     DbSettings, HOT_SETTINGS, HotPoolStatus, MIGRATOR, Result, StoreError, has_schema, pool, ready,
     restart_deadline, server_timeout, within,
 };
-pub use leases::{timeline, waiters};
+use leases::{timeline, waiters};
 
 /// The database of an instance: sqlx's pool for everything (it dereferences to it), the hot
 /// connections, and each feature's batches of hot calls. Cheap to clone.
