@@ -12,10 +12,8 @@ use crate::store::keys::KeyCache;
 use crate::store::leases::waiters::Waiters;
 use crate::store::watch::Changes;
 
-/// The state handed to every handler with `with_state`: one `Arc`, since axum clones it for
-/// every middleware layer and handler of every request, and a clone of the parts themselves
-/// (a dozen reference counts, shared by both cores) took ~8 % of the service's time at 32
-/// clients (bench/README.md, sixth pass).
+/// The state handed to every handler: one `Arc`, since axum clones it per layer and handler, and
+/// cloning a dozen reference counts instead cost ~8 % of the service's time at 32 clients.
 #[derive(Debug, Clone)]
 pub struct AppState(Arc<Shared>);
 
