@@ -1,5 +1,5 @@
-//! The rules an instance enforces, from its configuration: read by the state, the limits and
-//! the connection layer, so they depend on this module and not on each other.
+//! The rules an instance enforces, from its configuration; the state, the limits and the connection
+//! layer all read them.
 
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -37,28 +37,23 @@ pub struct Rules {
     pub idle_timeout: Duration,
     /// The most connections one instance keeps open; one more waits in the listen queue.
     pub max_connections: usize,
-    /// Whether requests without credentials are served while no live API key exists. True for
-    /// a loopback listener (or with `--insecure-no-auth`); false means every request needs a key.
+    /// Whether requests without credentials are served while no live API key exists (loopback, or
+    /// `--insecure-no-auth`).
     pub anonymous_without_keys: bool,
-    /// The most requests one API key may have in flight on one instance; one more is answered
-    /// 429. Requests without a key are bounded by `max_concurrent_requests` alone.
+    /// The most requests one API key may have in flight on one instance; one more is answered 429.
     pub max_in_flight_per_key: usize,
     /// The rate one API key may send requests at to one instance, if it is limited.
     pub rate_limit_per_key: Option<RateLimit>,
-    /// The most bytes of request bodies one instance holds at once, from the moment each is
-    /// announced (or arrives) until it is stored or dropped; a body that would pass it is
-    /// answered 503. Below the largest body a request may send, such a body is never received
-    /// (`snapfence serve` refuses that configuration).
+    /// The most bytes of request bodies one instance holds at once; a body that would pass it is
+    /// answered 503.
     pub max_body_bytes_in_flight: usize,
     /// How long the history of changes is kept for watches to resume in.
     pub watch_retention: Duration,
     /// How often an idle watch is sent a comment line, so that it stays open.
     pub watch_heartbeat: Duration,
-    /// How long one watch stream lasts before the service ends it (the client resumes it
-    /// with `Last-Event-ID`).
+    /// How long one watch stream lasts before the service ends it.
     pub max_watch: Duration,
-    /// The most watch streams one API key may have open on one instance (each also counts
-    /// against `max_in_flight_per_key` while it is open).
+    /// The most watch streams one API key may have open on one instance.
     pub max_watches_per_key: usize,
     /// The most watch streams one instance serves at once, with or without a key.
     pub max_watches: usize,
