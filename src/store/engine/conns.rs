@@ -56,7 +56,6 @@ macro_rules! hot {
     }};
 }
 
-/// What a failure after sending means: nothing for a read, an unknown outcome for a change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Effect {
     Reads,
@@ -64,18 +63,15 @@ pub(crate) enum Effect {
     Changes,
 }
 
-/// Opens the upload's transaction and creates the upload table if needed, in one round trip.
 const UPLOAD_BEGIN: &str = "BEGIN; SET LOCAL client_min_messages = warning; \
     CREATE TEMP TABLE IF NOT EXISTS snapfence_upload (body bytea NOT NULL) ON COMMIT DELETE ROWS";
 const UPLOAD_COPY: &str = "COPY pg_temp.snapfence_upload (body) FROM STDIN (FORMAT binary)";
 const UPLOAD_CHUNK: usize = 64 * 1024;
 
-/// Whether a call failed writing to a connection its server had closed (`EPIPE`).
 fn never_sent(e: &StoreError) -> bool {
     matches!(e, StoreError::Unavailable(sqlx::Error::Io(io)) if io.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
-/// The connections of an instance: sqlx's pool and the hot pool. Cheap to clone.
 #[derive(Debug, Clone)]
 pub(crate) struct Conns {
     pool: PgPool,
@@ -102,7 +98,6 @@ pub struct HotPoolStatus {
 pub const HOT_SETTINGS: [(&str, &str); 1] = [("plan_cache_mode", "force_generic_plan")];
 
 impl Conns {
-    /// The hot pool beside `pool`; opens no connection until one is needed.
     pub(crate) fn new(pool: PgPool) -> Self {
         let timeout = pool.options().get_acquire_timeout();
         let options = (*pool.connect_options()).clone().options(HOT_SETTINGS);
@@ -146,8 +141,6 @@ impl Conns {
         timed_out(&self.pool)
     }
 
-    /// Runs a batched statement (a row per request, or none for some) on a hot connection; see
-    /// [`hot!`].
     pub(crate) async fn fetch_batch<'q, O>(
         &self,
         effect: Effect,
@@ -240,8 +233,7 @@ impl Conns {
     }
 }
 
-/// A hot connection in use; dropped without [`finish`](Checkout::finish) it is closed, never given
-/// back.
+/// Dropped without [`finish`](Checkout::finish) (its request abandoned) a hot connection is closed.
 struct Checkout(Option<Object<Connector>>);
 
 impl Checkout {
@@ -249,8 +241,6 @@ impl Checkout {
         self.0.as_mut().expect("in use until finished")
     }
 
-    /// Gives the connection back if it is in step with the server, else closes it; returns the
-    /// answer.
     fn finish<T>(
         mut self,
         answer: std::result::Result<sqlx::Result<T>, tokio::time::error::Elapsed>,

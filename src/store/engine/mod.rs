@@ -21,7 +21,6 @@ pub(crate) fn listening_pool(pool: &PgPool) -> PgPool {
         .connect_lazy_with((*pool.connect_options()).clone())
 }
 
-/// Background tasks of a part of the store, aborted when its last handle goes.
 #[derive(Debug)]
 pub(crate) struct Tasks(pub(crate) Vec<tokio::task::JoinHandle<()>>);
 
@@ -107,7 +106,6 @@ pub(crate) fn rolled_back_race(e: &StoreError) -> bool {
 }
 
 impl StoreError {
-    /// The same failure (same variant and message) for another request of the failed batch.
     pub(crate) fn for_each(&self) -> Self {
         let copy = |e: &sqlx::Error| match e {
             sqlx::Error::PoolTimedOut => sqlx::Error::PoolTimedOut,
@@ -144,7 +142,6 @@ struct RequestClock {
 }
 
 tokio::task_local! {
-    /// When the request being served must have its answer, retries included.
     static REQUEST: RequestClock;
 }
 
@@ -163,7 +160,6 @@ pub fn restart_deadline() {
     let _ = REQUEST.try_with(|c| c.deadline.set(tokio::time::Instant::now() + c.bound));
 }
 
-/// The pool's timeout from now, or the request's deadline if sooner.
 fn deadline(pool: &PgPool) -> tokio::time::Instant {
     let own = tokio::time::Instant::now() + pool.options().get_acquire_timeout();
     REQUEST
@@ -192,7 +188,6 @@ pub(crate) async fn timeout_at<F: Future>(
 /// own timeouts are shorter ([`server_timeout`]), so a healthy server cancels first and the 503 is
 /// certain to have changed nothing.
 pub(crate) trait Bounded<T>: Future<Output = sqlx::Result<T>> + Sized {
-    /// For a read or an uncommitted statement: nothing took effect, whatever happens.
     async fn bounded(self, pool: &PgPool) -> Result<T> {
         match timeout_at(deadline(pool), self).await {
             Ok(answer) => Ok(answer?),
@@ -200,7 +195,6 @@ pub(crate) trait Bounded<T>: Future<Output = sqlx::Result<T>> + Sized {
         }
     }
 
-    /// For a change that commits as it answers: once sent, a lost answer is indeterminate.
     async fn bounded_change(self, pool: &PgPool) -> Result<T> {
         self.bounded(pool).await.map_err(StoreError::after_sending)
     }
@@ -225,7 +219,6 @@ pub fn server_timeout(bound: Duration) -> Duration {
     bound - (bound / 5).min(Duration::from_secs(1))
 }
 
-/// How long a pooled connection may idle before it is checked before use.
 pub(crate) const CHECK_IDLE_AFTER: Duration = Duration::from_secs(1);
 
 /// How the service talks to its database.
@@ -300,7 +293,6 @@ pub async fn ready(pool: &PgPool) -> Result<bool> {
     Ok(applied.is_some_and(|v| v >= latest))
 }
 
-/// Runs a retention statement (`$1` retention in ms, `$2` batch size); the rows deleted.
 pub(crate) async fn delete_batch(
     pool: &PgPool,
     sql: &str,

@@ -110,12 +110,10 @@ impl<T: DeserializeOwned> GatedRow<T> {
     }
 }
 
-/// The answer as its operation's type; a mismatch is our bug, said loudly.
 fn read<T: DeserializeOwned>(answer: &serde_json::Value) -> Result<T> {
     T::deserialize(answer).map_err(|e| StoreError::Internal(sqlx::Error::Decode(Box::new(e))))
 }
 
-/// A changing request: its key and context (Idempotency-Key, principal, API key).
 pub(crate) trait Change {
     fn key(&self) -> &Key;
     fn ctx(&self) -> &RequestContext;
@@ -153,7 +151,6 @@ fn gate_columns<J: Change>() -> [Column<J>; 4] {
     ]
 }
 
-/// A change claims its key (its row is locked) and its Idempotency-Key with principal.
 impl<J: Change> Job for J {
     fn key(&self) -> &Key {
         Change::key(self)

@@ -85,8 +85,6 @@ pub async fn revoke(pool: &PgPool, name: &KeyName) -> Result<Option<Change>> {
         .map(Change))
 }
 
-/// The `application_name` of the instances' listening connections, by which [`Confirmations`] finds
-/// them.
 const FOLLOWER: &str = "snapfence-key-follower";
 const APPLIED: &str = "snapfence_api_keys_applied";
 
@@ -247,7 +245,7 @@ type LiveKeys = HashMap<i64, LiveKey>;
 #[derive(Debug, Clone)]
 pub struct KeyCache {
     live: Arc<RwLock<Option<Arc<LiveKeys>>>>,
-    /// Bumped at every load, before its change is confirmed: what a revoked key's streams wait on.
+    /// What a revoked key's streams wait on: bumped at every load, before its change is confirmed.
     loads: tokio::sync::watch::Sender<u64>,
     _listener: Arc<AbortOnDrop>,
 }

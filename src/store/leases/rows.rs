@@ -12,7 +12,6 @@ use crate::domain::{
     RecoveryRecord, TtlMs,
 };
 
-/// A lease row as read from the database, or from a statement's JSON answer.
 #[derive(Debug, FromRow, Deserialize)]
 pub(super) struct LeaseRow {
     pub(super) key: String,
@@ -27,8 +26,7 @@ pub(super) struct LeaseRow {
     pub(super) ended_at: Option<DateTime<Utc>>,
 }
 
-/// A lease row with its derived recovery reason and state, and the record a reconciling lease
-/// keeps (v1.2; absent from answers remembered before it was added).
+/// A lease row with its recovery reason and state, and a reconciling lease's kept record.
 #[derive(Debug, FromRow, Deserialize)]
 pub(super) struct StatusRow {
     #[sqlx(flatten)]
@@ -46,15 +44,13 @@ pub(super) struct StatusRow {
     pub(super) kept_ended_at: Option<DateTime<Utc>>,
     #[serde(default)]
     pub(super) kept_metadata: Option<serde_json::Value>,
-    /// How many live acquires wait in the key's queue; status.sql and list.sql count them, a
-    /// statement's JSON answer does not.
+    /// Live acquires waiting in the key's queue (status.sql and list.sql count them).
     #[serde(default)]
     pub(super) waiters: i64,
 }
 
 impl LeaseRow {
-    /// Values in the database were checked on the way in; a row that fails the checks means the
-    /// schema and the code disagree, which is a bug worth a loud error rather than a guess.
+    /// Values were checked on the way in; a failing row means schema and code disagree, a loud bug.
     pub(super) fn into_lease(self) -> Lease {
         Lease {
             key: Key::parse(self.key).expect("stored keys are valid"),
@@ -82,8 +78,7 @@ impl LeaseRow {
 }
 
 impl StatusRow {
-    /// The key's retained recovery record: the one a reconciling lease keeps, if it keeps one,
-    /// else the newest lease's own (`key_recovery_reason` in the migrations decides the reason).
+    /// The key's retained record: a reconciling lease's kept one, else the newest lease's own.
     pub(super) fn recovery_record(&self) -> Option<RecoveryRecord> {
         let reason = self.recovery_reason.as_deref()?;
         let Some(token) = self.kept_token else {
@@ -118,24 +113,20 @@ impl StatusRow {
 #[derive(Debug, Deserialize)]
 pub(crate) struct AcquireAnswer {
     pub(super) verdict: String,
-    /// The new lease, if one was granted.
     pub(super) granted: Option<LeaseRow>,
-    /// The key's row as the statement found it, if the key had one and the answer names it: a
-    /// refusal's holder or record, or the record a grant replaced or keeps (none for a grant
-    /// over no record).
+    /// The key's row as found, when the answer names it (a refusal's holder or record, or a grant's
+    /// replaced or kept record).
     pub(super) current: Option<StatusRow>,
-    /// False when the statement lost the race to create the key's row, and must run again; or,
-    /// for a waiter, when it found the key held and waits on.
+    /// False when it lost the race to create the key's row (it runs again), or a waiter found the
+    /// key held.
     pub(super) settled: bool,
-    /// The statement's `now()`: the database clock the holder's expiry is measured against.
-    /// Absent from answers remembered before it was added.
+    /// The database's now(), which expiries are measured against (absent from older remembered
+    /// answers).
     #[serde(default)]
     pub(super) clock: Option<DateTime<Utc>>,
-    /// v1.2: whether the grant keeps the key's recovery record (a reconciling grant over one).
     #[serde(default)]
     pub(super) keeps: bool,
-    /// For `held` on a free key: the live waiters queued before the request, whom it goes to.
-    /// Absent from answers remembered before it was counted.
+    /// For `held` on a free key: the live waiters queued before the request.
     #[serde(default)]
     pub(super) waiters: Option<i64>,
 }

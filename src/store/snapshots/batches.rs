@@ -20,12 +20,9 @@ use crate::store::idempotency::{self, Change, GatedRow};
 /// argued in its file.
 pub(crate) struct Fenced {
     pub(crate) put: Batched<FencedJob>,
-    /// The write of a body uploaded beforehand (a batch of one); the same checks, locks and audit.
     pub(crate) put_uploaded: Batched<FencedJob>,
     pub(crate) precheck: Batched<FencedJob>,
-    /// The delete's first statement; a second removes the versions ([`delete`]).
     pub(crate) delete_head: Batched<FencedJob>,
-    /// A transaction's first statement; a second removes deleted keys' versions.
     pub(crate) txn: Batched<FencedJob>,
 }
 
@@ -103,12 +100,10 @@ pub(super) fn fenced() -> &'static Fenced {
 
 #[derive(Debug)]
 pub(crate) struct FencedJob {
-    /// The key written; for a delete_prefix, its fence.
     pub(super) key: Key,
     pub(super) fence: Key,
     pub(super) token: FencingToken,
     pub(super) if_match: Option<EntityTagCondition>,
-    /// Create only: `if_none_match: "*"`.
     pub(super) if_none_match: bool,
     pub(super) operation: AuditOperation,
     pub(super) op: Op,
@@ -208,7 +203,6 @@ impl Change for FencedJob {
     }
 }
 
-/// The dispatchers of the snapshot calls' batches; each ends when this is dropped.
 #[derive(Debug)]
 pub(crate) struct Batches {
     pub(crate) put: Batcher<PutBatch>,
@@ -287,7 +281,7 @@ impl Job for GetJob {
     }
 }
 
-/// Snapshot reads, batched; reads claim nothing, so two of one key share a batch.
+/// Reads claim nothing: two of one key share a batch.
 #[derive(Debug)]
 pub(crate) struct GetBatch;
 

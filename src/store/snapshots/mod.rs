@@ -101,7 +101,6 @@ pub(crate) struct FencedRow {
     audit_id: Option<i64>,
     version: Option<i64>,
     updated_at: Option<DateTime<Utc>>,
-    /// False when the write lost the race to create its key's head: it is sent again.
     #[serde(default = "settled")]
     settled: bool,
 }
@@ -111,7 +110,6 @@ fn settled() -> bool {
 }
 
 impl FencedRow {
-    /// Splits a fenced statement's shared answer into an outcome; `accepted` maps an accepted row.
     fn outcome<T>(
         self,
         token: FencingToken,

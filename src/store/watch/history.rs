@@ -25,7 +25,6 @@ const EPOCHS: i64 = 32;
 /// Changes cached (~250 bytes each), least recently used out first; a larger epoch is kept alone.
 const CACHED: usize = 16_384;
 
-/// One epoch: ids `first_id..=last_id`, and its changes in id order.
 pub(super) struct Epoch {
     pub first_id: i64,
     pub last_id: i64,
@@ -67,7 +66,7 @@ impl Read {
 pub(super) struct History {
     pool: PgPool,
     cache: Mutex<Cache>,
-    /// One read at a time, each followed by twice its time idle: at most a third of a connection.
+    /// At most a third of a connection: each read is followed by twice its time idle.
     lane: Semaphore,
 }
 
@@ -120,7 +119,6 @@ impl History {
         Ok(read.epochs)
     }
 
-    /// The consecutive cached epochs from the one holding `after + 1`, [`PAGE`] changes' worth.
     fn cached_from(&self, after: i64) -> Vec<Arc<Epoch>> {
         let mut cache = self.cache.lock().expect("never poisoned");
         let mut epochs = Vec::new();
@@ -174,7 +172,6 @@ impl Cache {
     }
 }
 
-/// A row of `sql/read.sql` (and `sql/turn.sql`): an epoch and one of its changes, if any.
 pub(super) struct ReadRow {
     first_id: i64,
     last_id: i64,
@@ -217,7 +214,6 @@ struct ChangeRow {
 
 impl ChangeRow {
     fn into_event(self) -> ChangeEvent {
-        // A refusal's row names the fence's holder in `owner`.
         let refused = self.kind == "write.refused";
         let owner = self
             .owner

@@ -26,10 +26,8 @@ use crate::domain::{ChangeEvent, ChangeId, KeyPrefix};
 use history::{Epoch, History};
 
 const CHANNEL: &str = "snapfence_changes";
-/// The longest an instance goes without reading new changes, should a notification be lost.
 const READ_EVERY: Duration = Duration::from_secs(1);
 const RELISTEN_AFTER: Duration = Duration::from_millis(250);
-/// How far watchers may fall behind before each catches up from the table instead.
 const LIVE_BUFFER: usize = 4096;
 
 /// The relay's statements over a set of leases, for the test that their generic plans read by key.
@@ -62,12 +60,9 @@ struct Inner {
     /// The last id of the newest epoch the reader has begun to hand on, set before it does: a
     /// watcher subscribed to `live` that read history up to it has caught up.
     handed: AtomicI64,
-    /// Epochs this instance's relay made, handed on without reading them back.
     relayed: Mutex<VecDeque<Arc<Epoch>>>,
-    /// Whether this instance's relay has a turn in flight: the reader does not read meanwhile.
     turning: AtomicBool,
     told: AtomicI64,
-    /// Set when notifications may have been missed: the reader reads.
     missed: AtomicBool,
 }
 
@@ -86,12 +81,10 @@ pub enum Opened {
     Watching(Watch),
     /// The starting id is older than the retained history.
     Compacted {
-        /// The highest id pruned.
         horizon: ChangeId,
     },
     /// The starting id names no change yet; a watch from it would skip changes unseen.
     Future {
-        /// The newest id given.
         newest: ChangeId,
     },
 }
@@ -187,7 +180,6 @@ pub struct Watch {
     live: broadcast::Receiver<Arc<ChangeEvent>>,
     stopping: watch::Receiver<bool>,
     prefix: String,
-    /// The last change this watch passed (delivered or not of its keys).
     last: i64,
     caught_up: bool,
     backlog: VecDeque<Arc<ChangeEvent>>,

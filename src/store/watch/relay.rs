@@ -24,7 +24,6 @@ pub(super) const PENDING: &str = include_str!("sql/pending.sql");
 
 /// How often an idle relay looks for changes and due expiries: the delay after a quiet spell.
 const RELAY_TICK: Duration = Duration::from_millis(50);
-/// How soon it looks again after a busy turn.
 const BUSY_TICK: Duration = Duration::from_millis(10);
 /// How long the role lasts unkept: the pause in changes when a relay dies.
 const ROLE_MS: i64 = 3000;
@@ -36,17 +35,14 @@ const PRUNE_EPOCHS: i64 = 1000;
 /// The most expiries one report takes: its share locks hold up acquires, and a long turn could lose
 /// the role.
 const EXPIRE_BATCH: usize = 500;
-/// How long a relay transaction may take before it is given up (and expiries reread).
 const RELAY_BOUND: Duration = Duration::from_secs(5);
 
 struct Relay {
     expiries: BinaryHeap<Reverse<(DateTime<Utc>, String, i64)>>,
     offset: chrono::TimeDelta,
-    /// Whether `expiries` may have missed something (an unknown outcome): reread next time.
     stale: bool,
     kept: Instant,
     pruned: Instant,
-    /// Whether the last turn did work: then the next goes straight to it.
     busy: bool,
 }
 
@@ -86,7 +82,6 @@ struct PendingExpiry {
     expires_at: DateTime<Utc>,
 }
 
-/// A row of a turn with the role: the database clock and, with an epoch, one of its changes.
 struct TurnRow {
     clock: DateTime<Utc>,
     epoch: Option<ReadRow>,
@@ -179,7 +174,6 @@ async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<Duration> {
             return Ok(RELAY_TICK);
         }
     }
-    // Until the outcome is known, which grants to expect is unknown too.
     let whole = role.as_ref().is_some_and(|r| !r.stale);
     if let Some(r) = role.as_mut() {
         r.stale = true;
@@ -273,7 +267,6 @@ async fn report_expiries(pool: &PgPool, relay: &mut Relay, clock: DateTime<Utc>)
         .bounded(pool)
         .await?
         .rows_affected();
-    // When every lease was reported, none is left to look for.
     let distinct = keys.iter().zip(&tokens).collect::<HashSet<_>>().len();
     if usize::try_from(reported).is_ok_and(|r| r == distinct) {
         return Ok(true);

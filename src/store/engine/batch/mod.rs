@@ -40,7 +40,6 @@ pub const STALLED: std::time::Duration = std::time::Duration::from_millis(1);
 /// How many typical batches' time makes a batch in flight stalled.
 pub const STALL_FACTOR: u32 = 2;
 
-/// One request of a batch, as the batch sees it.
 pub(crate) trait Job {
     fn key(&self) -> &Key;
     /// What no other request of its batch may share: a change's key and Idempotency-Key. A read
@@ -50,23 +49,19 @@ pub(crate) trait Job {
     }
 }
 
-/// One kind of batched statement: its requests, its rows, and how a batch is bound.
 pub(crate) trait Kind: Send + Sync + 'static {
     type Job: Job + Send + Sync + 'static;
     type Row: Send + Unpin + for<'r> FromRow<'r, PgRow> + 'static;
     const EFFECT: Effect;
-    /// The keys, in the order rows are locked in.
     fn order(job: &Self::Job) -> &str {
         job.key().as_str()
     }
     fn bytes(_job: &Self::Job) -> usize {
         0
     }
-    /// The statement over `jobs`, job `n` bound at position `n + 1`.
     fn query<'q>(jobs: &[&'q Self::Job]) -> QueryAs<'q, Indexed<Self::Row>>;
 }
 
-/// A row of a batched statement's answer with the position (`i`, from 1) of its request.
 #[derive(Debug)]
 pub(crate) struct Indexed<R> {
     i: i64,
@@ -97,13 +92,11 @@ struct Pending<K: Kind> {
     pub(super) job: K::Job,
     pub(super) deadline: Instant,
     pub(super) state: Arc<AtomicU8>,
-    /// The latest deadline of its batch's requests, set before the batch is sent.
     pub(super) sent_until: Arc<OnceLock<Instant>>,
     pub(super) reply: oneshot::Sender<Result<Option<K::Row>>>,
     pub(super) queued: Arc<AtomicUsize>,
 }
 
-/// Moves a request out of [`WAITING`] unless it left already; whether it moved.
 pub(super) fn leave(state: &AtomicU8, queued: &AtomicUsize, to: u8) -> bool {
     let left = state
         .compare_exchange(WAITING, to, Ordering::AcqRel, Ordering::Acquire)
@@ -134,7 +127,6 @@ impl<K: Kind> std::fmt::Debug for Batcher<K> {
 }
 
 impl<K: Kind> Batcher<K> {
-    /// Starts kind `K`'s dispatcher; it ends when the batcher is dropped. Needs a Tokio runtime.
     pub(crate) fn start(conns: Conns) -> Self {
         let (queue, requests) = mpsc::unbounded_channel();
         tokio::spawn(dispatch::dispatch::<K>(conns.clone(), requests));
@@ -158,7 +150,6 @@ impl<K: Kind> Batcher<K> {
         })
     }
 
-    /// Sends `job` in the next batch of its kind and waits for its row, by the request's deadline.
     pub(crate) async fn submit(&self, job: K::Job) -> Result<Option<K::Row>> {
         let deadline = self.conns.deadline();
         let state = Arc::new(AtomicU8::new(WAITING));

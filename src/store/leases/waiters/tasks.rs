@@ -11,11 +11,9 @@ use tokio::time::Instant;
 use super::{CHANNEL, Inner, SWEEP_EVERY};
 use crate::store::{Bounded, Result, listening_pool};
 
-/// The pause before listening again after the listening connection failed.
 const RELISTEN_AFTER: Duration = Duration::from_millis(250);
 
-/// Listens for wake-ups on a connection of its own, which also holds this instance's liveness
-/// lock; on any failure says so and starts again.
+/// Listens for wake-ups on its own connection, which holds the liveness lock; restarts on failure.
 pub(super) async fn listen(inner: std::sync::Weak<Inner>) {
     let Some(pool) = inner.upgrade().map(|i| i.pool.clone()) else {
         return;
@@ -41,8 +39,8 @@ pub(super) async fn listen(inner: std::sync::Weak<Inner>) {
                 .bind(instance)
                 .execute(&mut listener)
                 .await?;
-            // A first word of life before any waiter of this instance is queued: one that froze
-            // before its first heartbeat would otherwise be judged by its lock alone.
+            // A first heartbeat before any waiter is queued, so one frozen early is not judged by
+            // its lock alone.
             sqlx::query(include_str!("../sql/wait_heartbeat.sql"))
                 .bind(instance)
                 .bind(bound)
@@ -56,7 +54,6 @@ pub(super) async fn listen(inner: std::sync::Weak<Inner>) {
                 }
                 None => return Ok(()),
             }
-            // `None`: the connection was lost, and notifications with it.
             while let Some(n) = listener.try_recv().await? {
                 match inner.upgrade() {
                     Some(i) => i.wake(n.payload()),
@@ -78,13 +75,11 @@ pub(super) async fn listen(inner: std::sync::Weak<Inner>) {
     }
 }
 
-/// How often an instance says it is alive (`sql/wait_heartbeat.sql`): four times within the
-/// default `--waiter-stall-bound`.
+/// Four heartbeats within the default `--waiter-stall-bound`.
 const HEARTBEAT_EVERY: Duration = Duration::from_millis(250);
 
-/// Says this instance is alive every [`HEARTBEAT_EVERY`] (at most a quarter of its stall bound),
-/// once it has an id: while it does not (frozen, or its database calls stall), its waiters are
-/// passed over once its bound has passed.
+/// Heartbeats every [`HEARTBEAT_EVERY`] (at most a quarter of the stall bound) once the instance
+/// has an id.
 pub(super) async fn heartbeat(inner: std::sync::Weak<Inner>) {
     let every = inner
         .upgrade()
@@ -113,8 +108,8 @@ pub(super) async fn heartbeat(inner: std::sync::Weak<Inner>) {
     }
 }
 
-/// Twice a second, while this instance has waiters (or may have left a row behind), deletes the
-/// rows that no one waits in any more (`sql/wait_sweep.sql`).
+/// Twice a second while there are waiters (or a row may be left behind), deletes rows no one waits
+/// in and gives passed-over waiters their last try.
 pub(super) async fn sweep(inner: std::sync::Weak<Inner>) {
     let mut tick = tokio::time::interval(SWEEP_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
