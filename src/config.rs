@@ -279,7 +279,6 @@ impl ServeConfig {
     }
 }
 
-/// The highest rate: one request a nanosecond, the finest period a limiter counts.
 const MAX_RATE: f64 = 1e9;
 
 fn positive_rate(text: &str) -> Result<f64, String> {
@@ -294,7 +293,6 @@ fn positive_rate(text: &str) -> Result<f64, String> {
     }
 }
 
-/// A second's worth of `per_second` requests, rounded up: the default burst.
 fn one_seconds_worth(per_second: f64) -> NonZeroU32 {
     NonZeroU32::new(per_second.ceil() as u32).unwrap_or(NonZeroU32::MIN)
 }

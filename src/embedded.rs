@@ -14,9 +14,7 @@ use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 
 const SUPERUSER: &str = "postgres";
-/// The port that names the socket file when there is no TCP port.
 const PORT: u16 = 5432;
-/// The longest Unix socket path, less the socket file's own name.
 const MAX_SOCKET_DIR: usize = 107 - ".s.PGSQL.65535".len() - 1;
 const PGDATA: &str = "pg";
 
@@ -451,7 +449,6 @@ impl EmbeddedPostgres {
     }
 }
 
-/// The user to run PostgreSQL as when this process is root; `None` when it is not root.
 fn unprivileged_user() -> Result<Option<(Uid, Gid)>> {
     if !Uid::effective().is_root() {
         return Ok(None);
@@ -463,8 +460,8 @@ fn unprivileged_user() -> Result<Option<(Uid, Gid)>> {
         .ok_or(EmbeddedError::NoUser)
 }
 
-/// Checks that user `uid` can search every existing directory above `data_dir`; fails naming the
-/// first it cannot.
+/// Checks that `uid` can search every existing directory above `data_dir`, naming the first it
+/// cannot.
 fn check_reachable(data_dir: &Path, uid: Uid, gid: Gid) -> Result<()> {
     let absolute = std::path::absolute(data_dir).map_err(io_err("resolving", data_dir))?;
     let Some(existing) = absolute.ancestors().skip(1).find(|a| a.is_dir()) else {
@@ -499,8 +496,6 @@ fn check_reachable(data_dir: &Path, uid: Uid, gid: Gid) -> Result<()> {
     Ok(())
 }
 
-/// Whether these groups may search a directory: the owner's bit, else the group's, else the
-/// others'.
 fn can_search(meta: &fs::Metadata, uid: Uid, groups: &[Gid]) -> bool {
     let mode = meta.mode();
     if meta.uid() == uid.as_raw() {
@@ -558,7 +553,6 @@ impl PipeToLog for Command {
 mod tests {
     use super::*;
 
-    /// `nobody`, as PostgreSQL's user would be: not the owner of what the test makes.
     const OTHER: (u32, u32) = (65534, 65534);
 
     #[test]

@@ -51,12 +51,10 @@ pub async fn run(
     let changes = state.changes.clone();
     tokio::spawn(async move {
         shutdown.await;
-        // A waiting acquire would hold the shutdown up for as long as it may wait: each one
-        // makes its last try now and answers. A watch would hold it up forever: it ends.
+        // Waiters make their last try and watches end now, or shutdown would wait for them.
         waiters.stop();
         changes.stop();
-        // No deadline: a request in flight is finished, however long its statement may take
-        // (the database bounds that); idle keep-alive connections are closed at once.
+        // No deadline: requests in flight finish (the database bounds them).
         stopper.graceful_shutdown(None);
     });
     let rules = state.rules.clone();
@@ -72,7 +70,6 @@ pub async fn run(
             server.serve(app).await
         }
         Some(tls) => {
-            // The handshake counts against the head timeout, which runs from the accept.
             let handshake = RustlsAcceptor::new(tls).handshake_timeout(rules.head_timeout);
             let acceptor = conn::Acceptor::new(handshake, &rules);
             let mut server = axum_server::Server::from_listener(listener)
@@ -92,14 +89,13 @@ pub async fn tls_config(
     cert: &std::path::Path,
     key: &std::path::Path,
 ) -> std::io::Result<RustlsConfig> {
-    // Installing twice (several servers in one process) is harmless: the first provider stays.
+    // Installing twice is harmless: the first provider stays.
     let _ = rustls::crypto::ring::default_provider().install_default();
     RustlsConfig::from_pem_file(cert, key).await
 }
 
-/// Deletes audit rows and Idempotency-Key records past their retention, a small batch at a
-/// time with a pause between batches, so that pruning a large backlog never crowds out the
-/// requests.
+/// Prunes audit rows and Idempotency-Key records past retention in small batches with pauses, so a
+/// backlog never holds up the hot paths.
 async fn prune_forever(state: AppState) {
     const BATCH: i64 = 1000;
     const PAUSE: Duration = Duration::from_millis(50);
@@ -120,8 +116,6 @@ async fn prune_forever(state: AppState) {
     }
 }
 
-/// Runs `prune` until it deletes less than a full batch (or fails, which the next period
-/// retries), pausing between batches.
 async fn prune_in_batches<F, Fut>(table: &str, batch: i64, pause: Duration, mut prune: F)
 where
     F: FnMut() -> Fut,

@@ -16,10 +16,8 @@ use crate::http::error::ApiError;
 /// The longest answer of hyper's own: a status line and three short headers.
 pub(super) const LONGEST: usize = 256;
 
-/// The target length over which hyper answers `414` by itself.
 const HYPER_MAX_URI: usize = u16::MAX as usize - 1;
 
-/// An answer of hyper's own, as it wrote it.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) struct HyperAnswer<'a> {
     status_line: &'a str,
@@ -27,9 +25,8 @@ pub(super) struct HyperAnswer<'a> {
     date: Option<&'a str>,
 }
 
-/// The answer hyper writes for a head it refused, if `bytes` are exactly that: a `400`, `414`
-/// or `431` status line and nothing but `connection: close`, `content-length: 0` and `date`.
-/// Every answer of the service has an `x-request-id` and a body, so none is taken for one.
+/// The answer hyper writes for a refused head, if `bytes` are exactly that (`400`, `414` or `431`
+/// with `connection: close`).
 pub(super) fn recognise(bytes: &[u8]) -> Option<HyperAnswer<'_>> {
     let text = std::str::from_utf8(bytes).ok()?.strip_suffix("\r\n\r\n")?;
     let mut lines = text.split("\r\n");
@@ -58,8 +55,7 @@ pub(super) fn recognise(bytes: &[u8]) -> Option<HyperAnswer<'_>> {
     })
 }
 
-/// What the service says instead of a bare answer of hyper's: the limits in it are hyper's,
-/// which [`super::tune`] derived from the service's.
+/// What the service says instead, with the limits [`super::tune`] gave hyper.
 fn error_for(answer: &HyperAnswer<'_>, head: &super::HeadLimits) -> ApiError {
     match answer.status {
         StatusCode::URI_TOO_LONG => ApiError::UriTooLong {
@@ -79,8 +75,7 @@ fn error_for(answer: &HyperAnswer<'_>, head: &super::HeadLimits) -> ApiError {
     }
 }
 
-/// The problem+json answer, with a fresh request id, that replaces hyper's bare one; it closes
-/// the connection as hyper's did.
+/// The problem+json answer with a fresh request id replacing hyper's; it closes the connection too.
 pub(super) fn replacement(answer: &HyperAnswer<'_>, head: &super::HeadLimits) -> Vec<u8> {
     let error = error_for(answer, head);
     let request_id = uuid::Uuid::new_v4().to_string();

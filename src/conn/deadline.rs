@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
 
-/// What a connection is doing, as far as its clocks are concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     /// Waiting for a request's head: since the accept, or since the first byte of the next
@@ -27,19 +26,16 @@ enum Phase {
     Idle,
 }
 
-/// The clocks of one connection, driven by its reads and writes.
 pub(super) struct Deadlines {
     head: Duration,
     idle: Duration,
     phase: Phase,
-    /// How many requests had begun at the last observation: one may begin and be answered
-    /// between two reads, unseen as in flight.
+    /// Requests begun at the last look: one may begin and end between two reads.
     begun: u64,
     timer: Pin<Box<Sleep>>,
 }
 
 impl Deadlines {
-    /// The clocks of a connection accepted at `accepted`: its first head is due `head` later.
     pub(super) fn new(accepted: Instant, head: Duration, idle: Duration) -> Self {
         Self {
             head,
@@ -50,8 +46,6 @@ impl Deadlines {
         }
     }
 
-    /// Takes note, before each read and write, of whether a request is in flight and of how
-    /// many have begun on the connection.
     pub(super) fn observe(&mut self, busy: bool, begun: u64) {
         let answered_unseen = begun != self.begun;
         self.begun = begun;
@@ -63,10 +57,8 @@ impl Deadlines {
         }
     }
 
-    /// Bytes arrived. On an idle HTTP/1 connection they begin the next request's head, whose
-    /// clock starts now and is not moved by later bytes (a head sent a byte at a time is still
-    /// due on time). On HTTP/2, bytes between requests are frames of the connection (pings,
-    /// settings), which only show it is alive.
+    /// Bytes arrived. On an idle HTTP/1 connection they begin a head whose clock starts now and is
+    /// not moved by later bytes.
     pub(super) fn received(&mut self, http2: bool) {
         match (self.phase, http2) {
             (Phase::Idle, false) => self.enter(Phase::Head),
@@ -75,15 +67,15 @@ impl Deadlines {
         }
     }
 
-    /// Bytes were sent: an idle connection still delivering an answer is not idle yet.
+    /// An idle connection still delivering an answer is not idle yet.
     pub(super) fn sent(&mut self) {
         if self.phase == Phase::Idle {
             self.enter(Phase::Idle);
         }
     }
 
-    /// Ready with the error that closes the connection once the running clock has passed;
-    /// otherwise pending, with the task woken when it passes.
+    /// Ready with the closing error once the running clock passed; else pending with the task woken
+    /// then.
     pub(super) fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
         if self.phase == Phase::Busy {
             return Poll::Pending;

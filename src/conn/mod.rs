@@ -41,7 +41,6 @@ impl Address for Peer {
     type Listener = Listener;
 }
 
-/// Handlers see a client's address as `ConnectInfo<SocketAddr>`, as with a plain listener.
 impl Connected<Peer> for SocketAddr {
     fn connect_info(peer: Peer) -> Self {
         peer.0
@@ -146,9 +145,7 @@ pub fn tune<A>(server: &mut Server<Peer, A>, rules: &Rules) {
 
 #[derive(Default)]
 struct Activity {
-    /// Requests begun and not yet answered.
     in_flight: AtomicUsize,
-    /// Requests begun on the connection so far.
     begun: AtomicU64,
     /// Bytes arrived with no request in flight since: if hyper writes now it is refusing a head.
     head_unanswered: AtomicBool,
@@ -156,7 +153,6 @@ struct Activity {
     reader: AtomicWaker,
 }
 
-/// A request in flight on a connection, for as long as this lives.
 struct InFlight(Arc<Activity>);
 
 impl InFlight {
@@ -289,7 +285,6 @@ pub struct Watched<S> {
     _slot: OwnedSemaphorePermit,
 }
 
-/// The start of HTTP/2's connection preface.
 const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
 impl<S: Transport> Watched<S> {
@@ -297,7 +292,6 @@ impl<S: Transport> Watched<S> {
         self.activity.in_flight.load(Ordering::Acquire) > 0
     }
 
-    /// Lets the clocks see what requests did since the last look; whether one is in flight.
     fn observe(&mut self) -> bool {
         // In this order, a request beginning between the loads counts as in flight.
         let begun = self.activity.begun.load(Ordering::Acquire);
@@ -339,7 +333,6 @@ impl<S: Transport> Watched<S> {
         Poll::Ready(Ok(written))
     }
 
-    /// Takes hyper's answer to a refused head as written and sends the service's instead.
     fn replace(&mut self, cx: &mut Context<'_>, bytes: &[u8]) -> Option<io::Result<usize>> {
         let head_unanswered = self.activity.head_unanswered.load(Ordering::Acquire);
         if self.http2 == Some(true) || !head_unanswered || self.busy() {

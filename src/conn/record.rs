@@ -30,7 +30,6 @@ pub trait Transport: AsyncRead + AsyncWrite + Unpin {
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>>;
 
-    /// The most bytes a record may hold and still be taken whole.
     fn record_bytes(&self) -> usize;
 }
 
@@ -79,7 +78,6 @@ impl Transport for tokio_rustls::server::TlsStream<TcpStream> {
     }
 }
 
-/// How much of [`EVENT_END`] the last bytes written are.
 #[derive(Debug, Default)]
 pub(super) struct Records {
     matched: usize,

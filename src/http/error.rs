@@ -94,7 +94,6 @@ impl Throttled {
         match self {
             Self::InFlight { .. } => 1,
             Self::Rate { retry_after, .. } => *retry_after,
-            // Streams last minutes: a retry a second later would be refused again.
             Self::Watches { .. } | Self::InstanceWatches { .. } => WATCH_RETRY_AFTER,
         }
     }
@@ -302,7 +301,6 @@ pub async fn log_errors(req: axum::extract::Request, next: axum::middleware::Nex
     response
 }
 
-/// The detail of `lease_held`: who holds the key and until when, or the waiters it goes to.
 fn held_detail(key: &Key, holder: &Holder, state: LeaseState, waiters: Option<i64>) -> String {
     let ended = match state {
         LeaseState::Held => {

@@ -294,7 +294,6 @@ impl<S: Send + Sync> FromRequestParts<S> for SnapshotMetadataHeader {
     }
 }
 
-/// An extractor for an optional entity-tag header, parsed only by handlers that use it.
 macro_rules! entity_tag_header {
     ($name:ident, $header:expr, $doc:literal) => {
         #[doc = $doc]
@@ -421,9 +420,8 @@ pub async fn read_limited(
 
 const MAPPED_FROM: usize = 512 * 1024;
 
-/// Where a body is gathered: the heap, or for a large announced one an anonymous mapping returned
-/// to the kernel after the request. Megabyte blocks freed on the heap grow it for good (32
-/// concurrent 8 MiB uploads held 660 MiB for 256 MiB live).
+/// Where a body is gathered: the heap, or an anonymous mapping for a large announced one, returned
+/// to the kernel after the request (freed megabyte heap blocks grow the heap for good).
 enum BodyBuffer {
     Heap(BytesMut),
     Mapped(MmapMut, usize),
@@ -454,7 +452,6 @@ impl BodyBuffer {
                 map[*filled..*filled + chunk.len()].copy_from_slice(chunk);
                 *filled += chunk.len();
             }
-            // More than `Content-Length` said: go on, on the heap.
             Self::Mapped(map, filled) => {
                 let mut heap = BytesMut::with_capacity(*filled + chunk.len());
                 heap.extend_from_slice(&map[..*filled]);

@@ -20,11 +20,9 @@ static REPLAYED_HEADER: HeaderName = HeaderName::from_static(IDEMPOTENT_REPLAYED
 const REVOKED: &str = "the API key was revoked before this request could run; nothing was \
     changed. Ask an operator for a live key";
 
-/// The operation a PUT's head alone is fingerprinted as (see [`IdempotencyHeader::attach_head`]).
 const PUT_HEAD: &str = "put-head";
 
-/// The SHA-256 of a request's operation, key and `parts`, each length-prefixed so that no two
-/// requests run together.
+/// The SHA-256 of operation, key and `parts`, each length-prefixed so no two requests collide.
 fn fingerprint(operation: &str, key: &Key, parts: &[&[u8]]) -> [u8; 32] {
     let mut digest = Sha256::new();
     for part in [operation.as_bytes(), key.as_str().as_bytes()]
@@ -44,8 +42,8 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyHeader {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
-        // Sent twice, it names two requests at once (and a proxy may have added one): refused,
-        // as two Fencing-Token headers are, rather than the first one used.
+        // Sent twice it names two requests (a proxy may add one): refused, like two Fencing-Token
+        // headers.
         if parts
             .headers
             .get_all(&IDEMPOTENCY_KEY_HEADER)

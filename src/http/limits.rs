@@ -20,14 +20,12 @@ use crate::rules::{RateLimit, Rules};
 #[derive(Debug)]
 pub struct Limits {
     max_in_flight: usize,
-    /// By API key name; a key leaves the map with its last request.
     in_flight: Mutex<HashMap<String, usize>>,
-    /// The rate limit and a bucket per key name admitted (as many as keys made, so never pruned).
+    /// A bucket per key name admitted: as many as keys made, so never pruned.
     rate: Option<(RateLimit, DefaultKeyedRateLimiter<String>)>,
     bodies: Arc<BodyBudget>,
     max_watches_per_key: usize,
     max_watches: usize,
-    /// Open watch streams by API key name, and in all.
     watches: Mutex<(HashMap<String, usize>, usize)>,
 }
 
@@ -110,7 +108,6 @@ impl Limits {
                 }
             }
         }
-        // Counted first, so a request refused for being in flight spends no rate.
         let admission = Admission {
             limits: Arc::clone(self),
             key: key.to_owned(),
@@ -179,7 +176,7 @@ impl HeldAdmission {
     }
 }
 
-/// `wait` in whole seconds rounded up, at least one: `Retry-After: 0` invites a refused retry.
+/// `Retry-After` in whole seconds rounded up, at least one: 0 invites a refused retry.
 fn whole_seconds(wait: Duration) -> u64 {
     (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
 }

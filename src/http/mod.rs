@@ -61,14 +61,13 @@ pub fn router(state: AppState) -> Router {
                         .unwrap_or("");
                     tracing::info_span!("request", method = %req.method(), route, request_id)
                 })
-                // One line per answered request is an access log: at `debug`, since writing it
-                // costs about as much as serving a read. Failures (5xx) log at `error` anyway.
+                // The access log is at `debug`: writing it costs about as much as serving a read.
                 .on_response(DefaultOnResponse::new().level(Level::DEBUG)),
         )
         .layer(PropagateRequestIdLayer::new(REQUEST_ID.clone()))
         .layer(CatchPanicLayer::custom(panic_response));
-    // One semaphore for the whole instance (Router::layer wraps each route, so a per-layer
-    // limit would be per route); a request over the cap is shed unread, never queued.
+    // One semaphore for the instance (`Router::layer` would make it per route); a request over the
+    // cap is shed unread.
     let shed = ServiceBuilder::new()
         .layer(HandleErrorLayer::new(|_: BoxError| async {
             ApiError::Unavailable(Unavailability::Overloaded)
@@ -80,11 +79,9 @@ pub fn router(state: AppState) -> Router {
     let authorize = axum::middleware::from_fn_with_state(state.clone(), auth::authorize);
     let metrics = state.metrics.clone();
     let max_header_bytes = state.rules.max_header_bytes;
-    // Every database call of a request shares one deadline, counted from its arrival.
     let db_bound = state.db.options().get_acquire_timeout();
     // Health checks and scrapes are never shed: an overloaded instance is alive, and its metrics
-    // are what shows the overload. The operator page's files are public and static: no key, no
-    // shedding (its calls to /v1 carry the key and are shed like any other).
+    // show the overload.
     api_routes()
         .router
         .layer(authorize)
@@ -109,10 +106,8 @@ pub fn router(state: AppState) -> Router {
 /// The longest `x-request-id` kept from a client.
 pub const MAX_REQUEST_ID_BYTES: usize = 128;
 
-/// Removes a client's `x-request-id` unless it is one value of 1..=[`MAX_REQUEST_ID_BYTES`]
-/// visible ASCII characters, so that the service makes one instead: an id is echoed, logged
-/// and stored in audit rows, where a 15 KB one or one with control characters does harm. Two
-/// values are removed too, since neither is the request's id.
+/// Removes a client's `x-request-id` unless it is 1..=[`MAX_REQUEST_ID_BYTES`] visible ASCII
+/// characters, so the service makes one instead.
 fn drop_unusable_request_id<B>(mut req: Request<B>) -> Request<B> {
     let mut ids = req.headers().get_all(&REQUEST_ID).iter();
     let usable = match (ids.next(), ids.next()) {
@@ -134,16 +129,13 @@ fn drop_unusable_request_id<B>(mut req: Request<B>) -> Request<B> {
 /// with every other parameter; 8 KiB is nginx's default too.
 pub const MAX_URI_BYTES: usize = 8 * 1024;
 
-/// Refuses a request whose target is over [`MAX_URI_BYTES`] (414), or whose headers, as sent,
-/// total more than `limit` bytes (431).
+/// 414 past [`MAX_URI_BYTES`], 431 when the headers as sent pass `limit` bytes.
 async fn limit_head(
     limit: usize,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
     let uri = req.uri();
-    // Origin form (`/v1/...?q`) as clients send it; an absolute form's scheme and authority
-    // count too.
     let target = uri.path_and_query().map_or(0, |p| p.as_str().len())
         + uri.authority().map_or(0, |a| a.as_str().len())
         + uri.scheme_str().map_or(0, |s| s.len() + "://".len());
@@ -154,7 +146,6 @@ async fn limit_head(
         }
         .into_response();
     }
-    // Each header line is `name: value\r\n`.
     let size: usize = req
         .headers()
         .iter()
@@ -187,8 +178,6 @@ impl Routes {
         self
     }
 
-    /// [`route`](Self::route) for calls that take no query parameters: a query string is
-    /// refused ([`extract::no_query`]).
     fn route_without_query(self, path: &'static str, methods: MethodRouter<AppState>) -> Self {
         self.route(
             path,
@@ -203,7 +192,6 @@ impl Routes {
     }
 }
 
-/// The contract's `/v1` routes: the ones that are shed under overload.
 fn api_routes() -> Routes {
     Routes::new()
         .merge(leases::routes())
@@ -222,7 +210,6 @@ pub fn paths() -> Vec<&'static str> {
     routes().paths
 }
 
-/// Counts every answer in the instance's metrics, labelled by its matched route.
 async fn observe(
     State(metrics): State<Arc<Metrics>>,
     req: axum::extract::Request,

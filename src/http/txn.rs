@@ -27,14 +27,12 @@ pub(super) fn routes() -> Routes {
     Routes::new().route("/v1/txn", post(run))
 }
 
-/// The body: its ops, in order.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TxnBody {
     ops: Vec<OpBody>,
 }
 
-/// One op as sent.
 #[derive(Debug, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 enum OpBody {
@@ -59,7 +57,6 @@ enum OpBody {
     },
 }
 
-/// The answer of a committed transaction.
 #[derive(Debug, Serialize)]
 struct TxnAnswer {
     token: FencingToken,
@@ -67,7 +64,6 @@ struct TxnAnswer {
     results: Vec<OpAnswer>,
 }
 
-/// One op's result.
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
 enum OpAnswer {
@@ -157,8 +153,8 @@ fn answer(result: TxnResult) -> OpAnswer {
     }
 }
 
-/// The body checked against the contract: 1..=`max_ops` ops, every key and prefix in the
-/// fence's namespace, each key once and under no prefix that is deleted, prefixes disjoint.
+/// The body checked: 1..=`max_ops` ops, all in the fence's namespace, each key once and under no
+/// deleted prefix.
 fn checked(
     fence: Key,
     token: FencingToken,
@@ -257,7 +253,6 @@ fn checked(
     Ok(TxnRequest { fence, token, ops })
 }
 
-/// Each key at most once, no key under a deleted prefix, no prefix under another.
 fn check_disjoint(ops: &[TxnOp]) -> Result<(), ApiError> {
     let keys: Vec<(usize, &Key)> = ops
         .iter()

@@ -48,8 +48,8 @@ pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'
      style-src 'self'; img-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'none'; \
      form-action 'self'; frame-ancestors 'none'";
 
-/// The page's routes. They are merged outside authentication and load shedding, like `/healthz`:
-/// the files are the same for everyone and cost nothing to serve.
+/// The page's routes, outside authentication and shedding like `/healthz`: the files are the same
+/// for everyone.
 pub(super) fn routes() -> Routes {
     ASSETS.iter().fold(Routes::new(), |routes, asset| {
         let asset = *asset;
@@ -76,8 +76,7 @@ fn serve(asset: Asset) -> Response {
             header::REFERRER_POLICY,
             HeaderValue::from_static("no-referrer"),
         ),
-        // The files change only with the binary; `no-cache` has the browser ask again on each
-        // load, so an upgraded server never runs with the old script.
+        // `no-cache`, so an upgraded server never runs with the old script.
         (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
         (
             HeaderName::from_static("cross-origin-resource-policy"),

@@ -244,15 +244,13 @@ impl Default for DbSettings {
 pub fn pool(options: PgConnectOptions, settings: &DbSettings) -> PgPool {
     let ms = server_timeout(settings.timeout).as_millis().to_string();
     let idle_ms = settings.timeout.as_millis().to_string();
-    let options = options
-        .application_name("snapfence")
-        .options([
-            ("statement_timeout", ms.as_str()),
-            ("lock_timeout", ms.as_str()),
-            ("idle_in_transaction_session_timeout", idle_ms.as_str()),
-            // Each statement is short; under load the JIT cost more than it saved.
-            ("jit", "off"),
-        ]);
+    let options = options.application_name("snapfence").options([
+        ("statement_timeout", ms.as_str()),
+        ("lock_timeout", ms.as_str()),
+        ("idle_in_transaction_session_timeout", idle_ms.as_str()),
+        // Each statement is short; under load the JIT cost more than it saved.
+        ("jit", "off"),
+    ]);
     PgPoolOptions::new()
         .max_connections(settings.pool_size)
         .min_connections(0)

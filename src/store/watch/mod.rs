@@ -80,13 +80,9 @@ pub enum Opened {
     /// Every change after the starting id.
     Watching(Watch),
     /// The starting id is older than the retained history.
-    Compacted {
-        horizon: ChangeId,
-    },
+    Compacted { horizon: ChangeId },
     /// The starting id names no change yet; a watch from it would skip changes unseen.
-    Future {
-        newest: ChangeId,
-    },
+    Future { newest: ChangeId },
 }
 
 impl Changes {
