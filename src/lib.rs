@@ -1,15 +1,7 @@
-//! snapfence: a Postgres-backed fenced snapshot store.
-//!
-//! Workers take a lease on a key before they touch its state; every grant mints a strictly
-//! increasing fencing token, and the store refuses any write whose token is not the key's newest,
-//! recording each refusal in an audit log. The HTTP contract is `docs/api.md`, described by
-//! `openapi.yaml`.
-//!
-//! This crate is the server and the `snapfence` command. Layout: [`domain`] (the contract's
-//! vocabulary from `snapfence-types`, and API keys), [`store`] (all SQL), [`http`] (routes,
-//! extractors, errors), [`conn`] (connections: their cap, timeouts and hyper's limits),
-//! [`config`], [`embedded`] (a private PostgreSQL), [`cli`] (which calls a server through
-//! `snapfence-client`).
+//! snapfence: a Postgres-backed fenced snapshot store. Every lease grant mints a strictly
+//! increasing fencing token, and the store refuses (and audits) any write whose token is not the
+//! newest. The HTTP contract is `docs/api.md` and `openapi.yaml`; this crate is the server and the
+//! `snapfence` command.
 
 pub mod cli;
 pub mod config;

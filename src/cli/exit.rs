@@ -106,7 +106,6 @@ impl From<Exit> for ExitCode {
 mod tests {
     use super::EXIT_CODES;
 
-    /// Words only: the table's pipes and the help's columns and line breaks aside.
     fn words(text: &str) -> String {
         text.split(|c: char| c.is_whitespace() || c == '|')
             .filter(|w| !w.is_empty())

@@ -114,7 +114,6 @@ pub enum ClientCommand {
     Watch(watch::WatchArgs),
 }
 
-/// What every client subcommand needs.
 pub(crate) struct Ctx {
     client: Client,
     output: Output,
@@ -201,7 +200,7 @@ pub fn client_of(global: &Global) -> Result<(Client, Reach), String> {
     Ok((client, reach))
 }
 
-/// `USER@HOST`, the owner of a lease when none is given, so that `lease_held` says who.
+/// The default owner, so that `lease_held` says who.
 fn default_owner() -> Owner {
     let user = std::env::var("USER")
         .ok()

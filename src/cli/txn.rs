@@ -31,7 +31,6 @@ pub struct TxnArgs {
     pub file: Option<PathBuf>,
 }
 
-/// One op as the command reads it.
 #[derive(Debug, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 enum OpLine {
@@ -58,7 +57,6 @@ enum OpLine {
     },
 }
 
-/// The whole-document forms of the input.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 enum Document {
@@ -107,7 +105,6 @@ fn read(file: Option<&PathBuf>) -> Result<String, String> {
     }
 }
 
-/// The ops of a document or of JSON lines.
 fn ops_of(text: &str) -> Result<Vec<TxnOp>, String> {
     let lines: Vec<OpLine> = match serde_json::from_str::<Document>(text) {
         Ok(Document::Ops { ops } | Document::List(ops)) => ops,

@@ -1,12 +1,7 @@
-//! The answers hyper sends by itself, made problem+json with an `x-request-id`.
-//!
-//! hyper answers a request head it cannot take (a malformed request line or header, a
-//! conflicting `Content-Length`, a head over its buffer, a target over 65534 bytes) before any
-//! service sees it, with a bare status (`connection: close`, `content-length: 0`) and no way to
-//! change it. The connection's stream recognises that answer as hyper writes it, and sends the
-//! contract's problem in its place. The size limits hyper enforces are set above the service's
-//! own ([`super::tune`]), so this is only for what no service could have answered, and for
-//! the number of header fields ([`super::MAX_HEADER_FIELDS`]), which hyper alone counts.
+//! hyper's own answers to heads it cannot take (bare statuses it sends before any service sees the
+//! request), recognised as written and replaced with the contract's problem+json. hyper's size
+//! limits sit above the service's ([`super::tune`]), so this covers only what no service could
+//! answer, and the header field count.
 
 use axum::http::StatusCode;
 

@@ -1,10 +1,5 @@
-//! The two clocks of a connection: the head timeout (a request's head must have arrived within
-//! it) and the idle timeout (a keep-alive connection with nothing to do is closed after it).
-//!
-//! hyper's own `header_read_timeout` cannot be both: hyper arms it the moment a keep-alive
-//! connection goes idle, so an idle connection would be closed at the head timeout and the
-//! longer idle timeout could never be reached. These clocks tell the two apart by what the
-//! connection is doing.
+//! A connection's head timeout and idle timeout. hyper's `header_read_timeout` cannot be both: it
+//! arms when a keep-alive connection goes idle, so the longer idle timeout could never be reached.
 
 use std::io;
 use std::pin::Pin;

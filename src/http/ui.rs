@@ -1,9 +1,6 @@
-//! `/ui`: the operator page. Plain HTML, CSS and JavaScript from `ui/` at the top of the
-//! repository, compiled into the binary, so the page never fetches anything from elsewhere and
-//! needs no build step. The assets are public and need no API key: the page asks the operator
-//! for one and sends it, as `Authorization: Bearer`, on each of its calls to the public `/v1` API,
-//! which decides what the key may see. Every asset is served with a Content-Security-Policy
-//! that allows only this origin's scripts, styles, images and API calls, and none inline.
+//! `/ui`: the operator page, compiled in from `ui/` with no build step. The assets are public; the
+//! page sends the operator's key to the `/v1` API, which decides what it may see. A
+//! Content-Security-Policy allows only this origin, nothing inline.
 
 use axum::http::{HeaderName, HeaderValue, header};
 use axum::response::{IntoResponse, Response};

@@ -1,9 +1,6 @@
-//! `/v1/watch`: the changes to keys under a prefix as server-sent events (contract v1.1,
-//! "Watch"). Each event is `id:` (the change id), `event:` (its kind) and `data:` (its JSON);
-//! a comment line every `--watch-heartbeat` keeps an idle stream open; a stream ends after
-//! `--max-watch` (and when the instance shuts down), and the client resumes it with
-//! `Last-Event-ID`, missing nothing and getting nothing twice. The delivery rules live in
-//! [`crate::store::watch`].
+//! `/v1/watch`: changes under a prefix as server-sent events (`id:`, `event:`, `data:`), with
+//! heartbeats and a bounded stream length; the client resumes with `Last-Event-ID`. Delivery lives
+//! in [`crate::store::watch`].
 
 use std::convert::Infallible;
 

@@ -1,15 +1,8 @@
-//! Statements over a batch of requests, assembled by one builder.
-//!
-//! A batched statement begins with its requests: one array parameter per column, one element
-//! per request, unnested into `req` with each request's position `i`. The builder writes that
-//! part from the statement's [`Column`]s, numbering the parameters in their order, and binds a
-//! batch by the same list, so the text and the binding cannot disagree. The rest is the
-//! features' SQL files, joined in order, which name the requests' columns (`r.key`) and never a
-//! parameter number. A part may leave a named slot (`{{name}}`) that each statement built from
-//! it fills: a variant is a statement of its own, never a patch of a finished one.
-//!
-//! Every statement the hot paths run is rendered to `src/store/rendered/` (checked in, compared
-//! by a test, run by `bench/compare.sh`), so the SQL a batch sends can be read whole.
+//! Statements over a batch of requests, assembled by one builder. The builder writes `req` (one
+//! array parameter per [`Column`], unnested with position `i`) and binds by the same list, so text
+//! and binding cannot disagree; the features' SQL parts follow and name columns, never parameter
+//! numbers. A named slot (`{{name}}`) is filled per statement, never patched afterwards. The hot
+//! statements are rendered to `src/store/rendered/`.
 
 use sqlx::Postgres;
 use sqlx::error::BoxDynError;
