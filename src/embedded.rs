@@ -334,10 +334,9 @@ impl EmbeddedPostgres {
             .pipe_to_log(self)
     }
 
-    /// For throwaway clusters: once process `pid` exits, a detached watchdog stops this server and
-    /// removes the data directory. It removes it only after the server exited, so a slow shutdown
-    /// cannot write into it, and signals the `postmaster.pid` process only if it is `postgres`,
-    /// since the number may have been reused.
+    /// For throwaway clusters: once `pid` exits, a detached watchdog stops this server and then
+    /// removes the data directory; it signals the `postmaster.pid` process only if it is
+    /// `postgres`.
     #[allow(
         clippy::zombie_processes,
         reason = "the watchdog must outlive this process; init reaps it"
@@ -460,8 +459,6 @@ fn unprivileged_user() -> Result<Option<(Uid, Gid)>> {
         .ok_or(EmbeddedError::NoUser)
 }
 
-/// Checks that `uid` can search every existing directory above `data_dir`, naming the first it
-/// cannot.
 fn check_reachable(data_dir: &Path, uid: Uid, gid: Gid) -> Result<()> {
     let absolute = std::path::absolute(data_dir).map_err(io_err("resolving", data_dir))?;
     let Some(existing) = absolute.ancestors().skip(1).find(|a| a.is_dir()) else {

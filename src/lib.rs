@@ -81,13 +81,11 @@ pub async fn tls_config(
     cert: &std::path::Path,
     key: &std::path::Path,
 ) -> std::io::Result<RustlsConfig> {
-    // Installing twice is harmless: the first provider stays.
     let _ = rustls::crypto::ring::default_provider().install_default();
     RustlsConfig::from_pem_file(cert, key).await
 }
 
-/// Prunes audit rows and Idempotency-Key records past retention in small batches with pauses, so a
-/// backlog never holds up the hot paths.
+/// Prunes past retention in small batches with pauses, so a backlog never holds up the hot paths.
 async fn prune_forever(state: AppState) {
     const BATCH: i64 = 1000;
     const PAUSE: Duration = Duration::from_millis(50);

@@ -8,7 +8,6 @@ use axum::http::StatusCode;
 use crate::domain::headers::{PROBLEM_JSON, REQUEST_ID};
 use crate::http::error::ApiError;
 
-/// The longest answer of hyper's own: a status line and three short headers.
 pub(super) const LONGEST: usize = 256;
 
 const HYPER_MAX_URI: usize = u16::MAX as usize - 1;
@@ -20,8 +19,7 @@ pub(super) struct HyperAnswer<'a> {
     date: Option<&'a str>,
 }
 
-/// The answer hyper writes for a refused head, if `bytes` are exactly that (`400`, `414` or `431`
-/// with `connection: close`).
+/// The answer hyper writes for a refused head, if `bytes` are exactly that.
 pub(super) fn recognise(bytes: &[u8]) -> Option<HyperAnswer<'_>> {
     let text = std::str::from_utf8(bytes).ok()?.strip_suffix("\r\n\r\n")?;
     let mut lines = text.split("\r\n");
@@ -50,7 +48,6 @@ pub(super) fn recognise(bytes: &[u8]) -> Option<HyperAnswer<'_>> {
     })
 }
 
-/// What the service says instead, with the limits [`super::tune`] gave hyper.
 fn error_for(answer: &HyperAnswer<'_>, head: &super::HeadLimits) -> ApiError {
     match answer.status {
         StatusCode::URI_TOO_LONG => ApiError::UriTooLong {
@@ -70,7 +67,6 @@ fn error_for(answer: &HyperAnswer<'_>, head: &super::HeadLimits) -> ApiError {
     }
 }
 
-/// The problem+json answer with a fresh request id replacing hyper's; it closes the connection too.
 pub(super) fn replacement(answer: &HyperAnswer<'_>, head: &super::HeadLimits) -> Vec<u8> {
     let error = error_for(answer, head);
     let request_id = uuid::Uuid::new_v4().to_string();

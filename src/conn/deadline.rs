@@ -25,7 +25,6 @@ pub(super) struct Deadlines {
     head: Duration,
     idle: Duration,
     phase: Phase,
-    /// Requests begun at the last look: one may begin and end between two reads.
     begun: u64,
     timer: Pin<Box<Sleep>>,
 }
@@ -52,8 +51,8 @@ impl Deadlines {
         }
     }
 
-    /// Bytes arrived. On an idle HTTP/1 connection they begin a head whose clock starts now and is
-    /// not moved by later bytes.
+    /// Bytes arrived: on an idle HTTP/1 connection they start a head, whose clock later bytes do
+    /// not move.
     pub(super) fn received(&mut self, http2: bool) {
         match (self.phase, http2) {
             (Phase::Idle, false) => self.enter(Phase::Head),
@@ -62,15 +61,12 @@ impl Deadlines {
         }
     }
 
-    /// An idle connection still delivering an answer is not idle yet.
     pub(super) fn sent(&mut self) {
         if self.phase == Phase::Idle {
             self.enter(Phase::Idle);
         }
     }
 
-    /// Ready with the closing error once the running clock passed; else pending with the task woken
-    /// then.
     pub(super) fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
         if self.phase == Phase::Busy {
             return Poll::Pending;

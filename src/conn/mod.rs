@@ -72,8 +72,6 @@ impl Listener {
 
 impl AddrListener<Admitted, Peer> for Listener {
     async fn bind_to(_: Peer) -> io::Result<Self> {
-        // `crate::run` serves a listener the caller bound (tests bind port 0), never
-        // `Server::bind`.
         Err(io::Error::new(
             io::ErrorKind::Unsupported,
             "bind a TcpListener and wrap it in conn::Listener",
@@ -147,9 +145,7 @@ pub fn tune<A>(server: &mut Server<Peer, A>, rules: &Rules) {
 struct Activity {
     in_flight: AtomicUsize,
     begun: AtomicU64,
-    /// Bytes arrived with no request in flight since: if hyper writes now it is refusing a head.
     head_unanswered: AtomicBool,
-    /// Woken when the last request in flight is answered, to start the idle clock.
     reader: AtomicWaker,
 }
 
@@ -340,7 +336,6 @@ impl<S: Transport> Watched<S> {
         }
         let answer = answer::recognise(bytes)?;
         self.replacing = Some((answer::replacement(&answer, &self.head), 0));
-        // The rest goes with hyper's next flush and shutdown.
         match self.poll_replacement(cx) {
             Poll::Ready(Err(e)) => Some(Err(e)),
             Poll::Ready(Ok(())) | Poll::Pending => Some(Ok(bytes.len())),

@@ -12,18 +12,15 @@ use socket2::SockRef;
 use tokio::io::{AsyncRead, AsyncWrite, Interest};
 use tokio::net::TcpStream;
 
-/// Where an event ends over HTTP/1.1: the SSE block's blank line, then its chunk's CRLF. Cutting
-/// another body there costs only a segment boundary.
+/// Where an event ends over HTTP/1.1: the SSE blank line, then the chunk's CRLF.
 const EVENT_END: &[u8; 4] = b"\n\n\r\n";
 
-/// How far into a write event ends are looked for: beyond any event (~1.2 KB), short of rereading
-/// large bodies.
+/// How far into a write event ends are looked for: beyond any event (~1.2 KB).
 const SCAN_BYTES: usize = 64 * 1024;
 
 /// A connection's byte stream that can write a record its client gets whole or not at all.
 pub trait Transport: AsyncRead + AsyncWrite + Unpin {
-    /// Writes a prefix of `bufs` as one record, at most [`Transport::record_bytes`] unless the
-    /// first event is longer.
+    /// Writes a prefix of `bufs` as one record (see [`Transport::record_bytes`]).
     fn poll_write_record(
         &mut self,
         cx: &mut Context<'_>,
@@ -62,8 +59,7 @@ impl Transport for TcpStream {
     }
 }
 
-/// rustls may take part of a write when its buffer is nearly full, so a stream over TLS may still
-/// be cut inside an event (which an SSE reader discards).
+/// rustls may take part of a write, so over TLS a stream may still be cut inside an event.
 impl Transport for tokio_rustls::server::TlsStream<TcpStream> {
     fn poll_write_record(
         &mut self,
@@ -84,8 +80,7 @@ pub(super) struct Records {
 }
 
 impl Records {
-    /// The next record's length: up to the last event end within `record_bytes`, else the first;
-    /// everything if there is none.
+    /// The next record's length: up to the last event end within `record_bytes`, else the first.
     pub(super) fn next(&self, bufs: &[IoSlice<'_>], record_bytes: impl FnOnce() -> usize) -> usize {
         let mut limit = Some(record_bytes);
         let mut cap = usize::MAX;
@@ -123,7 +118,6 @@ impl Records {
     }
 
     pub(super) fn wrote(&mut self, bufs: &[IoSlice<'_>], written: usize) {
-        // The last three bytes decide how much of an end they are.
         let tail = EVENT_END.len() - 1;
         let (from, start) = if written >= tail {
             (written - tail, 0)

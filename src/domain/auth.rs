@@ -96,7 +96,6 @@ impl fmt::Debug for Presented {
     }
 }
 
-/// 256 bits from the thread's cryptographically secure generator.
 const SECRET_BYTES: usize = 32;
 
 impl Presented {
@@ -184,7 +183,7 @@ mod tests {
     }
 
     /// Timing safety: the SHA-256 of the presented secret is compared, so a caller cannot steer the
-    /// compared bytes, and the comparison takes constant time.
+    /// compared bytes; constant time is `subtle`'s promise.
     #[test]
     fn secrets_are_compared_by_their_hash_and_every_byte_of_it() {
         let new = NewSecret::generate();

@@ -75,7 +75,6 @@ pub async fn authorize(
     if !principal.prefix.is_empty() {
         check_prefix(&principal, &mut parts, &state).await?;
     }
-    // Before anything of the request is read: a key at its limits is refused at once.
     let admission = state
         .limits
         .admit(&principal.name)
@@ -85,13 +84,12 @@ pub async fn authorize(
     parts.extensions.insert(admission.clone());
     let mut response = next.run(Request::from_parts(parts, body)).await;
     drop(admission);
-    // For the metrics, which count refusals by key.
     response.extensions_mut().insert(principal);
     Ok(response)
 }
 
-/// A key confined to a prefix may name only keys under it: in the path, `Fencing-Key`, a list's
-/// `prefix` or an audit query's `key`.
+/// A key confined to a prefix may name only keys under it (path, `Fencing-Key`, `prefix`, audit
+/// `key`).
 async fn check_prefix(
     principal: &Principal,
     parts: &mut axum::http::request::Parts,
@@ -103,7 +101,7 @@ async fn check_prefix(
             principal.name, principal.prefix
         ))
     };
-    // A namespace fence (v1.3) must be covered too; a transaction's keys are all under its fence.
+    // A namespace fence (v1.3) must be covered too.
     if let Some(fence) = super::extract::fencing_key(&parts.headers)? {
         if !principal.covers(&fence) {
             return Err(outside());

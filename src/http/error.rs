@@ -449,7 +449,6 @@ impl ApiError {
         problem
     }
 
-    /// The problem+json body as sent; also for answers written below axum (`crate::conn`).
     pub(crate) fn problem_json(&self) -> String {
         serde_json::to_string(&self.problem()).expect("a problem serializes")
     }

@@ -420,8 +420,8 @@ pub async fn read_limited(
 
 const MAPPED_FROM: usize = 512 * 1024;
 
-/// Where a body is gathered: the heap, or an anonymous mapping for a large announced one, returned
-/// to the kernel after the request (freed megabyte heap blocks grow the heap for good).
+/// The heap, or an anonymous mapping for a large announced body (freed megabyte heap blocks grow
+/// the heap for good).
 enum BodyBuffer {
     Heap(BytesMut),
     Mapped(MmapMut, usize),

@@ -42,8 +42,7 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyHeader {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
-        // Sent twice it names two requests (a proxy may add one): refused, like two Fencing-Token
-        // headers.
+        // Sent twice it names two requests: refused, like two Fencing-Token headers.
         if parts
             .headers
             .get_all(&IDEMPOTENCY_KEY_HEADER)

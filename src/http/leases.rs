@@ -123,7 +123,6 @@ fn lost(key: Key, token: FencingToken) -> ApiError {
     }
 }
 
-/// A fenced call on a live lease: key, token, context and Idempotency-Key.
 struct LiveLeaseCall {
     key: Key,
     token: FencingToken,

@@ -21,7 +21,6 @@ use crate::rules::{RateLimit, Rules};
 pub struct Limits {
     max_in_flight: usize,
     in_flight: Mutex<HashMap<String, usize>>,
-    /// A bucket per key name admitted: as many as keys made, so never pruned.
     rate: Option<(RateLimit, DefaultKeyedRateLimiter<String>)>,
     bodies: Arc<BodyBudget>,
     max_watches_per_key: usize,

@@ -66,8 +66,7 @@ pub fn router(state: AppState) -> Router {
         )
         .layer(PropagateRequestIdLayer::new(REQUEST_ID.clone()))
         .layer(CatchPanicLayer::custom(panic_response));
-    // One semaphore for the instance (`Router::layer` would make it per route); a request over the
-    // cap is shed unread.
+    // One semaphore for the instance (`Router::layer` would make it per route).
     let shed = ServiceBuilder::new()
         .layer(HandleErrorLayer::new(|_: BoxError| async {
             ApiError::Unavailable(Unavailability::Overloaded)
@@ -81,7 +80,7 @@ pub fn router(state: AppState) -> Router {
     let max_header_bytes = state.rules.max_header_bytes;
     let db_bound = state.db.options().get_acquire_timeout();
     // Health checks and scrapes are never shed: an overloaded instance is alive, and its metrics
-    // show the overload.
+    // show it.
     api_routes()
         .router
         .layer(authorize)
@@ -106,8 +105,8 @@ pub fn router(state: AppState) -> Router {
 /// The longest `x-request-id` kept from a client.
 pub const MAX_REQUEST_ID_BYTES: usize = 128;
 
-/// Removes a client's `x-request-id` unless it is 1..=[`MAX_REQUEST_ID_BYTES`] visible ASCII
-/// characters, so the service makes one instead.
+/// Drops a client's `x-request-id` unless it is 1..=[`MAX_REQUEST_ID_BYTES`] visible ASCII
+/// characters.
 fn drop_unusable_request_id<B>(mut req: Request<B>) -> Request<B> {
     let mut ids = req.headers().get_all(&REQUEST_ID).iter();
     let usable = match (ids.next(), ids.next()) {
@@ -129,7 +128,6 @@ fn drop_unusable_request_id<B>(mut req: Request<B>) -> Request<B> {
 /// with every other parameter; 8 KiB is nginx's default too.
 pub const MAX_URI_BYTES: usize = 8 * 1024;
 
-/// 414 past [`MAX_URI_BYTES`], 431 when the headers as sent pass `limit` bytes.
 async fn limit_head(
     limit: usize,
     req: axum::extract::Request,

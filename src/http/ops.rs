@@ -31,8 +31,7 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
     }
 }
 
-/// The metrics with the database gauges read now; an unanswering database leaves them at their last
-/// value.
+/// An unanswering database leaves the gauges at their last value.
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let m = &state.metrics;
     let hot = state.db.hot_status();

@@ -30,7 +30,6 @@ const SNAPSHOT_TOO_LARGE: &str =
 
 const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
 
-/// The snapshot routes; `GET` routes answer `HEAD` too.
 pub(super) fn routes() -> Routes {
     Routes::new()
         .route("/v1/snapshots", get(list))
@@ -51,7 +50,6 @@ fn etag_header(meta: &SnapshotMeta) -> HeaderValue {
     HeaderValue::from_str(meta.etag.as_str()).expect("an ETag is visible ASCII")
 }
 
-/// The fence of a write: the `Fencing-Key` header's (which must cover `key`), or the key itself.
 pub(super) fn fence_of(key: &Key, header: Option<Key>) -> Result<Key, ApiError> {
     match header {
         None => Ok(key.clone()),
@@ -130,8 +128,7 @@ async fn write(
     };
     let too_large = length.is_some_and(|n| n > state.rules.max_snapshot_bytes as u64);
     if !in_hand && !too_large {
-        // The token is checked before the body is read: a doomed upload is refused and audited at
-        // once.
+        // Checked before the body is read: a doomed upload is refused and audited at once.
         let mut early = ctx.clone();
         idempotency.attach_head(&mut early, &key, &head);
         let target = Fenced {
@@ -207,7 +204,6 @@ async fn delete(
     })
 }
 
-/// The body, and whether all of it came with the head (polled once, without waiting).
 fn arrived_with_head(mut body: Body, length: Option<u64>) -> (Body, bool) {
     match body.frame().now_or_never() {
         Some(None) => (Body::empty(), true),
@@ -230,7 +226,6 @@ fn arrived_with_head(mut body: Body, length: Option<u64>) -> (Body, bool) {
     }
 }
 
-/// A snapshot as an answer, or `304` when `If-None-Match` matches.
 fn snapshot_response(
     snapshot: Snapshot,
     read: Read<'_>,
@@ -356,7 +351,6 @@ pub struct ListParams {
     include: Option<String>,
 }
 
-/// Keys with a current snapshot in byte order (or reversed), with metadata on `include=metadata`.
 async fn list(
     State(state): State<AppState>,
     ApiQuery(params): ApiQuery<ListParams>,

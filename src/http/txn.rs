@@ -38,7 +38,6 @@ struct TxnBody {
 enum OpBody {
     Put {
         key: Key,
-        /// The body, base64 (standard alphabet, padded).
         body: String,
         #[serde(default)]
         content_type: Option<String>,
@@ -153,7 +152,7 @@ fn answer(result: TxnResult) -> OpAnswer {
     }
 }
 
-/// The body checked: 1..=`max_ops` ops, all in the fence's namespace, each key once and under no
+/// The body checked: 1..=`max_ops` ops in the fence's namespace, each key once, none under a
 /// deleted prefix.
 fn checked(
     fence: Key,

@@ -45,8 +45,7 @@ pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'
      style-src 'self'; img-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'none'; \
      form-action 'self'; frame-ancestors 'none'";
 
-/// The page's routes, outside authentication and shedding like `/healthz`: the files are the same
-/// for everyone.
+/// Outside authentication and shedding like `/healthz`: the files are the same for everyone.
 pub(super) fn routes() -> Routes {
     ASSETS.iter().fold(Routes::new(), |routes, asset| {
         let asset = *asset;

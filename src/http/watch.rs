@@ -54,15 +54,13 @@ async fn watch(
     ApiQuery(params): ApiQuery<WatchParams>,
 ) -> Result<Response, ApiError> {
     let prefix = KeyPrefix::parse(params.prefix.unwrap_or_default())?;
-    // A reconnecting EventSource sends its first URL's `since` and the `Last-Event-ID` it reached:
-    // the header is newer.
+    // A reconnecting EventSource sends its first URL's `since` and a newer `Last-Event-ID`.
     let since = params.since.as_deref().map(ChangeId::parse).transpose()?;
     let last_event_id = axum::http::HeaderName::from_static(LAST_EVENT_ID);
     let last = super::extract::single_header(&headers, &last_event_id)?
         .map(ChangeId::parse)
         .transpose()?;
     let since = last.or(since);
-    // Counted before the history is read, for as long as the stream stays open.
     let streaming = state
         .limits
         .admit_watch(principal.as_ref().map(|Extension(p)| p.name.as_str()))
@@ -83,13 +81,12 @@ async fn watch(
             )));
         }
     };
-    // The starting position, in a header and as an id-only event, so a client cut off early resumes
+    // The start position, as a header and an id-only event, so a client cut off early resumes
     // there.
     let start = watch.position();
     let ends = tokio::time::sleep(state.rules.max_watch);
     let opening = stream::once(async move { Ok(Event::default().id(start.to_string())) });
-    // A stream ends when its key's revocation is confirmed on this instance
-    // ([`crate::store::keys::KeyCache::revoked`]).
+    // The stream ends once its key's revocation is confirmed here.
     let revoked: Revoked = match principal {
         Some(Extension(principal)) => {
             let (keys, pool) = (state.keys.clone(), (*state.db).clone());
@@ -116,8 +113,7 @@ async fn watch(
     Ok(response)
 }
 
-/// The watch's changes as SSE events; a read failure ends the stream with a comment (the client
-/// resumes).
+/// The changes as SSE events; a read failure ends the stream with a comment.
 fn events(watch: Watch, revoked: Revoked) -> impl Stream<Item = Result<Event, Infallible>> {
     stream::unfold(Some((watch, revoked)), |state| async move {
         let (mut watch, mut revoked) = state?;

@@ -138,7 +138,6 @@ mod tests {
         )
     }
 
-    /// The checked-in rendering of each batched statement is the one the service runs.
     #[test]
     fn rendered_statements_are_the_statements_the_service_runs() {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/store/rendered");

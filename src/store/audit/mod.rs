@@ -92,7 +92,6 @@ struct RejectionRow {
 }
 
 impl RejectionRow {
-    /// The row as shown; the table's checks and the writer's types vetted every column.
     fn into_rejection(self) -> Rejection {
         let fencing_key = self.fencing_key.unwrap_or_else(|| self.key.clone());
         Rejection {
@@ -176,8 +175,7 @@ impl RecoveryRow {
     }
 }
 
-/// Only the filters given, so each combination is its own prepared statement using its filter's
-/// index.
+/// Only the filters given, so each combination gets its own prepared plan on its index.
 fn page_query(log: Log, q: &AuditQuery) -> QueryBuilder<'static, Postgres> {
     let mut b = QueryBuilder::new(format!("SELECT * FROM {} WHERE true", log.table()));
     if let Some(key) = &q.key {

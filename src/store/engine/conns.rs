@@ -184,7 +184,6 @@ impl Conns {
         })?;
         let deadline = deadline(&self.pool);
         let mut conn = self.checkout(deadline).await?;
-        // Before COMMIT is sent a failure changed nothing; after it the outcome is unknown.
         let committing = AtomicBool::new(false);
         let work = async {
             let c = conn.get();
@@ -207,7 +206,6 @@ impl Conns {
             Ok::<O, sqlx::Error>(row)
         };
         let answer = timeout_at(deadline, work).await;
-        // A connection perhaps still in the transaction is dropped, which closes it.
         let failed = match answer {
             Ok(Ok(row)) => return conn.finish(Ok(Ok(row)), &self.pool),
             Ok(Err(e)) => StoreError::from(e),
@@ -220,8 +218,7 @@ impl Conns {
         })
     }
 
-    /// A hot connection before `deadline`: deadpool bounds each step of a checkout but not their
-    /// sum.
+    /// deadpool bounds each step of a checkout but not their sum.
     async fn checkout(&self, deadline: Instant) -> Result<Checkout> {
         let limit = deadline.min(Instant::now() + self.pool.options().get_acquire_timeout());
         match tokio::time::timeout_at(limit, self.hot.get()).await {
@@ -233,7 +230,6 @@ impl Conns {
     }
 }
 
-/// Dropped without [`finish`](Checkout::finish) (its request abandoned) a hot connection is closed.
 struct Checkout(Option<Object<Connector>>);
 
 impl Checkout {
@@ -259,7 +255,6 @@ impl Checkout {
                     give_back(conn);
                     Err(e)
                 }
-                // Anything else may have ended the session or left it out of step.
                 e => {
                     drop(Object::take(conn));
                     Err(e)

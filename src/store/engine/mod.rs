@@ -12,8 +12,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 pub use conns::{HOT_SETTINGS, HotPoolStatus};
 
-/// A one-connection pool for `LISTEN`, so that its session settings never reach a serving
-/// connection.
+/// A pool of its own for `LISTEN`, so its session never reaches a serving connection.
 pub(crate) fn listening_pool(pool: &PgPool) -> PgPool {
     PgPoolOptions::new()
         .max_connections(1)
@@ -123,8 +122,7 @@ impl StoreError {
     }
 }
 
-/// Whether a failed call surely never reached the server: the database refused it, there was no
-/// connection, or the write met `EPIPE`.
+/// Whether a failed call surely never reached the server (refused, no connection, or `EPIPE`).
 fn never_delivered(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Database(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
@@ -248,15 +246,14 @@ pub fn pool(options: PgConnectOptions, settings: &DbSettings) -> PgPool {
         ("statement_timeout", ms.as_str()),
         ("lock_timeout", ms.as_str()),
         ("idle_in_transaction_session_timeout", idle_ms.as_str()),
-        // Each statement is short; under load the JIT cost more than it saved.
         ("jit", "off"),
     ]);
     PgPoolOptions::new()
         .max_connections(settings.pool_size)
         .min_connections(0)
         .acquire_timeout(settings.timeout)
-        // Only an idle connection is checked before use (its database may have restarted); checking
-        // a busy one would cost as much as a read.
+        // Only an idle connection is checked (its database may have restarted): a check per request
+        // costs a read.
         .test_before_acquire(false)
         .before_acquire(|conn, meta| {
             Box::pin(async move {

@@ -19,7 +19,6 @@ pub(crate) struct Column<J> {
 }
 
 impl<J> Column<J> {
-    /// The column `name` of element SQL type `sql_type`, bound by `bind`; see [`column!`].
     pub(crate) const fn new(name: &'static str, sql_type: &'static str, bind: Bind<J>) -> Self {
         Self {
             name,
@@ -67,7 +66,6 @@ impl<J> Batched<J> {
     {
         let mut args = PgArguments::default();
         for c in &self.columns {
-            // Arrays always encode unless a batch passed 2^31 requests; it holds at most 32.
             (c.bind)(&mut args, jobs).expect("a batch's columns encode");
         }
         sqlx::query_as_with(&self.text, args)
@@ -82,8 +80,7 @@ pub(crate) struct Builder<J> {
 }
 
 impl<J> Builder<J> {
-    /// A `req` column computed from the bound ones by `sql` (over `r`); replaces a bound one of its
-    /// name.
+    /// A `req` column computed by `sql` (over `r`), replacing a bound one of its name.
     pub(crate) fn derive(mut self, name: &'static str, sql: &'static str) -> Self {
         self.derived.push((name, sql));
         self
@@ -99,8 +96,8 @@ impl<J> Builder<J> {
         self
     }
 
-    /// The statement. Panics (in every test that runs it) when a slot is left empty or a filling
-    /// finds no slot, so an edit cannot silently drop a part.
+    /// Panics when a slot is left empty or a filling finds none, so an edit cannot silently drop a
+    /// part.
     pub(crate) fn build(self) -> Batched<J> {
         let mut text = self.requests();
         for part in &self.parts {

@@ -59,8 +59,7 @@ impl<T> Gated<T> {
     }
 }
 
-/// A changing statement's answer: the verdict, a replay's stored fingerprint, and the answer as
-/// JSON, read as `T` only once known to be this operation's.
+/// A changing statement's answer, read as `T` only once known to be this operation's.
 pub(crate) struct GatedRow<T> {
     gate: String,
     prior_fingerprint: Option<Vec<u8>>,
@@ -119,8 +118,6 @@ pub(crate) trait Change {
     fn ctx(&self) -> &RequestContext;
 }
 
-/// A changing statement over a batch of `J`: the gate's columns, `J`'s columns, then the gate,
-/// `J`'s parts and the record.
 pub(crate) fn changing<J: Change>(
     columns: impl IntoIterator<Item = Column<J>>,
     derived: &[(&'static str, &'static str)],
@@ -173,8 +170,8 @@ pub(crate) fn claim(ctx: &RequestContext) -> Option<String> {
     })
 }
 
-/// Runs a changing statement until it is not rolled back by the race for its record
-/// (`sql/gate.sql`), within the request's deadline, and reads its gate.
+/// Runs a changing statement until no race for its record rolls it back (`sql/gate.sql`), and reads
+/// its gate.
 pub(crate) async fn gated<T: DeserializeOwned, F, Fut>(
     ctx: &RequestContext,
     mut run: F,

@@ -315,7 +315,6 @@ async fn listen(
         let failure = async {
             let mut listener = PgListener::connect_with(&own).await?;
             listener.listen(CHANNEL).await?;
-            // Named only once it listens, so every instance counted will confirm.
             sqlx::query("SELECT set_config('application_name', $1, false)")
                 .bind(FOLLOWER)
                 .execute(&mut listener)

@@ -13,8 +13,6 @@ use crate::store::engine::conns::{Conns, Effect};
 use crate::store::engine::statement::{Batched, Column, QueryAs, column};
 use crate::store::idempotency::{self, Change, GatedRow};
 
-/// The acquire statement over a batch; `sql/acquire.sql` says what it locks and why it is
-/// race-free.
 pub(crate) static ACQUIRE: LazyLock<Batched<AcquireJob>> = LazyLock::new(|| {
     idempotency::changing(
         acquire_columns(),
@@ -42,7 +40,6 @@ fn acquire_columns() -> [Column<AcquireJob>; 11] {
     ]
 }
 
-/// The dispatchers of the lease calls' batches; each ends when this is dropped.
 #[derive(Debug)]
 pub(crate) struct Batches {
     pub(crate) acquire: Batcher<AcquireBatch>,
@@ -69,8 +66,7 @@ impl Batches {
 #[derive(Debug)]
 pub(crate) struct AcquireBatch;
 
-/// One acquire of a batch: the request and, for a waiter's try, its queue row and whether its wait
-/// is over.
+/// One acquire: the request and, for a waiter's try, its queue row and whether its wait is over.
 #[derive(Debug)]
 pub(crate) struct AcquireJob {
     pub(super) req: NewLease,
@@ -115,7 +111,6 @@ impl Kind for AcquireBatch {
     }
 }
 
-/// The renew statement over a batch; `sql/renew.sql` argues its race-freedom.
 pub(crate) static RENEW: LazyLock<Batched<ChangeJob<Option<TtlMs>>>> = LazyLock::new(|| {
     let [key, token] = ChangeJob::lease_columns();
     let ttl = column!(ChangeJob<Option<TtlMs>>, "ttl_ms": "bigint" = |j| j.change.map(TtlMs::get));
@@ -127,7 +122,6 @@ pub(crate) static RENEW: LazyLock<Batched<ChangeJob<Option<TtlMs>>>> = LazyLock:
     )
 });
 
-/// A change of a live lease: the key, the token that must be live, and the change.
 #[derive(Debug)]
 pub(crate) struct ChangeJob<C> {
     pub(super) key: Key,
@@ -192,7 +186,6 @@ pub(crate) static END: LazyLock<Batched<ChangeJob<&'static str>>> = LazyLock::ne
     )
 });
 
-/// The confirmation statement; `sql/reconciled.sql` argues its race-freedom.
 pub(crate) static RECONCILED: LazyLock<Batched<ChangeJob<()>>> = LazyLock::new(|| {
     let [key, token] = ChangeJob::lease_columns();
     let audit = [
@@ -207,7 +200,6 @@ pub(crate) static RECONCILED: LazyLock<Batched<ChangeJob<()>>> = LazyLock::new(|
     )
 });
 
-/// Confirmations of reconciliations; a job's change is its request's context, for the audit row.
 #[derive(Debug)]
 pub(crate) struct ReconciledBatch;
 

@@ -26,7 +26,6 @@ pub(super) struct LeaseRow {
     pub(super) ended_at: Option<DateTime<Utc>>,
 }
 
-/// A lease row with its recovery reason and state, and a reconciling lease's kept record.
 #[derive(Debug, FromRow, Deserialize)]
 pub(super) struct StatusRow {
     #[sqlx(flatten)]
@@ -44,13 +43,12 @@ pub(super) struct StatusRow {
     pub(super) kept_ended_at: Option<DateTime<Utc>>,
     #[serde(default)]
     pub(super) kept_metadata: Option<serde_json::Value>,
-    /// Live acquires waiting in the key's queue (status.sql and list.sql count them).
     #[serde(default)]
     pub(super) waiters: i64,
 }
 
 impl LeaseRow {
-    /// Values were checked on the way in; a failing row means schema and code disagree, a loud bug.
+    /// Values were checked on the way in: a failing row is a schema bug, said loudly.
     pub(super) fn into_lease(self) -> Lease {
         Lease {
             key: Key::parse(self.key).expect("stored keys are valid"),
@@ -78,7 +76,6 @@ impl LeaseRow {
 }
 
 impl StatusRow {
-    /// The key's retained record: a reconciling lease's kept one, else the newest lease's own.
     pub(super) fn recovery_record(&self) -> Option<RecoveryRecord> {
         let reason = self.recovery_reason.as_deref()?;
         let Some(token) = self.kept_token else {
@@ -109,31 +106,26 @@ impl StatusRow {
     }
 }
 
-/// What an acquire did (`result` in `sql/acquire.sql`, `answer` of `lease_acquire_one()`).
 #[derive(Debug, Deserialize)]
 pub(crate) struct AcquireAnswer {
     pub(super) verdict: String,
     pub(super) granted: Option<LeaseRow>,
-    /// The key's row as found, when the answer names it (a refusal's holder or record, or a grant's
-    /// replaced or kept record).
+    /// The key's row as found, when the answer names it.
     pub(super) current: Option<StatusRow>,
-    /// False when it lost the race to create the key's row (it runs again), or a waiter found the
-    /// key held.
+    /// False when it lost the race to create the key's row, or a waiter found the key held.
     pub(super) settled: bool,
-    /// The database's now(), which expiries are measured against (absent from older remembered
-    /// answers).
+    /// The database's now(); absent from older remembered answers.
     #[serde(default)]
     pub(super) clock: Option<DateTime<Utc>>,
     #[serde(default)]
     pub(super) keeps: bool,
-    /// For `held` on a free key: the live waiters queued before the request.
     #[serde(default)]
     pub(super) waiters: Option<i64>,
 }
 
 impl AcquireAnswer {
-    /// For a waiter's unsettled answer: how long until the lease that holds the key expires by
-    /// the database clock, if a live lease holds it (rather than a waiter queued before).
+    /// For a waiter's unsettled answer: how long until the holding lease expires, by the database
+    /// clock.
     pub(super) fn held_for(&self) -> Option<std::time::Duration> {
         let current = self.current.as_ref()?;
         if self.verdict != "held" || current.state != "held" {
@@ -143,7 +135,6 @@ impl AcquireAnswer {
         Some(left.to_std().unwrap_or_default())
     }
 
-    /// Whether the statement found the key held (by a lease, or reserved by a waiter ahead).
     pub(super) fn held(&self) -> bool {
         self.verdict == "held"
     }
@@ -176,8 +167,7 @@ impl AcquireAnswer {
     }
 }
 
-/// What a renewal or an ending did (`result` in `sql/renew.sql` and `sql/end.sql`): the lease as
-/// changed, or none when the token was not the key's live lease.
+/// What a renewal or ending did: the lease as changed, or none (not the live lease).
 #[derive(Debug, Deserialize)]
 pub(crate) struct ChangeAnswer {
     pub(super) lease: Option<LeaseRow>,

@@ -35,10 +35,8 @@ use place::Place;
 use tasks::{heartbeat, listen, sweep};
 
 const CHANNEL: &str = "snapfence_waiters";
-/// How often an instance with waiters drops dead instances' rows: twice within the contract's
-/// second.
+/// Twice within the contract's second.
 const SWEEP_EVERY: Duration = Duration::from_millis(500);
-/// Age past any enqueue's answer after which an unheld row of this instance is swept.
 const STALE_AFTER: Duration = Duration::from_secs(30);
 
 /// This instance's waiting acquires. Cheap to clone; its tasks stop with the last clone.
@@ -49,11 +47,9 @@ pub struct Waiters {
 }
 
 struct Inner {
-    /// This instance's id in `lease_waiters.instance` and its liveness lock (0 until it first
-    /// listens).
+    /// This instance's id and liveness lock (0 until it first listens).
     instance: AtomicI32,
     queues: Mutex<HashMap<String, BTreeMap<i64, Arc<Notify>>>>,
-    /// Whether the listening connection listens and holds the liveness lock.
     listening: watch::Sender<bool>,
     stopping: watch::Sender<bool>,
     /// Until when to sweep without waiters: a failed leave or enqueue may have left a row behind.
@@ -61,7 +57,6 @@ struct Inner {
     tries: Batcher<AcquireBatch>,
     enqueues: Batcher<EnqueueBatch>,
     pool: PgPool,
-    /// How long this instance may go silent before its waiters are passed over.
     stall_bound: Duration,
     /// Waiters passed over while this instance was frozen: each makes one last try.
     passed_over: Mutex<HashSet<i64>>,
@@ -160,7 +155,6 @@ impl Waiters {
                         last_try = true;
                     }
                 }
-                // A waiter's key has a row, so an unsettled answer is only rerun.
                 Gated::Ran(answer) if !answer.settled => {}
                 gated => {
                     place.left = true;
@@ -171,8 +165,7 @@ impl Waiters {
     }
 
     /// Takes a place at the end of the key's queue once this instance listens, so no release goes
-    /// unheard; if it does not listen by `until`, the place is for one last try. `None` when a
-    /// waiter with the same Idempotency-Key already holds a place anywhere.
+    /// unheard; `None` when the Idempotency-Key already holds one.
     async fn enqueue(
         &self,
         req: &NewLease,
@@ -230,7 +223,6 @@ impl Waiters {
         let id = match queued {
             Ok(id) => id,
             Err(e) => {
-                // The place may exist with its answer lost: the sweep takes it out.
                 self.inner.left_behind();
                 return Err(match e {
                     StoreError::Indeterminate(e) => StoreError::Unavailable(e),
@@ -267,8 +259,7 @@ impl Waiters {
         Ok(Some((place, heard)))
     }
 
-    /// Sleeps until `place` should try again (true) or its wait is over (false); the first waiter
-    /// here also wakes when the holder's lease expires.
+    /// Sleeps until `place` should try again (true) or its wait is over (false).
     async fn sleep(&self, place: &Place, answer: &AcquireAnswer, until: Instant) -> bool {
         let expiry = answer
             .held_for()

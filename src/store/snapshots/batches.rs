@@ -15,9 +15,8 @@ use crate::store::engine::conns::{Conns, Effect};
 use crate::store::engine::statement::{Batched, Column, QueryAs, column};
 use crate::store::idempotency::{self, Change, GatedRow};
 
-/// The fenced statements: requests, the gate, the writes, the fencing rules and audit
-/// (`sql/fenced.sql`), their own parts, then the record. Each part's locks and race-freedom are
-/// argued in its file.
+/// The fenced statements: requests, gate, writes, fencing rules with audit (`sql/fenced.sql`), own
+/// parts, record.
 pub(crate) struct Fenced {
     pub(crate) put: Batched<FencedJob>,
     pub(crate) put_uploaded: Batched<FencedJob>,
@@ -88,8 +87,6 @@ static BROKEN: LazyLock<Fenced> = LazyLock::new(|| {
     )
 });
 
-/// The fenced statements this process runs (all broken under the negative control, so it is not
-/// caught early).
 pub(super) fn fenced() -> &'static Fenced {
     #[cfg(feature = "fault-controls")]
     if super::fencing_broken() {
@@ -281,7 +278,6 @@ impl Job for GetJob {
     }
 }
 
-/// Reads claim nothing: two of one key share a batch.
 #[derive(Debug)]
 pub(crate) struct GetBatch;
 

@@ -108,8 +108,7 @@ fn grants(epoch: &Epoch) -> impl Iterator<Item = PendingExpiry> + '_ {
     })
 }
 
-/// While a turn is in flight, its epoch reaches the reader through `Inner::relayed`; dropped, it
-/// wakes the reader however the turn ended.
+/// While a turn is in flight its epoch reaches the reader through `Inner::relayed`.
 struct Turning<'a>(&'a Inner);
 
 impl<'a> Turning<'a> {
@@ -161,8 +160,8 @@ pub(super) async fn relay(inner: Weak<Inner>) {
     }
 }
 
-/// One turn: keep or take the role and record an epoch in one statement, then perhaps prune and
-/// report due expiries. Returns the pause before the next.
+/// One turn: keep or take the role and record an epoch, then perhaps prune and report expiries; the
+/// pause before the next.
 async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<Duration> {
     if let Some(r) = role.as_ref() {
         let idle = !r.stale
@@ -253,8 +252,8 @@ async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<Duration> {
     Ok(if relay.busy { BUSY_TICK } else { RELAY_TICK })
 }
 
-/// Reports expiries passed by `clock` in a statement of its own (share locks last one statement),
-/// and keeps expecting those renewed or skipped. Whether it reported any.
+/// Reports expiries due by `clock` (share locks last one statement) and keeps expecting those
+/// renewed or skipped.
 async fn report_expiries(pool: &PgPool, relay: &mut Relay, clock: DateTime<Utc>) -> Result<bool> {
     let (keys, tokens) = relay.take_due(clock);
     if keys.is_empty() {

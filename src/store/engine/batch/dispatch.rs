@@ -24,7 +24,6 @@ impl Pace {
         // A stalled batch counts as the bound, so one long lock wait does not stretch the next
         // bounds.
         let took = u64::try_from(took.min(self.stall_bound()).as_micros()).unwrap_or(u64::MAX);
-        // Lost updates between two batches ending at once only blur the mean.
         let mean = self.0.load(Ordering::Relaxed);
         let mean = if mean == 0 {
             took
@@ -46,8 +45,8 @@ struct Open<K: Kind> {
     bytes: usize,
 }
 
-/// Requests held back (a claim in use, a full batch), oldest first; a newer one sharing a claim
-/// waits behind them, so one key's requests go in order.
+/// Requests held back, oldest first; one sharing their claim waits behind them, so a key's requests
+/// keep their order.
 struct Later<K: Kind> {
     queue: VecDeque<Pending<K>>,
     claims: HashSet<String>,
@@ -80,8 +79,8 @@ impl<K: Kind> Open<K> {
         self.jobs.len() >= MAX_REQUESTS || self.bytes >= MAX_BYTES
     }
 
-    /// Takes `p` into the batch, or into `later` when it shares a claim in flight or held back, or
-    /// would overfill the batch. A given-up request is dropped.
+    /// Takes `p` into the batch, or into `later` when its claim is busy or held back, or the batch
+    /// is full.
     fn offer(&mut self, p: Pending<K>, later: &mut Later<K>, busy: &Mutex<HashSet<String>>) {
         if p.state.load(Ordering::Acquire) == GIVEN_UP {
             return;
@@ -141,7 +140,6 @@ pub(super) async fn dispatch<K: Kind>(
                 }
             }
             if batch.jobs.is_empty() {
-                // Wait for a request, or for a batch to end and free held-back claims.
                 if !open && later.queue.is_empty() {
                     return;
                 }
@@ -156,7 +154,6 @@ pub(super) async fn dispatch<K: Kind>(
                 }
                 continue;
             }
-            // Send when no batch is in flight, the batch is full, or the one in flight stalled.
             let stalled = last_sent + pace.stall_bound();
             let in_flight = slots.available_permits() < IN_FLIGHT;
             if !in_flight || batch.full() || !open || Instant::now() >= stalled {
@@ -201,7 +198,6 @@ pub(super) async fn dispatch<K: Kind>(
     }
 }
 
-/// A batch in flight: its slot and claims, given back (waking the dispatcher) however it ends.
 struct Flight {
     claims: HashSet<String>,
     busy: Arc<Mutex<HashSet<String>>>,

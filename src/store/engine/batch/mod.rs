@@ -87,7 +87,6 @@ pub(super) const WAITING: u8 = 0;
 pub(super) const SENT: u8 = 1;
 pub(super) const GIVEN_UP: u8 = 2;
 
-/// A request on its way: the job, and where its answer goes (`None`: no row for it).
 struct Pending<K: Kind> {
     pub(super) job: K::Job,
     pub(super) deadline: Instant,
@@ -141,7 +140,6 @@ impl<K: Kind> Batcher<K> {
         self.queued.load(Ordering::Relaxed)
     }
 
-    /// [`submit`](Self::submit) for a change: a missing row is our bug, said loudly.
     pub(crate) async fn answer(&self, job: K::Job) -> Result<K::Row> {
         self.submit(job).await?.ok_or_else(|| {
             StoreError::Internal(sqlx::Error::Protocol(

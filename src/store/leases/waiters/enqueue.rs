@@ -25,13 +25,12 @@ impl Job for Enqueue {
 
 pub(crate) const ENQUEUE: &str = include_str!("../sql/wait_enqueue.sql");
 
-/// A waiter's place id; none when its Idempotency-Key already holds one.
 #[derive(Debug, sqlx::FromRow)]
 pub(super) struct Queued {
     pub id: Option<i64>,
 }
 
-/// Places taken by waiters that arrive together, one row each, so places of one key share a batch.
+/// One row per place, so places of one key share a batch.
 #[derive(Debug)]
 pub(super) struct EnqueueBatch;
 

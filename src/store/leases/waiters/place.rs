@@ -37,7 +37,6 @@ impl Inner {
         queues.values().flat_map(|q| q.keys().copied()).collect()
     }
 
-    /// Frees `principal`'s Idempotency-Key `idem` from places no request holds; how many.
     pub(super) async fn unblock(&self, principal: &str, idem: &str, instance: i32) -> Result<u64> {
         let held = self.held();
         Ok(sqlx::query(include_str!("../sql/wait_unblock.sql"))
@@ -59,7 +58,6 @@ impl Inner {
             .is_some_and(|&first| first == place.id)
     }
 
-    /// A row of this instance may be left in a queue unheld: sweep until it is surely old enough.
     pub(super) fn left_behind(&self) {
         let until = Instant::now() + STALE_AFTER + 2 * SWEEP_EVERY;
         *self.stale_until.lock().expect("never poisoned") = Some(until);
@@ -80,8 +78,7 @@ impl Inner {
     }
 }
 
-/// A waiter's place in its key's queue. Dropped with its request, it leaves the queue and wakes the
-/// next waiter here.
+/// A waiter's place; dropped with its request, it leaves the queue and wakes the next waiter here.
 pub(super) struct Place {
     pub inner: Arc<Inner>,
     pub key: String,
@@ -134,7 +131,6 @@ impl Drop for Place {
                 .bounded(pool)
                 .await;
             if let Err(e) = left {
-                // The sweep deletes it later; meanwhile later waiters wait behind it.
                 tracing::warn!(error = %e, waiter = id, "could not take a waiter out of its queue");
                 inner.left_behind();
             }

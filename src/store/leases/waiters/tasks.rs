@@ -13,7 +13,6 @@ use crate::store::{Bounded, Result, listening_pool};
 
 const RELISTEN_AFTER: Duration = Duration::from_millis(250);
 
-/// Listens for wake-ups on its own connection, which holds the liveness lock; restarts on failure.
 pub(super) async fn listen(inner: std::sync::Weak<Inner>) {
     let Some(pool) = inner.upgrade().map(|i| i.pool.clone()) else {
         return;
@@ -49,7 +48,6 @@ pub(super) async fn listen(inner: std::sync::Weak<Inner>) {
             match inner.upgrade() {
                 Some(i) => {
                     i.listening.send_replace(true);
-                    // A release may have come while no one listened.
                     i.wake_all();
                 }
                 None => return Ok(()),
@@ -75,11 +73,8 @@ pub(super) async fn listen(inner: std::sync::Weak<Inner>) {
     }
 }
 
-/// Four heartbeats within the default `--waiter-stall-bound`.
 const HEARTBEAT_EVERY: Duration = Duration::from_millis(250);
 
-/// Heartbeats every [`HEARTBEAT_EVERY`] (at most a quarter of the stall bound) once the instance
-/// has an id.
 pub(super) async fn heartbeat(inner: std::sync::Weak<Inner>) {
     let every = inner
         .upgrade()
@@ -108,8 +103,8 @@ pub(super) async fn heartbeat(inner: std::sync::Weak<Inner>) {
     }
 }
 
-/// Twice a second while there are waiters (or a row may be left behind), deletes rows no one waits
-/// in and gives passed-over waiters their last try.
+/// Twice a second while there are waiters, deletes rows no one waits in and gives passed-over
+/// waiters a last try.
 pub(super) async fn sweep(inner: std::sync::Weak<Inner>) {
     let mut tick = tokio::time::interval(SWEEP_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
