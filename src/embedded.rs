@@ -101,8 +101,7 @@ fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Emb
     move |source| EmbeddedError::Io { what, path, source }
 }
 
-/// The directory holding `initdb`, `pg_ctl` and `postgres`: on `PATH` (links followed, so siblings
-/// such as `pg_basebackup` are there), else the newest under `/usr/lib/postgresql`.
+/// The directory of `initdb` and `pg_ctl`: on `PATH`, else the newest in `/usr/lib/postgresql`.
 pub fn find_binaries() -> Result<PathBuf> {
     let has_tools = |dir: &Path| {
         ["initdb", "pg_ctl", "postgres"]
@@ -140,8 +139,7 @@ pub fn find_binaries() -> Result<PathBuf> {
 pub struct Settings {
     /// Extra `name = value` lines (values already quoted as PostgreSQL wants them).
     pub extra: Vec<(String, String)>,
-    /// Also listen on `127.0.0.1` at this port, for what must sit between a client and the server
-    /// (a proxy); the service needs only the Unix socket.
+    /// Also listen on `127.0.0.1` at this port, for a proxy; the service needs only the socket.
     pub tcp_port: Option<u16>,
 }
 
@@ -155,8 +153,7 @@ pub struct EmbeddedPostgres {
 }
 
 impl EmbeddedPostgres {
-    /// Starts the cluster in `dir`, creating it if needed, and blocks until it accepts connections.
-    /// A server left running there by a killed process is adopted.
+    /// Starts (or creates, or adopts) the cluster in `dir`; returns once it accepts connections.
     pub fn start(dir: &Path, settings: &Settings) -> Result<Self> {
         let this = Self::at(dir, settings)?;
         let pgdata = this.pgdata();
@@ -175,8 +172,7 @@ impl EmbeddedPostgres {
         this.launch(settings)
     }
 
-    /// Makes `dir` a streaming standby of `upstream` (a libpq connection string) with
-    /// `pg_basebackup -R`, unless it is one already, and starts it.
+    /// Makes `dir` a streaming standby of `upstream` with `pg_basebackup -R`, and starts it.
     pub fn start_standby(dir: &Path, upstream: &str, settings: &Settings) -> Result<Self> {
         let this = Self::at(dir, settings)?;
         let pgdata = this.pgdata();

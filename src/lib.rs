@@ -27,9 +27,8 @@ pub use http::router;
 pub use rules::Rules;
 pub use state::AppState;
 
-/// Serves the API on `listener` (over TLS when `tls` is given) until `shutdown` resolves, then
-/// finishes the requests in flight and returns. Also runs the retention pruner (audit rows, Idempotency-Key records) for as long
-/// as it serves. Connections are capped and timed as [`conn`] says.
+/// Serves the API on `listener` until `shutdown`, then finishes requests in flight; prunes
+/// meanwhile.
 pub async fn run(
     listener: TcpListener,
     state: AppState,
@@ -75,8 +74,7 @@ pub async fn run(
     served
 }
 
-/// Loads a PEM certificate chain and private key for [`run`]. Uses the `ring` provider, the one
-/// the rest of the crate's TLS (the client's) already links.
+/// Loads a PEM chain and key for [`run`], with the `ring` provider the client already links.
 pub async fn tls_config(
     cert: &std::path::Path,
     key: &std::path::Path,

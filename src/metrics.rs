@@ -189,8 +189,7 @@ impl Metrics {
         Arc::new(Metrics { registry, ..m })
     }
 
-    /// Counts one answered request: route, status, latency, and its effect on leases and snapshots,
-    /// all defined here rather than in each handler.
+    /// Counts one answered request, so every figure is defined here rather than per handler.
     pub fn observe(
         &self,
         route: &str,

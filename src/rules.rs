@@ -37,15 +37,13 @@ pub struct Rules {
     pub idle_timeout: Duration,
     /// The most connections one instance keeps open; one more waits in the listen queue.
     pub max_connections: usize,
-    /// Whether requests without credentials are served while no live API key exists (loopback, or
-    /// `--insecure-no-auth`).
+    /// Whether requests without credentials are served while no live API key exists.
     pub anonymous_without_keys: bool,
     /// The most requests one API key may have in flight on one instance; one more is answered 429.
     pub max_in_flight_per_key: usize,
     /// The rate one API key may send requests at to one instance, if it is limited.
     pub rate_limit_per_key: Option<RateLimit>,
-    /// The most bytes of request bodies one instance holds at once; a body that would pass it is
-    /// answered 503.
+    /// The most request body bytes one instance holds at once; more is answered 503.
     pub max_body_bytes_in_flight: usize,
     /// How long the history of changes is kept for watches to resume in.
     pub watch_retention: Duration,

@@ -10,14 +10,11 @@ use tokio::time::{Instant, Sleep};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    /// Waiting for a request's head: since the accept, or since the first byte of the next
-    /// request on a keep-alive connection. The head timeout runs.
+    /// Waiting for a request's head, since the accept or the next request's first byte.
     Head,
-    /// At least one request is in flight: no clock runs (the body timeout and the database's
-    /// bound the request itself).
+    /// A request is in flight: no clock runs (the body timeout and database bound cover it).
     Busy,
-    /// No request in flight: the idle timeout runs from the last byte sent (the tail of the
-    /// last answer may still be on its way to a slow reader) or received.
+    /// No request in flight: the idle timeout runs from the last byte sent or received.
     Idle,
 }
 

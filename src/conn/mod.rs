@@ -98,17 +98,14 @@ impl AddrListener<Admitted, Peer> for Listener {
     }
 }
 
-/// The most header fields a request may have (more is `431`, as Apache and hyper do). Not derived
-/// from `--max-header-bytes`: hyper allocates arrays of this many fields per request, and 3,277
-/// cost a quarter of the CPU of small reads.
+/// The most header fields (more is `431`). Not derived from `--max-header-bytes`: hyper allocates
+/// arrays of this many per request, and 3,277 cost a quarter of the CPU of small reads.
 pub const MAX_HEADER_FIELDS: usize = 100;
 
-/// The limits hyper enforces on a head, derived so that it refuses by size only what the service
-/// would.
+/// Hyper's head limits, set so it refuses by size only what the service would.
 #[derive(Debug, Clone, Copy)]
 pub struct HeadLimits {
-    /// hyper's read buffer: twice the service's target and header limits (values' whitespace is not
-    /// counted), at least 8192.
+    /// hyper's read buffer: twice the target and header limits (whitespace is not counted).
     pub buffer_bytes: usize,
     /// hyper's limit on header fields: [`MAX_HEADER_FIELDS`].
     pub fields: usize,
@@ -128,8 +125,7 @@ impl HeadLimits {
     }
 }
 
-/// Sets hyper's limits above the service's; the head timeout is [`Watched`]'s, since hyper's would
-/// also close idle keep-alive connections.
+/// Sets hyper's limits above the service's; the head timeout is [`Watched`]'s.
 pub fn tune<A>(server: &mut Server<Peer, A>, rules: &Rules) {
     let head = HeadLimits::for_rules(rules);
     let builder = server.http_builder();
@@ -168,8 +164,7 @@ impl Drop for InFlight {
     }
 }
 
-/// Counts a connection's requests in flight until the answer reaches hyper or the request is
-/// dropped.
+/// Counts a connection's requests in flight until hyper has the answer.
 #[derive(Clone)]
 pub struct Tracked<S> {
     inner: S,
@@ -207,8 +202,7 @@ struct Limits {
     idle_timeout: Duration,
 }
 
-/// Wraps each connection (after `inner`, TLS or nothing) in [`Watched`] and its service in
-/// [`Tracked`].
+/// Wraps each connection in [`Watched`] and its service in [`Tracked`].
 #[derive(Debug, Clone)]
 pub struct Acceptor<A> {
     inner: A,
@@ -268,8 +262,7 @@ where
     }
 }
 
-/// A connection's stream: runs its head and idle clocks, replaces hyper's answers, writes in
-/// records, and holds its slot under the cap.
+/// A connection's stream: its clocks, replaced answers, records, and slot under the cap.
 pub struct Watched<S> {
     inner: S,
     activity: Arc<Activity>,

@@ -111,8 +111,7 @@ impl Presented {
         })
     }
 
-    /// Whether this secret hashes to `stored`, compared in constant time so that the time taken
-    /// says nothing about how much of the hash matched.
+    /// Whether this secret hashes to `stored`, compared in constant time.
     pub fn matches(&self, stored: &[u8]) -> bool {
         let hash = Sha256::digest(self.secret.as_bytes());
         hash.as_slice().ct_eq(stored).into()

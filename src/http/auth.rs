@@ -44,9 +44,8 @@ fn presented(req: &Request) -> Result<Option<Presented>, ApiError> {
         .ok_or(ApiError::Unauthorized(BAD_KEY))
 }
 
-/// Authenticates the request, checks its scope and prefix, admits it under its key's limits
-/// ([`super::limits`]), and leaves its [`Principal`] in the request's extensions for the audit
-/// log. A request without a key (served while none exists) has no key's limits to count against.
+/// Authenticates, checks scope and prefix, admits under the key's limits, and leaves the
+/// [`Principal`] in the request's extensions.
 pub async fn authorize(
     State(state): State<AppState>,
     req: Request,

@@ -88,8 +88,7 @@ pub enum Throttled {
 pub const WATCH_RETRY_AFTER: u64 = 5;
 
 impl Throttled {
-    /// Whole seconds until the same request may be admitted (a second for a key at its cap in
-    /// flight).
+    /// Seconds until the request may be admitted (a second for a key at its cap in flight).
     pub fn retry_after(&self) -> u64 {
         match self {
             Self::InFlight { .. } => 1,
@@ -252,8 +251,8 @@ pub enum ApiError {
     /// 500: a bug. The cause is logged, never sent.
     #[error("internal error; it was logged with this request's x-request-id")]
     Internal,
-    /// The store failed: `503 unavailable` (nothing changed), `503 indeterminate` (outcome unknown)
-    /// or `500 internal`. The cause is logged by [`log_errors`], never sent.
+    /// The store failed: `503 unavailable`, `503 indeterminate` or `500`; the cause is logged,
+    /// never sent.
     #[error("{}", database_detail(.0))]
     Database(Arc<StoreError>),
 }
@@ -283,8 +282,7 @@ const INDETERMINATE_NEXT: &str = "Read the key (GET its lease or snapshot) to se
 #[derive(Debug, Clone)]
 pub struct ErrorCause(pub Arc<StoreError>);
 
-/// Logs each answer's [`ErrorCause`] once, in the request's span: an unreachable database as a
-/// warning, any other store failure as an error.
+/// Logs each [`ErrorCause`] once in the request's span: unavailability as a warning, else an error.
 pub async fn log_errors(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let response = next.run(req).await;
     if let Some(ErrorCause(cause)) = response.extensions().get::<ErrorCause>() {
@@ -353,8 +351,7 @@ fn refusal_detail(key: &Key, r: &Refusal) -> String {
 }
 
 impl ApiError {
-    /// The HTTP status from the code's table, except targets or headers over the limit (414 or
-    /// 431).
+    /// The code's status, except targets or headers over the limit (414 or 431).
     pub fn status(&self) -> StatusCode {
         match self {
             Self::UriTooLong { .. } => StatusCode::URI_TOO_LONG,

@@ -43,8 +43,7 @@ pub const MAX_JSON_BYTES: usize = 64 * 1024;
 const JSON_TOO_LARGE: &str =
     "Lease request bodies are small JSON objects; metadata may be at most 4 KiB";
 
-/// A JSON body parsed whatever its `Content-Type` (so `curl -d` works), errors as
-/// `invalid_request`.
+/// A JSON body whatever its `Content-Type` (so `curl -d` works); errors are `invalid_request`.
 pub struct ApiJson<T>(pub T);
 
 impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
@@ -135,8 +134,7 @@ pub fn key_page(
     ))
 }
 
-/// Middleware refusing a query string on calls that take none: `?versionId=3` would otherwise read
-/// the current version unnoticed. A bare `?` is none.
+/// Refuses a query on calls taking none: `?versionId=3` would silently read the current version.
 pub async fn no_query(req: Request, next: Next) -> Result<Response, ApiError> {
     match req.uri().query().filter(|q| !q.is_empty()) {
         None => Ok(next.run(req).await),
@@ -146,8 +144,7 @@ pub async fn no_query(req: Request, next: Next) -> Result<Response, ApiError> {
     }
 }
 
-/// Middleware refusing a query with malformed escapes or invalid UTF-8, as such a path is, rather
-/// than reading it leniently.
+/// Refuses a query with malformed escapes or invalid UTF-8, as such a path is.
 pub async fn strict_query(req: Request, next: Next) -> Result<Response, ApiError> {
     if let Some(query) = req.uri().query() {
         for part in query.split('&') {
@@ -321,8 +318,7 @@ entity_tag_header!(
     "The optional `If-None-Match` header of a read."
 );
 
-/// A changing call's context: origin and sender (for the audit log, the revocation check and the
-/// Idempotency-Key's scope), and its Idempotency-Key.
+/// A changing call's context (for the audit log and the Idempotency-Key's scope) and key.
 pub struct Context(pub RequestContext, pub IdempotencyHeader);
 
 impl<S: Send + Sync> FromRequestParts<S> for Context {
@@ -366,10 +362,9 @@ pub struct BodyLimit {
     pub budget: Arc<BodyBudget>,
 }
 
-/// Reads a body within `limit`: 413 past `max_bytes`, 503 past the instance's body budget, 408 past
-/// `timeout` (each as soon as `Content-Length` or the bytes show it). At most `max_bytes` are held,
-/// counted in the budget until dropped. The body is whole before any statement runs, so no refusal
-/// leaves a change behind; the database deadline restarts once it is in.
+/// Reads a body within `limit`: 413 past `max_bytes`, 503 past the body budget, 408 past `timeout`,
+/// each as early as the length or bytes show. The body is whole before any statement runs, so no
+/// refusal leaves a change behind.
 pub async fn read_limited(
     body: Body,
     content_length: Option<u64>,

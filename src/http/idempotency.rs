@@ -67,9 +67,8 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyHeader {
 }
 
 impl IdempotencyHeader {
-    /// Puts the key, if one was sent, into `ctx` with the fingerprint of the request: the
-    /// operation, the key it is on, and `parts` (its token, preconditions and body, in an order
-    /// fixed by the caller).
+    /// Puts the key, if sent, into `ctx` with the request's fingerprint over `operation`, key and
+    /// `parts`.
     pub fn attach(&self, ctx: &mut RequestContext, operation: &str, key: &Key, parts: &[&[u8]]) {
         ctx.idempotency = self.0.as_ref().map(|k| Idempotency {
             key: k.clone(),
@@ -78,16 +77,13 @@ impl IdempotencyHeader {
         });
     }
 
-    /// For a snapshot PUT before its body is read: the key, if one was sent, with the
-    /// fingerprint of the request's head alone (`head`: token, `If-Match`, `Content-Type`),
-    /// under which the check made before reading the body records a refusal. That refusal does
-    /// not depend on the body, so it is the answer to any body sent with this head.
+    /// For a PUT before its body: the fingerprint of its head alone, under which a refusal made
+    /// before the body is recorded (it is the answer to any body).
     pub fn attach_head(&self, ctx: &mut RequestContext, key: &Key, head: &[&[u8]]) {
         self.attach(ctx, PUT_HEAD, key, head);
     }
 
-    /// For a snapshot PUT once its body is in: as [`attach`](Self::attach) over `head` and the
-    /// body's ETag, also answering to a record made by the check of the head alone.
+    /// For a PUT with its body: as [`attach`](Self::attach), also answering to a head-only record.
     pub fn attach_put(&self, ctx: &mut RequestContext, key: &Key, head: &[&[u8]], etag: &[u8]) {
         let mut parts = head.to_vec();
         parts.push(etag);
@@ -97,10 +93,8 @@ impl IdempotencyHeader {
         }
     }
 
-    /// The answer of a changing call from what its statement did: `render` makes the answer
-    /// of an outcome, the first time or, marked `Idempotent-Replayed: true`, again; a key
-    /// reused for another request, a request still running, a revoked API key and an unknown
-    /// outcome (which then names the key to retry with) become their problems.
+    /// The answer of a changing call: `render` makes it (again, with `Idempotent-Replayed: true`,
+    /// on a replay); the gate's refusals become their problems.
     pub fn respond<T>(
         &self,
         done: Result<Gated<T>, StoreError>,

@@ -50,9 +50,7 @@ impl Limits {
         }
     }
 
-    /// Admits a watch stream of key `key` (`None`: no key) unless it or the instance is at its most
-    /// streams. The [`WatchAdmission`] keeps the request's [`Admission`], so the stream counts as
-    /// in flight.
+    /// Admits a watch stream unless its key or the instance is at its most; it counts as in flight.
     pub fn admit_watch(self: &Arc<Self>, key: Option<&str>) -> Result<WatchAdmission, Throttled> {
         let mut watches = self.watches.lock().unwrap_or_else(PoisonError::into_inner);
         let (by_key, total) = &mut *watches;
@@ -86,8 +84,7 @@ impl Limits {
             .1
     }
 
-    /// Admits a request of key `key` unless it is at its most in flight or over its rate. Never
-    /// waits: one key cannot make others queue behind it.
+    /// Admits a request unless its key is at its most in flight or over its rate; never queues.
     pub fn admit(self: &Arc<Self>, key: &str) -> Result<Admission, Throttled> {
         {
             let mut in_flight = self
@@ -158,8 +155,7 @@ impl Drop for WatchAdmission {
     }
 }
 
-/// A request's [`Admission`], left in its extensions so a handler whose answer outlives it (a
-/// watch) can keep it.
+/// A request's [`Admission`], kept by a handler whose answer outlives it (a watch).
 #[derive(Debug, Clone)]
 pub struct HeldAdmission(Arc<Mutex<Option<Admission>>>);
 
@@ -203,8 +199,8 @@ impl Drop for Admission {
     }
 }
 
-/// The bytes of request bodies one instance may hold until they are stored, charged before they are
-/// read (a whole `Content-Length` at once) so a body that would pass the budget takes no memory.
+/// Body bytes one instance may hold, charged before they are read, so an over-budget body takes no
+/// memory.
 #[derive(Debug)]
 pub struct BodyBudget {
     limit: usize,
@@ -254,8 +250,7 @@ impl Charge {
         taken
     }
 
-    /// `body`, holding this charge until its last clone drops, so the budget counts it through the
-    /// store.
+    /// `body`, holding this charge until its last clone drops.
     pub fn hold(self, body: Bytes) -> Bytes {
         Bytes::from_owner(Held {
             body,

@@ -40,9 +40,7 @@ use crate::state::AppState;
 use error::{ApiError, Unavailability};
 use extract::REQUEST_ID;
 
-/// The whole API with its middleware: request ids (taken when usable, else made, echoed on
-/// every answer), a tracing span per request named by its matched route, and panics turned
-/// into a 500 problem.
+/// The whole API with its middleware: request ids, a span per matched route, panics as 500.
 pub fn router(state: AppState) -> Router {
     let middleware = ServiceBuilder::new()
         .map_request(drop_unusable_request_id)
@@ -123,9 +121,8 @@ fn drop_unusable_request_id<B>(mut req: Request<B>) -> Request<B> {
     req
 }
 
-/// The longest request target (path and query) served; longer is answered 414. The longest a
-/// call needs is a list or audit query naming a key of 512 bytes percent-encoded (1536 bytes)
-/// with every other parameter; 8 KiB is nginx's default too.
+/// The longest request target served (longer is 414): a list naming a 512-byte key fits, and it is
+/// nginx's default.
 pub const MAX_URI_BYTES: usize = 8 * 1024;
 
 async fn limit_head(
@@ -155,8 +152,7 @@ async fn limit_head(
     next.run(req).await
 }
 
-/// A router that remembers the paths it routes, so that the test of `openapi.yaml` can compare
-/// the spec's paths with the ones that really exist.
+/// A router that remembers its paths, for the test that compares them with `openapi.yaml`.
 pub struct Routes {
     router: Router<AppState>,
     paths: Vec<&'static str>,

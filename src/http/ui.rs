@@ -29,8 +29,7 @@ macro_rules! asset {
     };
 }
 
-/// Every file of the page. The page names the others relative to `/ui` (`ui/app.js`), and the
-/// API as `v1/…`, so it also works behind a proxy that mounts the service under a path.
+/// Every file of the page; all paths are relative, so it works behind a path-mounting proxy.
 pub const ASSETS: [Asset; 4] = [
     asset!("/ui", "index.html", "text/html; charset=utf-8"),
     asset!("/ui/app.js", "app.js", "text/javascript; charset=utf-8"),
@@ -38,9 +37,7 @@ pub const ASSETS: [Asset; 4] = [
     asset!("/ui/favicon.svg", "favicon.svg", "image/svg+xml"),
 ];
 
-/// The policy every asset is served with: this origin only, nothing inline, no frames, no
-/// plugins, no `<base>`, and forms submitted only to this origin (the page's forms are handled by
-/// its script and never submitted).
+/// This origin only: nothing inline, no frames, plugins or `<base>`, forms only to this origin.
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
      style-src 'self'; img-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'none'; \
      form-action 'self'; frame-ancestors 'none'";

@@ -39,9 +39,8 @@ pub struct WatchParams {
     since: Option<String>,
 }
 
-/// The name of the block that ends a stream whose API key was revoked: not a change (it has no
-/// `id:`, so an EventSource's last id stays the last change's), and its `data:` is the
-/// problem+json a new request with the key is answered (`401 unauthorized`).
+/// The block ending a stream whose key was revoked: no `id:`, so the last id stays the last
+/// change's; its `data:` is the `401` problem.
 pub const REVOKED_EVENT: &str = "revoked";
 
 type Revoked = Pin<Box<dyn Future<Output = ()> + Send>>;

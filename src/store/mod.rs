@@ -24,8 +24,8 @@ pub use engine::{
 };
 use leases::{timeline, waiters};
 
-/// An instance's database: sqlx's pool (it dereferences to it), the hot connections and the batches
-/// of hot calls. Cheap to clone.
+/// An instance's database: sqlx's pool (its `Deref`), the hot connections and batches. Cheap to
+/// clone.
 #[derive(Debug, Clone)]
 pub struct Db {
     conns: engine::conns::Conns,
@@ -71,8 +71,7 @@ impl Db {
     }
 }
 
-/// Every statement the hot connections run, named as its rendered file, for the plan and rendering
-/// tests.
+/// Every statement the hot connections run, named as its rendered file.
 #[doc(hidden)]
 pub fn hot_statements() -> Vec<(&'static str, &'static str)> {
     let fenced = &*snapshots::FENCED;
@@ -92,8 +91,7 @@ pub fn hot_statements() -> Vec<(&'static str, &'static str)> {
     ]
 }
 
-/// Who sent a request and from where (for the audit log and the Idempotency-Key's scope), and its
-/// Idempotency-Key.
+/// Who sent a request and from where, and its Idempotency-Key.
 #[derive(Debug, Clone, Default)]
 pub struct RequestContext {
     /// The request's `x-request-id`.
@@ -108,9 +106,8 @@ pub struct RequestContext {
     pub idempotency: Option<idempotency::Idempotency>,
 }
 
-/// Applies the migrations, then moves the token sequence past every stored token. Concurrent starts
-/// are safe: sqlx serialises migrations with an advisory lock, and
-/// [`leases::ensure_sequence_ahead`] takes a table lock.
+/// Migrates, then moves the token sequence past every stored token. Concurrent starts are safe:
+/// migrations take an advisory lock, [`leases::ensure_sequence_ahead`] a table lock.
 pub async fn prepare(pool: &PgPool) -> Result<()> {
     MIGRATOR.run(pool).await?;
     leases::ensure_sequence_ahead(pool).await?;

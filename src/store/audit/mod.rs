@@ -39,8 +39,7 @@ impl Log {
     }
 }
 
-/// Each audit log's (name, rows, bytes with indexes); rows are PostgreSQL's estimate, read from the
-/// catalogue.
+/// Each audit log's (name, estimated rows, bytes with indexes), from the catalogue.
 pub async fn sizes(pool: &PgPool) -> Result<Vec<(Log, i64, i64)>> {
     let rows: Vec<(String, i64, i64)> = sqlx::query_as(include_str!("sql/sizes.sql"))
         .fetch_all(pool)
@@ -224,8 +223,7 @@ pub async fn recoveries(pool: &PgPool, q: &AuditQuery) -> Result<Page<Recovery>>
     }))
 }
 
-/// Deletes up to `batch` rows of `log` older than `retention`, oldest first; how many. SKIP LOCKED
-/// and small batches keep pruning from holding up writes.
+/// Deletes up to `batch` rows older than `retention` (SKIP LOCKED, so writes never wait); how many.
 pub async fn prune(pool: &PgPool, log: Log, retention: Duration, batch: i64) -> Result<u64> {
     let sql = format!(
         "DELETE FROM {t} WHERE id IN (

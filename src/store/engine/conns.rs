@@ -91,10 +91,8 @@ pub struct HotPoolStatus {
     pub max: usize,
 }
 
-/// The hot connections' settings. Their statements are prepared once and run with a generic plan,
-/// since custom plans cost more than the statement and find nothing better; the plan is kept for
-/// the connection's life, so every statement reads a batch's rows by key whatever the statistics
-/// said (`tests/api/plans.rs`).
+/// The hot connections' settings: generic plans, kept for the connection's life, so every statement
+/// reads a batch's rows by key whatever the statistics said (`tests/api/plans.rs`).
 pub const HOT_SETTINGS: [(&str, &str); 1] = [("plan_cache_mode", "force_generic_plan")];
 
 impl Conns {

@@ -37,8 +37,7 @@ pub enum StoreError {
     /// The database is unreachable or gave up on the statement; nothing changed, a retry is safe.
     #[error("the database is unavailable: {0}")]
     Unavailable(#[source] sqlx::Error),
-    /// A change was sent and its answer was lost (broken link or deadline): it may or may not have
-    /// taken effect. Never for a read or for an error the database answered.
+    /// A sent change lost its answer, so it may or may not have taken effect.
     #[error("the outcome is unknown: {0}")]
     Indeterminate(#[source] sqlx::Error),
     /// Any other database failure: a bug or a schema mismatch.
@@ -143,8 +142,7 @@ tokio::task_local! {
     static REQUEST: RequestClock;
 }
 
-/// Runs `request` with all its database calls, retries included, bounded to end within `bound` of
-/// now, so that the contract's 503 is never late.
+/// Runs `request` with all its database calls bounded to end within `bound`, so no 503 is late.
 pub async fn within<F: Future>(bound: Duration, request: F) -> F::Output {
     let clock = RequestClock {
         bound,
@@ -210,9 +208,8 @@ fn timed_out(pool: &PgPool) -> StoreError {
 
 impl<T, F: Future<Output = sqlx::Result<T>>> Bounded<T> for F {}
 
-/// The server's `statement_timeout` and `lock_timeout`: a fifth shorter than the service's bound
-/// (at most a second), so a slow statement is rolled back and answered `unavailable` before the
-/// service gives up with `indeterminate`.
+/// The server's timeouts: a fifth under the service's bound (at most 1 s), so the server cancels
+/// first and says so.
 pub fn server_timeout(bound: Duration) -> Duration {
     bound - (bound / 5).min(Duration::from_secs(1))
 }
@@ -237,8 +234,7 @@ impl Default for DbSettings {
     }
 }
 
-/// Opens a lazy pool, so the service starts (answering 503) while the database is down and recovers
-/// by itself.
+/// Opens a lazy pool, so the service starts and recovers while the database is down.
 pub fn pool(options: PgConnectOptions, settings: &DbSettings) -> PgPool {
     let ms = server_timeout(settings.timeout).as_millis().to_string();
     let idle_ms = settings.timeout.as_millis().to_string();
@@ -269,8 +265,7 @@ pub fn pool(options: PgConnectOptions, settings: &DbSettings) -> PgPool {
 /// The migrations in `migrations/`, embedded at build time.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
-/// Whether the database holds snapfence's tables at all (to tell a foreign database from an empty
-/// key table).
+/// Whether the database holds snapfence's tables at all.
 pub async fn has_schema(pool: &PgPool) -> Result<bool> {
     sqlx::query_scalar(include_str!("sql/schema.sql"))
         .fetch_one(pool)

@@ -23,11 +23,9 @@ use crate::domain::{IdempotencyKey, Key};
 pub struct Idempotency {
     /// The key the client sent.
     pub key: IdempotencyKey,
-    /// SHA-256 of method, route, key, token, preconditions and body: the same key with another
-    /// fingerprint is a reused key.
+    /// SHA-256 of the request: the same key with another fingerprint is a reused key.
     pub fingerprint: [u8; 32],
-    /// For a snapshot PUT, the fingerprint of its head alone, for a refusal recorded before the
-    /// body was read.
+    /// For a PUT, its head's fingerprint alone, for a refusal made before the body.
     pub head_fingerprint: Option<[u8; 32]>,
 }
 

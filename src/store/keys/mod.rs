@@ -47,8 +47,7 @@ fn optional_time<S: serde::Serializer>(t: &Option<DateTime<Utc>>, s: S) -> Resul
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Change(i64);
 
-/// Makes a key, returning it with its bearer token (shown once) and the change to confirm;
-/// `Ok(None)` when a live key has the name.
+/// Makes a key with its bearer token (shown once); `Ok(None)` when the name is live already.
 pub async fn create(
     pool: &PgPool,
     name: &KeyName,
@@ -104,8 +103,7 @@ pub struct Confirmed {
 }
 
 impl Confirmations {
-    /// Listens, and finds the instances following the table (a later one reads it after the
-    /// change).
+    /// Listens, and finds the instances following the table.
     pub async fn listen(pool: &PgPool) -> Result<Self> {
         let mut listener = PgListener::connect_with(pool).await?;
         listener.listen(APPLIED).await?;
@@ -120,8 +118,7 @@ impl Confirmations {
         })
     }
 
-    /// Waits up to `within` for every following instance to apply `change`; one whose connection
-    /// breaks checks the table instead.
+    /// Waits up to `within` for every following instance to apply `change`.
     pub async fn wait(mut self, change: Change, within: Duration) -> Result<Confirmed> {
         let following = self.followers.len();
         let mut silent: HashSet<i32> = self.followers.into_iter().collect();
@@ -161,8 +158,7 @@ struct LookupRow {
     secret_sha256: Option<Vec<u8>>,
 }
 
-/// Authenticates from the cache when current and knowing the key, else by `lookup`; the secret is
-/// compared in constant time in Rust, never in SQL.
+/// Authenticates from the cache when it can, else by `lookup`; secrets are compared in Rust.
 pub async fn authenticate(
     pool: &PgPool,
     cache: &KeyCache,
@@ -272,8 +268,7 @@ impl KeyCache {
         }
     }
 
-    /// Resolves once key `id` is no longer live: at the first load lacking it, which precedes this
-    /// instance's confirmation, so `keys revoke` returns after every instance woke its streams.
+    /// Resolves once key `id` is no longer live, before this instance confirms the revocation.
     pub async fn revoked(&self, pool: &PgPool, id: i64) -> Result<()> {
         let mut loads = self.loads.subscribe();
         // A load lacking the key may predate the subscription, and a newer key is lacking too: ask

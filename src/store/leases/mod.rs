@@ -38,16 +38,14 @@ pub struct NewLease {
     pub crash_recovery: bool,
     /// Whether the caller states that a retained recovery record has been dealt with.
     pub reconciled: bool,
-    /// v1.2: a grant over a retained record keeps it until [`reconciled`] confirms (exclusive with
-    /// `reconciled`).
+    /// v1.2: a grant over a retained record keeps it until [`reconciled`].
     pub reconciling: bool,
 }
 
 /// How an acquire ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AcquireOutcome {
-    /// Granted with a new token; `recovered` is the record it replaced, `kept` the one a
-    /// reconciling grant keeps.
+    /// Granted; `recovered` is the record replaced, `kept` the one a reconciling grant keeps.
     Granted {
         /// The new lease.
         lease: Lease,
@@ -81,8 +79,7 @@ pub enum LeaseChange {
     Lost,
 }
 
-/// Acquires a key in the next batch of acquires, run again only when it lost the race to create the
-/// key's row (rows are never deleted, so once suffices).
+/// Acquires a key, again only if it lost the race to create the key's row.
 #[tracing::instrument(level = "debug", skip_all, fields(key = %req.key))]
 pub async fn acquire(
     db: &Db,
@@ -106,8 +103,7 @@ pub async fn acquire(
     }
 }
 
-/// Renews a live lease: one batched `UPDATE` (`sql/renew.sql`) that changes it only while its token
-/// is live.
+/// Renews a live lease (`sql/renew.sql`).
 #[tracing::instrument(level = "debug", skip_all, fields(key = %key))]
 pub async fn renew(
     db: &Db,
@@ -139,8 +135,7 @@ pub enum Ending {
     RequireRecovery,
 }
 
-/// Releases, abandons or marks a live lease: one batched `UPDATE` (`sql/end.sql`) with [`renew`]'s
-/// live-lease condition.
+/// Releases, abandons or marks a live lease (`sql/end.sql`).
 #[tracing::instrument(level = "debug", skip_all, fields(key = %key, ending = ?ending))]
 pub async fn end(
     db: &Db,
@@ -166,9 +161,8 @@ pub async fn end(
     Ok(gated.map(ChangeAnswer::into_change))
 }
 
-/// v1.2: the live holder confirms the kept record's leftovers no longer conflict
-/// (`sql/reconciled.sql`): the record moves to the audit log and the lease goes on. Without a kept
-/// record nothing changes; not live: [`LeaseChange::Lost`].
+/// v1.2: the live holder confirms the kept record is dealt with; it moves to the audit log
+/// (`sql/reconciled.sql`).
 #[tracing::instrument(level = "debug", skip_all, fields(key = %key))]
 pub async fn reconciled(
     db: &Db,
@@ -229,9 +223,7 @@ pub async fn list(pool: &PgPool, q: &ListQuery) -> Result<Page<KeyStatus>> {
     }))
 }
 
-/// Moves the token sequence past every stored token, so a restored database or a reset sequence
-/// never repeats one; the new position if it moved. `sql/sequence_ahead.sql` says why its table
-/// lock is safe.
+/// Moves the token sequence past every stored token; the new position if it moved.
 pub async fn ensure_sequence_ahead(pool: &PgPool) -> Result<Option<i64>> {
     let mut tx = pool.begin().bounded(pool).await?;
     sqlx::query("LOCK TABLE leases IN SHARE ROW EXCLUSIVE MODE")

@@ -15,9 +15,7 @@ struct WaiterRow {
     since: DateTime<Utc>,
 }
 
-/// A page of `key`'s queue in grant order, after the waiter `after` (a cursor's id): one plain
-/// read (`sql/waiters_list.sql`), no lock. A key no one waits for has an empty queue, whether or
-/// not it was ever leased.
+/// A page of `key`'s queue in grant order after waiter `after`; one plain read.
 pub async fn waiters(
     pool: &PgPool,
     key: &Key,

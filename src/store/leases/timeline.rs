@@ -8,10 +8,9 @@ use sqlx::PgPool;
 
 use super::{Bounded, Result};
 
-/// Secures the token sequence on the current timeline; the new position if the timeline changed.
-/// The migration's guard row is locked and reread before the sequence moves, so exactly one
-/// concurrent caller moves it and none draws a token before that commits. A standby answers
-/// [`Unavailable`](crate::store::StoreError::Unavailable).
+/// Secures the token sequence on the current timeline; the new position if it moved. The
+/// migration's guard row lock lets exactly one concurrent caller move it, before any token is
+/// drawn.
 pub async fn secure(pool: &PgPool) -> Result<Option<i64>> {
     let moved: Option<i64> = sqlx::query_scalar("SELECT secure_token_timeline()")
         .fetch_one(pool)

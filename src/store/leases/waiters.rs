@@ -105,8 +105,7 @@ impl Waiters {
         self.inner.stopping.send_replace(true);
     }
 
-    /// Whether a waiter here holds `ctx`'s Idempotency-Key: a request with it is then still running
-    /// and answered so at once. (Across instances the queue's unique index catches it.)
+    /// Whether a waiter here holds `ctx`'s Idempotency-Key: the request is then still running.
     pub fn holds(&self, ctx: &RequestContext) -> bool {
         let Some(idem) = &ctx.idempotency else {
             return false;
@@ -125,8 +124,7 @@ impl Waiters {
         queues.values().map(BTreeMap::len).sum()
     }
 
-    /// Acquires `req`, waiting up to `wait` in the key's queue while it is held. The database bound
-    /// counts from each try.
+    /// Acquires `req`, waiting up to `wait` in the key's queue; the database bound counts per try.
     #[tracing::instrument(level = "debug", skip_all, fields(key = %req.key))]
     pub async fn acquire(
         &self,

@@ -79,12 +79,10 @@ pub struct PutRequest {
     pub metadata: Option<Metadata>,
 }
 
-/// Bodies this large are uploaded before the write rather than bound, streaming in chunks, so the
-/// service holds each about once; below it the extra round trips cost more than the copies.
+/// Bodies this large are uploaded in chunks rather than bound, so the service holds each once.
 pub const UPLOAD_FROM: usize = 512 * 1024;
 
-/// Whether the fault tests' negative control (`SNAPFENCE_BREAK_FENCING=written-token`) is on; only
-/// `fault-controls` builds have it.
+/// Whether the fault tests' negative control is on (`fault-controls` builds only).
 #[cfg(feature = "fault-controls")]
 pub fn fencing_broken() -> bool {
     static BROKEN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -132,9 +130,8 @@ impl FencedRow {
     }
 }
 
-/// A fenced write: one batched statement that checks, writes or refuses and audits under the key's
-/// row lock, committed before the answer. A body of [`UPLOAD_FROM`] bytes or more is uploaded first
-/// in its own short transaction, which takes no lock.
+/// A fenced write: one batched statement checks, writes or refuses and audits under the key's row
+/// lock. A body of [`UPLOAD_FROM`] or more is uploaded first, taking no lock.
 #[tracing::instrument(level = "debug", skip_all, fields(key = %req.key, token = %req.token, size = req.body.len()))]
 pub async fn put(
     db: &Db,
@@ -232,8 +229,7 @@ pub struct Fenced<'a> {
     pub token: FencingToken,
 }
 
-/// The fencing rule before the body is read: one batched statement that refuses and audits a stale
-/// or unknown token at once and otherwise changes nothing. `Some` is the refusal.
+/// The fencing rule before the body is read; `Some` is the refusal, already audited.
 #[tracing::instrument(level = "debug", skip_all, fields(key = %target.key, token = %target.token))]
 pub async fn precheck(
     db: &Db,
@@ -253,9 +249,8 @@ pub async fn precheck(
     ))
 }
 
-/// A fenced delete: one short transaction. The first statement checks, clears the head or refuses
-/// and audits under the row lock; the second, with a snapshot taken after that lock, removes every
-/// version, and none can be added before commit.
+/// A fenced delete in one transaction: the batched check under the row lock, then the versions'
+/// removal, whose snapshot follows that lock.
 #[tracing::instrument(level = "debug", skip_all, fields(key = %target.key, token = %target.token))]
 pub async fn delete(
     pool: &PgPool,
@@ -374,8 +369,7 @@ impl ListedVersion {
     }
 }
 
-/// Reads the current snapshot or a retained version, in the next batch of reads, head and body from
-/// one committed state. A pruned or deleted version is gone even if its row lingers.
+/// Reads the current or a retained version, head and body from one committed state.
 pub async fn get(
     db: &Db,
     key: &Key,

@@ -79,8 +79,7 @@ impl History {
         }
     }
 
-    /// The whole epochs after `after`, for the reader of new changes (uncached: its followers have
-    /// them).
+    /// The whole epochs after `after`, for the reader (uncached).
     pub async fn read(&self, after: i64) -> Result<Read> {
         let rows: Vec<ReadRow> = sqlx::query_as(include_str!("sql/read.sql"))
             .bind(after)
@@ -92,8 +91,7 @@ impl History {
         Ok(Read::from_rows(rows))
     }
 
-    /// For a watcher catching up from `after`: cached epochs, else the next from the database
-    /// through the lane. Empty when none is newer.
+    /// Cached epochs after `after`, else the next from the database; empty when none is newer.
     pub async fn catch_up(&self, after: i64) -> Result<Vec<Arc<Epoch>>> {
         let cached = self.cached_from(after);
         if !cached.is_empty() {

@@ -123,8 +123,7 @@ impl Changes {
         self.inner.live.receiver_count()
     }
 
-    /// A watch of `prefix` from the change after `since` (or from now); `since` 0 is the oldest
-    /// kept.
+    /// A watch of `prefix` after `since` (or from now); `since` 0 is the oldest kept.
     pub async fn watch(&self, prefix: &KeyPrefix, since: Option<ChangeId>) -> Result<Opened> {
         // Subscribe before reading: a change the read misses committed after it and comes live.
         let live = self.inner.live.subscribe();

@@ -33,9 +33,8 @@ pub const MAX_REQUESTS: usize = 32;
 pub const MAX_BYTES: usize = 1024 * 1024;
 /// The batches of one kind in flight at once, each on its own connection.
 pub const IN_FLIGHT: usize = 4;
-/// The least a batch in flight may take before the next goes beside it; the bound is
-/// [`STALL_FACTOR`] times the kind's typical batch. Below it batches go one at a time and grow with
-/// the load; past it a slow or lock-waiting statement holds no one up.
+/// The least a batch in flight may take before the next goes beside it (see [`STALL_FACTOR`]):
+/// below it batches grow with the load; past it a slow statement holds no one up.
 pub const STALLED: std::time::Duration = std::time::Duration::from_millis(1);
 /// How many typical batches' time makes a batch in flight stalled.
 pub const STALL_FACTOR: u32 = 2;
