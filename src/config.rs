@@ -1,5 +1,4 @@
-//! Every option of `snapfence serve`, as a flag and an environment variable, with its default;
-//! docs/operations.md's table mirrors it.
+//! Every option of `snapfence serve` as a flag and variable; docs/operations.md's table mirrors it.
 
 use std::net::SocketAddr;
 use std::num::NonZeroU32;

@@ -1,7 +1,5 @@
-//! A private PostgreSQL cluster from the machine's own binaries, for `snapfence serve` without
-//! `DATABASE_URL` and for the test suite. It lives in `<data dir>/pg`, listens on a Unix socket
-//! (and TCP only if asked), and runs as `postgres` (or `nobody`) when the service runs as root,
-//! since PostgreSQL refuses root.
+//! A private PostgreSQL cluster from the machine's binaries, for `serve` without `DATABASE_URL` and
+//! for the tests; run as `postgres` (or `nobody`) when we are root.
 
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

@@ -1,7 +1,5 @@
 //! snapfence: a Postgres-backed fenced snapshot store. Every lease grant mints a strictly
-//! increasing fencing token, and the store refuses (and audits) any write whose token is not the
-//! newest. The HTTP contract is `docs/api.md` and `openapi.yaml`; this crate is the server and the
-//! `snapfence` command.
+//! increasing fencing token, and any write whose token is not the newest is refused and audited.
 
 pub mod cli;
 pub mod config;

@@ -1,6 +1,5 @@
-//! Prometheus metrics of one instance, in the OpenMetrics text format at `GET /metrics`. Each
-//! instance owns its registry, so instances in one process (the tests) never mix figures; database
-//! gauges are read at scrape time.
+//! Prometheus metrics of one instance at `GET /metrics`; each instance has its own registry, so
+//! instances in one process never mix figures.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,5 +1,4 @@
-//! The rules an instance enforces, from its configuration; the state, the limits and the connection
-//! layer all read them.
+//! The rules an instance enforces, from its configuration.
 
 use std::num::NonZeroU32;
 use std::time::Duration;

@@ -1,6 +1,5 @@
-//! `--help`, `snapfence completions` and `snapfence man`, all from the one clap definition of
-//! [`Cli`], so none drifts from the flags. Long help lists a command's environment variables once
-//! at its end, rather than an empty `[env: NAME=]` under every option.
+//! `--help`, completions and man pages, all from the one clap definition of [`Cli`], so none
+//! drifts.
 
 use std::fmt::Write as _;
 use std::io::Write as _;

@@ -1,5 +1,4 @@
-//! The exit codes of `snapfence`: one per outcome a script may want to tell apart, and the one
-//! mapping from client errors to them. The table of docs/cli.md and `snapfence --help` mirror
+//! The exit codes of `snapfence`, one per outcome a script may tell apart; docs/cli.md mirrors
 //! [`EXIT_CODES`].
 
 use std::process::ExitCode;

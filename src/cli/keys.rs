@@ -1,5 +1,5 @@
-//! `snapfence keys create|list|revoke`: API keys managed in the database directly (the first cannot
-//! come through an API that needs one), via `--database-url` or the `--data-dir` cluster.
+//! `snapfence keys …`: API keys managed in the database itself, since the first cannot come through
+//! the API.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -1,6 +1,5 @@
-//! How commands print: answers to stdout as a table for people or as the contract's JSON for
-//! scripts; errors, progress and hints to stderr, always as text, and with `--output json` a
-//! failed call's problem details on stdout as well, so that a script reads JSON either way.
+//! How commands print: answers on stdout as a table or the contract's JSON, errors on stderr (and,
+//! with `--output json`, the problem on stdout too).
 
 use std::fmt::Write as _;
 use std::time::Duration;

@@ -1,5 +1,5 @@
-//! `snapfence serve`: start (or adopt) the database, migrate, serve until SIGTERM or SIGINT,
-//! finish the requests in flight, stop the embedded database.
+//! `snapfence serve`: start or adopt the database, migrate, serve until SIGTERM or SIGINT, then
+//! drain.
 
 use std::process::ExitCode;
 use std::str::FromStr;

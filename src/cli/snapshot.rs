@@ -1,5 +1,4 @@
-//! `snapfence snapshot …`: fenced writes and deletes from files or stdin, reads to files or
-//! stdout, and the retained versions.
+//! `snapfence snapshot …`: fenced writes and deletes, reads, and the retained versions.
 
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;

@@ -1,5 +1,4 @@
-//! `snapfence txn`: a transaction (v1.3) of puts, deletes and prefix deletes under one lease's
-//! fence, read as JSON (`{"ops": [...]}` or an array of ops) or as JSON lines, one op a line.
+//! `snapfence txn`: a transaction (v1.3) under one lease's fence, read as JSON or JSON lines.
 
 use std::io::{IsTerminal, Read};
 use std::path::PathBuf;

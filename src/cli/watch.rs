@@ -1,6 +1,5 @@
-//! `snapfence watch`: the changes to keys, one line each, as they commit. It follows the
-//! client's resuming watch, so a server that ends the stream or a connection that breaks costs
-//! no line and repeats none.
+//! `snapfence watch`: changes one line each, resuming after a broken stream without losing or
+//! repeating one.
 
 use std::fmt::Write as _;
 use std::io::Write as _;

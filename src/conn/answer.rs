@@ -1,7 +1,5 @@
-//! hyper's own answers to heads it cannot take (bare statuses it sends before any service sees the
-//! request), recognised as written and replaced with the contract's problem+json. hyper's size
-//! limits sit above the service's ([`super::tune`]), so this covers only what no service could
-//! answer, and the header field count.
+//! hyper's bare answers to heads it cannot take, recognised as written and replaced with
+//! problem+json.
 
 use axum::http::StatusCode;
 

@@ -1,8 +1,6 @@
-//! Connections, below the requests: the cap on open connections, the head and idle timeouts,
-//! hyper's limits set above the service's, and hyper's own answers made problem+json. [`Listener`]
-//! accepts only under the cap (one more waits in the listen queue, as with nginx, rather than being
-//! closed); [`Acceptor`] wraps each stream in a [`Watched`] (clocks, replaced answers, records) and
-//! its service in a [`Tracked`].
+//! Connections, below the requests: the cap on open connections (one more waits in the listen
+//! queue, as with nginx), the head and idle timeouts, hyper's limits set above the service's, and
+//! hyper's own answers made problem+json.
 
 mod answer;
 mod deadline;

@@ -1,8 +1,6 @@
-//! Writes the kernel takes whole or not at all, one watch event each, so the idle cut of a stream
-//! whose client stopped reading (`deadline.rs`) falls between events. Linux takes a plain write
-//! into a nearly full send queue in part; a write with `MSG_EOR` ends its segment buffer, so the
-//! next is refused whole (`EAGAIN`) when there is no room, and one of at most a segment fits whole.
-//! [`Records`] cuts hyper's writes there.
+//! Writes the kernel takes whole or not at all, one watch event each, so the idle cut of a stalled
+//! stream falls between events. A write with `MSG_EOR` ends its segment buffer, so the next is
+//! refused whole (`EAGAIN`) when there is no room.
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;

@@ -1,5 +1,5 @@
-//! The server's vocabulary: the contract's types from `snapfence-types`, and API keys and scopes.
-//! Every bound is checked on construction, so nothing unchecked reaches SQL.
+//! The server's vocabulary (`snapfence-types` and API keys), checked on construction so nothing
+//! unchecked reaches SQL.
 
 mod auth;
 

@@ -1,6 +1,5 @@
-//! Authentication and authorization of `/v1` requests: API keys as bearer tokens, scopes, and
-//! key prefixes. Every refusal is decided before the handler runs and without looking at what
-//! exists, so a 403 never tells a confined key whether another key's lease or snapshot exists.
+//! Authentication and authorization of `/v1`: every refusal comes before the handler, so a 403
+//! never says whether something exists.
 
 use axum::extract::{FromRequestParts, Query, RawPathParams, Request, State};
 use axum::http::{Method, header};

@@ -1,6 +1,5 @@
-//! The one place where anything becomes an HTTP error: [`ApiError`] and its problem+json body (RFC
-//! 9457) with the contract's stable `code`. Store errors convert with `?`; refusals are outcomes,
-//! mapped by the handler that knows the operation.
+//! Where anything becomes an HTTP error: [`ApiError`] as problem+json (RFC 9457) with the
+//! contract's `code`.
 
 use std::sync::Arc;
 

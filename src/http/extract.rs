@@ -1,5 +1,5 @@
-//! Extractors that turn a request into validated domain values, and every malformed request
-//! into an [`ApiError`] with a `detail` that names what was wrong.
+//! Extractors: requests into validated domain values, malformed ones into an [`ApiError`] naming
+//! the fault.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,6 +1,5 @@
-//! `Idempotency-Key` on the changing calls (contract v1.1): the header, what makes two requests
-//! the same request, and how the store's gate becomes an answer. The rule itself (the record is
-//! written by the change's own statement) is the store's; see `crate::store::idempotency`.
+//! `Idempotency-Key` on changing calls: the header, the fingerprint, and the store's gate as an
+//! answer.
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;

@@ -1,5 +1,4 @@
-//! `/v1/leases`: acquire, renew, release, abandon, require-recovery, reconciled (v1.2), get and
-//! list, and (beyond the contract) a key's queue of waiting acquires.
+//! `/v1/leases`, and (beyond the contract) a key's queue of waiting acquires.
 
 use axum::Json;
 use axum::extract::{FromRequestParts, State};

@@ -1,8 +1,6 @@
-//! What one instance lets in beyond its connection limits: per API key, requests in flight and (if
-//! set) their rate, decided before anything of the request is read; for all requests, the bytes of
-//! bodies being received, charged before they are taken in. Every refusal precedes any statement,
-//! so none changes anything. Limits are per instance: behind N instances a key may have N times as
-//! much.
+//! Per API key, requests in flight and their rate; for all requests, the bytes of bodies being
+//! received. Each is decided before anything is read, so no refusal changes anything; limits are
+//! per instance.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

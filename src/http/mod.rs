@@ -1,7 +1,5 @@
-//! The HTTP face of the contract in `docs/api.md`: one module per resource, each with its
-//! `router()`, request and response types and thin handlers; [`error`] turns every failure into
-//! problem+json; [`extract`] validates every input; [`limits`] holds what one API key, and all
-//! bodies together, may hold of the instance; [`ui`] serves the operator page's files.
+//! The HTTP face of `docs/api.md`: one module per resource with thin handlers, one error type,
+//! validating extractors.
 
 pub mod audit;
 pub mod auth;

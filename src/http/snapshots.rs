@@ -1,5 +1,4 @@
-//! `/v1/snapshots`: fenced writes and deletes, reads, retained versions, and (beyond the
-//! contract) the keys that have a snapshot, by prefix.
+//! `/v1/snapshots`, and (beyond the contract) the keys that have a snapshot, by prefix.
 
 use axum::Json;
 use axum::body::Body;

@@ -1,6 +1,4 @@
-//! `POST /v1/txn` (contract v1.3): puts, deletes and prefix deletes under one fence, all or
-//! nothing. The body is checked whole here (each key once, all in the fence's namespace, no key
-//! also under a prefix delete) before the store runs it as one statement.
+//! `POST /v1/txn` (v1.3): the body is checked whole here before the store runs it as one statement.
 
 use axum::Json;
 use axum::body::Body;

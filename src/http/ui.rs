@@ -1,6 +1,5 @@
-//! `/ui`: the operator page, compiled in from `ui/` with no build step. The assets are public; the
-//! page sends the operator's key to the `/v1` API, which decides what it may see. A
-//! Content-Security-Policy allows only this origin, nothing inline.
+//! `/ui`: the operator page, compiled in from `ui/`; it calls the `/v1` API with the operator's
+//! key.
 
 use axum::http::{HeaderName, HeaderValue, header};
 use axum::response::{IntoResponse, Response};

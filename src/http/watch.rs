@@ -1,6 +1,5 @@
-//! `/v1/watch`: changes under a prefix as server-sent events (`id:`, `event:`, `data:`), with
-//! heartbeats and a bounded stream length; the client resumes with `Last-Event-ID`. Delivery lives
-//! in [`crate::store::watch`].
+//! `/v1/watch`: changes as server-sent events, resumed with `Last-Event-ID`; see
+//! [`crate::store::watch`].
 
 use std::convert::Infallible;
 

@@ -1,8 +1,7 @@
-//! The store: every SQL statement of the service, as an engine that knows no feature and features
-//! that own their rows, rules, batch kinds and SQL (`<feature>/sql/*.sql`, each with the rows it
-//! locks and why it is race-free under READ COMMITTED beside it). The hot paths' statements run
-//! over batches and are rendered to `src/store/rendered/`. Refusals are outcomes, committed with
-//! their audit row; [`StoreError`] is only for the database failing.
+//! The store: every SQL statement, as an engine that knows no feature and features that own their
+//! rows, rules and SQL (`<feature>/sql/*.sql`, each saying what it locks and why it is race-free
+//! under READ COMMITTED). Refusals are outcomes committed with their audit row; [`StoreError`] is
+//! the database failing.
 
 pub mod audit;
 mod engine;

@@ -1,5 +1,4 @@
-//! The command's process group: starting it, watching it exit without reaping it, signalling
-//! and stopping every member, and the signals `run` passes on.
+//! The command's process group: starting, watching without reaping, signalling and stopping it.
 
 use std::ffi::OsString;
 use std::os::unix::process::{CommandExt, ExitStatusExt};

@@ -1,14 +1,8 @@
 //! `snapfence run KEY -- CMD…`: run a command under a lease, and stop it before the lease can
-//! lapse.
-//!
-//! CMD runs in its own process group with its lease in `SNAPFENCE_*` variables. A [`LeaseKeeper`]
-//! renews the lease and declares it lost `grace` + a stop allowance ([`Plan`]) before the server
-//! can expire it; the group then gets SIGTERM, and SIGKILL after `grace`, so it is gone while the
-//! lease still holds. Leftovers in the group are stopped the same way before release.
-//!
-//! CMD is not reaped until the group is empty, so its pid (the group's id) cannot be reused and no
-//! signal reaches a stranger. A process that leaves the group escapes the lease, as does CMD if
-//! `run` is SIGKILLed. A lease granted after a wait is renewed at once and dated from that renewal.
+//! lapse. CMD runs in its own process group; a [`LeaseKeeper`] renews the lease and declares it
+//! lost `grace` + a stop allowance ([`Plan`]) before the server can expire it, and the group then
+//! gets SIGTERM, then SIGKILL, so it is gone while the lease still holds. CMD is not reaped until
+//! the group is empty, so no signal reaches a stranger reusing its pid.
 
 mod acquire;
 mod group;

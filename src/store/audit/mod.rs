@@ -1,6 +1,5 @@
-//! The audit log: `rejections` (refused fenced writes) and `recoveries` (recovery records replaced,
-//! kept or confirmed), written by the statements that decide them. Pages go newest first by id;
-//! retention prunes in small batches.
+//! The audit log: `rejections` (refused fenced writes) and `recoveries` (recovery records), written
+//! by the statements that decide them.
 
 use std::time::Duration;
 

@@ -1,7 +1,5 @@
-//! [`Conns`]: an instance's database connections. The hot paths run on a deadpool pool of their own
-//! because sqlx's pool tests every returned connection with a round trip, doubling a one-statement
-//! request's work. A hot connection goes back untested when its statement ended in step with the
-//! server, and is closed otherwise; everything else uses sqlx's pool.
+//! [`Conns`]: the instance's connections. The hot paths use a deadpool pool, since sqlx's tests
+//! every returned connection with a round trip, doubling a one-statement request's work.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -1,5 +1,5 @@
-//! The store's engine: connections, the batches of the hot paths, the statement builder, the bound
-//! every call keeps, and the database's errors. It knows no feature.
+//! The store's engine: connections, batches, the statement builder, call bounds and errors; it
+//! knows no feature.
 
 pub(crate) mod batch;
 pub(crate) mod conns;

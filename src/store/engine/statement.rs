@@ -1,8 +1,6 @@
-//! Statements over a batch of requests, assembled by one builder. The builder writes `req` (one
-//! array parameter per [`Column`], unnested with position `i`) and binds by the same list, so text
-//! and binding cannot disagree; the features' SQL parts follow and name columns, never parameter
-//! numbers. A named slot (`{{name}}`) is filled per statement, never patched afterwards. The hot
-//! statements are rendered to `src/store/rendered/`.
+//! Statements over a batch of requests, assembled by one builder: it writes `req` (an array
+//! parameter per [`Column`]) and binds by the same list, so text and binding agree; the features'
+//! SQL parts name columns, never parameter numbers.
 
 use sqlx::Postgres;
 use sqlx::error::BoxDynError;

@@ -1,7 +1,6 @@
-//! The `idempotency_records` table and the gate every changing statement opens with. A changing
-//! statement is `sql/gate.sql`, its own part, then `sql/remember.sql`, which stores the answer
-//! under the Idempotency-Key in the same statement, so the record commits exactly with the change.
-//! `sql/gate.sql` says why two racing requests with one key never both change anything.
+//! The `idempotency_records` table and the gate every changing statement opens with;
+//! `sql/remember.sql` stores the answer in the same statement, so it commits exactly with the
+//! change.
 
 use std::future::Future;
 use std::marker::PhantomData;

@@ -1,9 +1,7 @@
-//! The `api_keys` table and the per-request lookup. Each instance keeps the live keys in memory
-//! ([`KeyCache`]), following the table through `LISTEN`: on a change it distrusts its copy,
-//! reloads, and confirms on a second channel. `keys create` and `keys revoke` wait for every
-//! instance's confirmation ([`Confirmations`]), so the change is in force everywhere when they
-//! return. While the copy is not known current, and for unknown keys, requests are checked against
-//! the table.
+//! The `api_keys` table. Each instance keeps the live keys in memory ([`KeyCache`]), reloading on
+//! every `LISTEN` notification and confirming on a second channel; `keys create` and `keys revoke`
+//! wait for every instance's confirmation ([`Confirmations`]). Until its copy is known current, an
+//! instance checks the table.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};

@@ -1,6 +1,4 @@
-//! The lease calls' batched statements: their requests' columns (assembled by the engine's
-//! builder with the gate and the record of `idempotency`), their batch kinds, and the
-//! dispatchers that gather them.
+//! The lease calls' batched statements, their requests' columns and their batch kinds.
 
 use std::sync::LazyLock;
 

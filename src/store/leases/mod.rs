@@ -1,7 +1,6 @@
-//! The `leases` table: grants, renewals, endings, recovery records and the token sequence. Each key
-//! has one row, never deleted; every changing statement first takes that row's lock, which under
-//! READ COMMITTED yields its newest committed version, so statements on one key from any instances
-//! take effect one after the other.
+//! The `leases` table. Each key has one row, never deleted; every changing statement first locks
+//! it, which under READ COMMITTED yields its newest version, so statements on one key take effect
+//! one after the other.
 
 mod batches;
 pub mod queue;

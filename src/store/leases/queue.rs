@@ -1,5 +1,4 @@
-//! Reading the waiting acquires' queues (`lease_waiters`, kept by [`super::waiters`]): who
-//! waits for a key, in grant order, for operators (`GET /v1/leases/{key}/waiters`).
+//! The waiting acquires' queues as operators read them (`GET /v1/leases/{key}/waiters`).
 
 use chrono::{DateTime, Utc};
 use sqlx::{FromRow, PgPool};

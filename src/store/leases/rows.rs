@@ -1,6 +1,5 @@
-//! The rows of the `leases` table as statements answer them: a lease, a key's status (with its
-//! recovery reason, state, kept record and queue), and the JSON answers of the changing
-//! statements, each turned into the domain's types.
+//! The `leases` rows and the changing statements' JSON answers, as statements return them, into
+//! domain types.
 
 use chrono::{DateTime, Utc};
 use serde::Deserialize;

@@ -1,8 +1,6 @@
-//! The timeline guard of the token sequence: no token is issued twice across a failover. A promoted
-//! standby may lack acknowledged grants and their sequence positions, so every grant draws its
-//! token only after `secure_token_timeline()` (migration `token_timeline`) has secured the sequence
-//! on the current WAL timeline; on a change it moves the sequence past the largest known token plus
-//! 10^9.
+//! No token is issued twice across a failover: a promoted standby may lack acknowledged grants, so
+//! every grant draws its token only after `secure_token_timeline()` secured the sequence on the
+//! current WAL timeline (moving it past the largest known token plus 10^9 on a change).
 
 use sqlx::PgPool;
 

@@ -1,16 +1,9 @@
 //! Waiting acquires (contract v1.1): a request with `wait_ms` that finds the key held takes a place
-//! in the key's queue (`lease_waiters`, shared by every instance) and sleeps here, holding no
-//! connection, until woken to try again.
-//!
-//! The acquire statement grants a free key only to its first live waiter, so the queue's order is
-//! the grant order across instances. Wake-ups come from the database: releases, abandons and
-//! leaving waiters notify `snapfence_waiters` at commit; an expiry needs none, since the first
-//! waiter sleeps until the holder's `expires_at`. Only a key's first local waiter tries on a
-//! wake-up.
-//!
-//! Liveness: the listening connection holds an advisory lock named by the instance id, and the
-//! statement skips waiters of instances whose lock is free (dead). While it is down this instance's
-//! waiters look dead; once back, each first waiter tries once, as a release may have gone unheard.
+//! in the key's queue (`lease_waiters`) and sleeps here, holding no connection, until woken. The
+//! acquire statement grants a free key only to its first live waiter, so the queue is the grant
+//! order across instances. Releases notify `snapfence_waiters`; an expiry needs none, as the first
+//! waiter sleeps until `expires_at`. The listening connection holds an advisory lock named by the
+//! instance id, and waiters of instances whose lock is free (dead) are skipped.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicI32, Ordering};

@@ -1,5 +1,4 @@
-//! The snapshot calls' batched statements (fenced writes, checks before a body, deletes,
-//! transactions, reads), their requests' columns and their batch kinds.
+//! The snapshot calls' batched statements, their requests' columns and their batch kinds.
 
 use std::sync::LazyLock;
 

@@ -1,5 +1,4 @@
-//! Listing the keys that have a snapshot, by prefix, in key order or reversed, each with its
-//! current snapshot's head (`GET /v1/snapshots`, as S3's ListObjectsV2 lists objects).
+//! The keys that have a snapshot, by prefix, with their current heads (as S3's ListObjectsV2).
 
 use sqlx::{FromRow, PgPool};
 

@@ -1,7 +1,5 @@
-//! Snapshots: fenced writes, deletes and transactions, and reads. The fencing rules
-//! (`sql/fenced.sql`) are checked under the lease row's and heads' locks by the statement that
-//! writes or refuses and audits; grants take the same lease row lock, so writes and grants are
-//! ordered.
+//! Snapshots. The fencing rules (`sql/fenced.sql`) are checked under the lease row's lock, which
+//! grants take too, so writes and grants are ordered.
 
 mod batches;
 pub mod list;

@@ -1,7 +1,5 @@
-//! Transactions (`POST /v1/txn`): puts, deletes and prefix deletes under one fence, all or nothing.
-//! One statement checks every write by `sql/fenced.sql` and writes all or none, a second removes
-//! deleted keys' versions, in one short transaction run again if a put lost the race to create its
-//! head.
+//! Transactions (`POST /v1/txn`): puts and deletes under one fence, all or nothing, checked by
+//! `sql/fenced.sql`; run again if a put lost the race to create its head.
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};

@@ -1,7 +1,5 @@
-//! The history as this instance reads it: whole epochs (`sql/read.sql`) and a cache of the epochs
-//! its watchers caught up through. Catching-up watchers mostly read the same epochs, so each is
-//! read once; uncached reads go one at a time, paced, so catching up keeps a bounded share of the
-//! database.
+//! The history as this instance reads it: whole epochs, cached for the watchers catching up, with
+//! uncached reads paced so they keep a bounded share of the database.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

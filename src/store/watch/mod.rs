@@ -1,12 +1,7 @@
-//! Watch (contract v1.1): the history of changes, numbered in one order for the service, and this
-//! instance's share of delivering it.
-//!
-//! - The changing statements write `change_log` rows in their own transaction.
-//! - One instance is the relay (`relay.rs`): it numbers committed changes by epochs, reports
-//!   expiries, prunes, and notifies `snapfence_changes`.
-//! - Every instance reads each epoch once (`reader.rs`) and hands it to its watchers, which catch
-//!   up from the tables first (`history.rs`) and then follow: each change after the starting id
-//!   once, in id order.
+//! Watch (contract v1.1): the changing statements write `change_log` rows in their own transaction;
+//! one instance, the relay (`relay.rs`), numbers them in epochs; every instance reads each epoch
+//! once (`reader.rs`) and hands it to its watchers, which catch up from the tables first
+//! (`history.rs`): each change after the start once, in id order.
 
 mod history;
 mod reader;

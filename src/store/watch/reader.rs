@@ -1,7 +1,5 @@
-//! The reader: every instance hears of each new epoch on [`CHANNEL`] (`listen`) and hands its
-//! changes to its watchers (`fan_out`), from its own relay's turns as they were made, or read from
-//! the database when another instance relays, a turn's outcome was lost, or a notification may
-//! have been missed.
+//! The reader: hears of each epoch on [`CHANNEL`] and hands its changes to the watchers, from its
+//! own relay's turns or from the database.
 
 use std::sync::Weak;
 use std::sync::atomic::Ordering;

@@ -1,6 +1,5 @@
-//! The relay: one instance numbers committed changes an epoch at a time, reports expiries and
-//! prunes history. The role is a lease by the database clock, kept by the statement that records an
-//! epoch (`sql/turn.sql`), so a paused instance that lost it numbers nothing.
+//! The relay: one instance numbers committed changes in epochs, reports expiries and prunes; its
+//! role is a lease by the database clock, kept by the statement that records an epoch.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};

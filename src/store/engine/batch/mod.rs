@@ -1,16 +1,8 @@
-//! Group commit: hot calls of one kind that arrive together are sent as one statement over arrays,
-//! in one transaction, and each is answered with its own row once it committed. Sixteen rows cost
-//! about as much as two or three single statements.
-//!
-//! A dispatcher per kind sends a batch at once when none of its kind is in flight, so a lone client
-//! never waits. Under load the arrivals gather, up to [`MAX_REQUESTS`] or [`MAX_BYTES`], until the
-//! batch in flight ends or stalls. A batch never holds two requests for one key or Idempotency-Key
-//! (the second waits for the next), so each is decided as if alone, and rows are sent in key order,
-//! the order every statement locks in, so batches never wait in a cycle.
-//!
-//! A batch rolled back for a race runs again within its deadline; any other failure answers each
-//! request (`unavailable` if unsent, `indeterminate` if a sent change lost its answer). A request
-//! whose deadline passes first answers 503 by itself.
+//! Group commit: hot calls of one kind that arrive together go as one statement over arrays, each
+//! answered by its own row once committed; sixteen rows cost about two single statements. A batch
+//! goes at once when none of its kind is in flight, else gathers until that one ends or stalls. It
+//! never holds two requests for one key or Idempotency-Key, and sends rows in key order, the order
+//! every statement locks in, so batches never wait in a cycle.
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};

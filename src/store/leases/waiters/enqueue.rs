@@ -1,5 +1,4 @@
-//! Taking places in the keys' queues: the waiters that arrive together on an instance, as one
-//! statement (`../sql/wait_enqueue.sql`), in arrival order.
+//! Taking places in the keys' queues, a batch of arrivals as one statement, in arrival order.
 
 use crate::domain::Key;
 use crate::store::engine::batch::{Indexed, Job, Kind, column};

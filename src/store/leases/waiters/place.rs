@@ -1,5 +1,4 @@
-//! This instance's side of the keys' queues: the places its requests hold, whom to wake when a
-//! key may be free, and taking a place out of `lease_waiters` when its request lets go of it.
+//! This instance's side of the queues: the places its requests hold, and whom to wake.
 
 use std::sync::Arc;
 

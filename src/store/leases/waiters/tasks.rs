@@ -1,6 +1,5 @@
-//! The waiting queue's background tasks on each instance: listening for wake-ups on a
-//! connection that also holds the instance's liveness lock, the heartbeat that says the
-//! instance answers, and the sweep of the places of instances that do not.
+//! The queue's background tasks: listening (holding the liveness lock), the heartbeat, and the
+//! sweep.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
