@@ -25,6 +25,7 @@ pub trait Transport: AsyncRead + AsyncWrite + Unpin {
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>>;
 
+    /// The most bytes a record may hold and still be taken whole.
     fn record_bytes(&self) -> usize;
 }
 

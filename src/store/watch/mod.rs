@@ -75,9 +75,15 @@ pub enum Opened {
     /// Every change after the starting id.
     Watching(Watch),
     /// The starting id is older than the retained history.
-    Compacted { horizon: ChangeId },
+    Compacted {
+        /// The highest id pruned.
+        horizon: ChangeId,
+    },
     /// The starting id names no change yet; a watch from it would skip changes unseen.
-    Future { newest: ChangeId },
+    Future {
+        /// The newest id given.
+        newest: ChangeId,
+    },
 }
 
 impl Changes {
