@@ -33,8 +33,7 @@ pub fn command() -> clap::Command {
     with_env_listed(Cli::command(), &[])
 }
 
-/// `cmd` and its subcommands, each listing its variables once; `inherited` are the global options
-/// above.
+/// `cmd` and its subcommands, each listing its variables once.
 fn with_env_listed(cmd: clap::Command, inherited: &[Arg]) -> clap::Command {
     let mut reach: Vec<Arg> = inherited.to_vec();
     reach.extend(cmd.get_arguments().cloned());

@@ -76,8 +76,7 @@ pub fn main(args: KeysArgs, output: Output) -> ExitCode {
 }
 
 async fn run(args: KeysArgs, output: Output) -> Result<Exit, String> {
-    // Only `create` may make the service's database, so the first key can exist before the service
-    // first starts.
+    // Only `create` may make the database, so the first key can exist before the service starts.
     let may_make = matches!(args.command, KeysCommand::Create { .. });
     let place = match &args.database_url {
         Some(_) => "the database of DATABASE_URL".to_string(),
@@ -238,8 +237,7 @@ async fn listen(pool: &sqlx::PgPool) -> Result<keys::Confirmations, String> {
         .map_err(|e| format!("cannot listen for the instances' confirmations: {e}"))
 }
 
-/// Waits for the running instances to apply `change` and says on stderr whether all did; the change
-/// has committed regardless.
+/// Waits for the running instances to apply `change` and says on stderr whether all did.
 async fn confirm(confirmations: keys::Confirmations, change: keys::Change, done: &str) {
     match confirmations.wait(change, CONFIRM_WITHIN).await {
         Ok(c) if c.following == 0 => eprintln!(

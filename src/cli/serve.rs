@@ -145,8 +145,7 @@ fn ui_url(listen: std::net::SocketAddr, tls: bool) -> String {
 /// Files an instance keeps open besides connections and pools (runtime, logs, pipes, TLS).
 const OTHER_FILES: u64 = 128;
 
-/// Raises the soft open-files limit to the hard one, as Go's runtime does: every connection is a
-/// file.
+/// Raises the soft open-files limit to the hard one, as Go does: every connection is a file.
 fn connections_within_file_limit(config: &ServeConfig, wanted: usize) -> usize {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
@@ -186,8 +185,7 @@ async fn shutdown_signal() {
     }
 }
 
-/// Refuses a non-loopback address with no live API key, where every request would be anonymous,
-/// unless `--insecure-no-auth`.
+/// Refuses a non-loopback address with no live API key unless `--insecure-no-auth`.
 async fn check_exposure(config: &ServeConfig, pool: &sqlx::PgPool) -> Result<(), String> {
     if config.listen.ip().is_loopback() {
         return Ok(());

@@ -86,8 +86,7 @@ pub async fn authorize(
     Ok(response)
 }
 
-/// A key confined to a prefix may name only keys under it (path, `Fencing-Key`, `prefix`, audit
-/// `key`).
+/// A key confined to a prefix may name only keys under it, wherever the request names one.
 async fn check_prefix(
     principal: &Principal,
     parts: &mut axum::http::request::Parts,

@@ -415,8 +415,8 @@ pub async fn read_limited(
 
 const MAPPED_FROM: usize = 512 * 1024;
 
-/// The heap, or an anonymous mapping for a large announced body (freed megabyte heap blocks grow
-/// the heap for good).
+/// The heap, or an anonymous mapping for a large announced body (freed heap blocks grow it for
+/// good).
 enum BodyBuffer {
     Heap(BytesMut),
     Mapped(MmapMut, usize),

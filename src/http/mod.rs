@@ -75,8 +75,7 @@ pub fn router(state: AppState) -> Router {
     let metrics = state.metrics.clone();
     let max_header_bytes = state.rules.max_header_bytes;
     let db_bound = state.db.options().get_acquire_timeout();
-    // Health checks and scrapes are never shed: an overloaded instance is alive, and its metrics
-    // show it.
+    // Health checks and scrapes are never shed: an overloaded instance is alive.
     api_routes()
         .router
         .layer(authorize)
@@ -101,8 +100,7 @@ pub fn router(state: AppState) -> Router {
 /// The longest `x-request-id` kept from a client.
 pub const MAX_REQUEST_ID_BYTES: usize = 128;
 
-/// Drops a client's `x-request-id` unless it is 1..=[`MAX_REQUEST_ID_BYTES`] visible ASCII
-/// characters.
+/// Drops a client's `x-request-id` unless it is short visible ASCII, so the service makes one.
 fn drop_unusable_request_id<B>(mut req: Request<B>) -> Request<B> {
     let mut ids = req.headers().get_all(&REQUEST_ID).iter();
     let usable = match (ids.next(), ids.next()) {

@@ -150,8 +150,7 @@ fn answer(result: TxnResult) -> OpAnswer {
     }
 }
 
-/// The body checked: 1..=`max_ops` ops in the fence's namespace, each key once, none under a
-/// deleted prefix.
+/// The body checked: 1..=`max_ops` ops in the fence's namespace, each key once.
 fn checked(
     fence: Key,
     token: FencingToken,

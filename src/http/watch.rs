@@ -79,8 +79,7 @@ async fn watch(
             )));
         }
     };
-    // The start position, as a header and an id-only event, so a client cut off early resumes
-    // there.
+    // The start, as a header and an id-only event, so a client cut off early resumes there.
     let start = watch.position();
     let ends = tokio::time::sleep(state.rules.max_watch);
     let opening = stream::once(async move { Ok(Event::default().id(start.to_string())) });

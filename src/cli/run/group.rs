@@ -16,8 +16,7 @@ use super::plan::Plan;
 use super::{Ctx, Exit};
 use crate::domain::Lease;
 
-/// The exit code of a command that could not start, as a shell has it: 127 not found, 126 not
-/// executable.
+/// The exit code of a command that could not start, as a shell has it (127, 126).
 pub(super) fn not_started(e: &std::io::Error) -> (Exit, &'static str) {
     match e.raw_os_error().map(Errno::from_raw) {
         Some(Errno::ENOENT) => (
@@ -47,8 +46,7 @@ pub(super) fn spawn(ctx: &Ctx, command: &[OsString], lease: &Lease) -> std::io::
         .spawn()
 }
 
-/// Resolves once `pid` exits, left unreaped (`WNOWAIT`) so its id and the group's stay taken until
-/// [`reap`].
+/// Resolves once `pid` exits, unreaped (`WNOWAIT`), so its id stays taken until [`reap`].
 pub(super) fn watch_exit(pid: Pid) -> oneshot::Receiver<()> {
     let (tx, rx) = oneshot::channel();
     std::thread::spawn(move || {
@@ -121,8 +119,7 @@ pub(super) fn group_alive(group: Pid) -> bool {
     })
 }
 
-/// The group of a `/proc/PID/stat` line unless the process is dead; fields are read after the last
-/// `)`.
+/// The group of a `/proc/PID/stat` line unless the process is dead.
 fn live_member_of(stat: &str) -> Option<i32> {
     let rest = &stat[stat.rfind(')')? + 1..];
     let mut fields = rest.split_whitespace();

@@ -186,8 +186,7 @@ fn metadata(command: &[OsString]) -> Metadata {
         .expect("a small object is valid metadata")
 }
 
-/// Ends the lease: release, after require-recovery when `--crash-recovery` asks and the run was not
-/// `clean`.
+/// Ends the lease: release, after require-recovery when `--crash-recovery` asks and the run failed.
 async fn finish(ctx: &Ctx, keeper: LeaseKeeper, clean: bool, crash_recovery: bool) {
     let lease = keeper.lease();
     if crash_recovery && !clean {

@@ -2,8 +2,7 @@
 
 use std::time::Duration;
 
-/// Time beyond `--grace` between declaring the lease lost and the server's earliest expiry, for
-/// SIGKILL to take the group down.
+/// Time beyond `--grace` for SIGKILL to take the group down before the server's earliest expiry.
 const STOP_ALLOWANCE: Duration = Duration::from_secs(1);
 /// The least time `--ttl` must leave for renewals once grace and allowance are reserved.
 const MIN_RENEW_WINDOW: Duration = Duration::from_secs(1);
@@ -18,8 +17,7 @@ pub(super) struct Plan {
 }
 
 impl Plan {
-    /// The plan for `--ttl` and `--grace` (default a third of the TTL, at most [`DEFAULT_GRACE`]),
-    /// or what to do when the TTL leaves no time to renew.
+    /// The plan for `--ttl` and `--grace`, or what to do when the TTL leaves no time to renew.
     pub(super) fn new(ttl: Duration, grace: Option<Duration>) -> Result<Self, String> {
         let plan = Self {
             grace: grace.unwrap_or((ttl / 3).min(DEFAULT_GRACE)),

@@ -248,8 +248,8 @@ pub fn pool(options: PgConnectOptions, settings: &DbSettings) -> PgPool {
         .max_connections(settings.pool_size)
         .min_connections(0)
         .acquire_timeout(settings.timeout)
-        // Only an idle connection is checked (its database may have restarted): a check per request
-        // costs a read.
+        // Only an idle connection is checked (its database may have restarted); a check costs a
+        // read.
         .test_before_acquire(false)
         .before_acquire(|conn, meta| {
             Box::pin(async move {

@@ -94,8 +94,7 @@ impl<J> Builder<J> {
         self
     }
 
-    /// Panics when a slot is left empty or a filling finds none, so an edit cannot silently drop a
-    /// part.
+    /// Panics when a slot is left empty or a filling finds none, so no part is silently dropped.
     pub(crate) fn build(self) -> Batched<J> {
         let mut text = self.requests();
         for part in &self.parts {

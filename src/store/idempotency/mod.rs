@@ -167,8 +167,7 @@ pub(crate) fn claim(ctx: &RequestContext) -> Option<String> {
     })
 }
 
-/// Runs a changing statement until no race for its record rolls it back (`sql/gate.sql`), and reads
-/// its gate.
+/// Runs a changing statement until no race for its record rolls it back, and reads its gate.
 pub(crate) async fn gated<T: DeserializeOwned, F, Fut>(
     ctx: &RequestContext,
     mut run: F,

@@ -269,8 +269,7 @@ impl KeyCache {
     /// Resolves once key `id` is no longer live, before this instance confirms the revocation.
     pub async fn revoked(&self, pool: &PgPool, id: i64) -> Result<()> {
         let mut loads = self.loads.subscribe();
-        // A load lacking the key may predate the subscription, and a newer key is lacking too: ask
-        // the table.
+        // A load lacking the key may predate the subscription, or the key be newer: ask the table.
         if self.current().is_some_and(|live| !live.contains_key(&id)) && !is_live(pool, id).await? {
             return Ok(());
         }

@@ -123,8 +123,7 @@ pub(crate) struct AcquireAnswer {
 }
 
 impl AcquireAnswer {
-    /// For a waiter's unsettled answer: how long until the holding lease expires, by the database
-    /// clock.
+    /// For a waiter's unsettled answer: how long until the holding lease expires.
     pub(super) fn held_for(&self) -> Option<std::time::Duration> {
         let current = self.current.as_ref()?;
         if self.verdict != "held" || current.state != "held" {

@@ -156,7 +156,7 @@ impl Waiters {
     }
 
     /// Takes a place at the end of the key's queue once this instance listens, so no release goes
-    /// unheard; `None` when the Idempotency-Key already holds one.
+    /// unheard.
     async fn enqueue(
         &self,
         req: &NewLease,
@@ -197,8 +197,7 @@ impl Waiters {
                 .await;
             match (queued, &idem) {
                 (Ok(Queued { id: None }), Some(idem)) if !unblocked => {
-                    // The holding place belongs to no request (dead or left behind): freed, so try
-                    // again.
+                    // The holding place belongs to no request: freed, so try again.
                     unblocked = true;
                     match self.inner.unblock(&principal, idem, instance).await {
                         Ok(0) => return Ok(None),
@@ -255,8 +254,7 @@ impl Waiters {
         let expiry = answer
             .held_for()
             .filter(|_| self.inner.first_here(place))
-            // A millisecond past `expires_at`, since the statement compares with its own later
-            // now().
+            // A millisecond past `expires_at`, as the statement compares with its own later now().
             .map(|left| Instant::now() + left + Duration::from_millis(1));
         let mut stopping = self.inner.stopping.subscribe();
         tokio::select! {

@@ -14,8 +14,7 @@ use crate::store::engine::conns::{Conns, Effect};
 use crate::store::engine::statement::{Batched, Column, QueryAs, column};
 use crate::store::idempotency::{self, Change, GatedRow};
 
-/// The fenced statements: requests, gate, writes, fencing rules with audit (`sql/fenced.sql`), own
-/// parts, record.
+/// The fenced statements; `sql/fenced.sql` holds the rules and their locks.
 pub(crate) struct Fenced {
     pub(crate) put: Batched<FencedJob>,
     pub(crate) put_uploaded: Batched<FencedJob>,

@@ -16,8 +16,7 @@ use crate::domain::{
 };
 use crate::store::{Bounded, Result};
 
-/// Changes one read takes: epochs beginning within this many (at least one, whole), at most
-/// [`EPOCHS`].
+/// Changes one read takes (whole epochs, at most [`EPOCHS`]).
 const PAGE: i64 = 4000;
 const EPOCHS: i64 = 32;
 /// Changes cached (~250 bytes each), least recently used out first; a larger epoch is kept alone.

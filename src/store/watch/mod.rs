@@ -52,8 +52,8 @@ struct Inner {
     fresh: Notify,
     stopping: watch::Sender<bool>,
     history: History,
-    /// The last id of the newest epoch the reader has begun to hand on, set before it does: a
-    /// watcher subscribed to `live` that read history up to it has caught up.
+    /// The newest epoch's last id the reader has begun to hand on: a subscriber that read up to it
+    /// has caught up.
     handed: AtomicI64,
     relayed: Mutex<VecDeque<Arc<Epoch>>>,
     turning: AtomicBool,
@@ -269,8 +269,7 @@ impl Top {
     }
 }
 
-/// How long a watch without `since` waits for the relay to number changes committed before it; past
-/// it, it starts after the newest id and may deliver some of them.
+/// How long a watch without `since` waits for the relay to number earlier changes.
 const OPENING_WAIT: Duration = Duration::from_secs(1);
 const OPENING_POLL: Duration = Duration::from_millis(5);
 
@@ -291,8 +290,8 @@ impl Opening {
             .await
     }
 
-    /// The id to start after: the newest given if no change lacked an id, else the last of the
-    /// first epoch holding them all; changes committed during the opening go with it.
+    /// The id to start after: the newest given, or the last of the first epoch holding every
+    /// unnumbered change seen.
     async fn start(self, pool: &PgPool) -> Result<i64> {
         if !self.pending {
             return Ok(self.top);

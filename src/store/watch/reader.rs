@@ -11,8 +11,7 @@ use super::history::Epoch;
 use super::{CHANNEL, Inner, READ_EVERY, RELISTEN_AFTER, Top};
 use crate::store::{StoreError, listening_pool};
 
-/// Listens on [`CHANNEL`] on its own connection and wakes the reader at each notification, and
-/// after each reconnect.
+/// Listens on [`CHANNEL`] and wakes the reader at each notification and reconnect.
 pub(super) async fn listen(inner: Weak<Inner>) {
     let Some(own) = inner.upgrade().map(|i| listening_pool(&i.pool)) else {
         return;
@@ -51,8 +50,7 @@ pub(super) async fn listen(inner: Weak<Inner>) {
     }
 }
 
-/// Hands on new changes in id order when woken: this relay's epochs as made, others read from the
-/// database.
+/// Hands on new changes in id order when woken.
 pub(super) async fn fan_out(inner: Weak<Inner>) {
     let mut last: Option<i64> = None;
     let mut read_at: Option<Instant> = None;
@@ -108,8 +106,8 @@ impl Inner {
         epoch.last_id
     }
 
-    /// Hands on this relay's epochs after `after`; the last id handed on, and whether one is
-    /// missing before them.
+    /// Hands on this relay's epochs after `after`; the last id, and whether one is missing before
+    /// them.
     fn hand_on_relayed(&self, mut after: i64) -> (i64, bool) {
         let relayed: Vec<_> = self
             .relayed

@@ -31,8 +31,7 @@ const CLAIM_EVERY: Duration = Duration::from_secs(1);
 /// How often the relay prunes (at most the retention), and how many epochs at a time.
 const PRUNE_EVERY: Duration = Duration::from_secs(10);
 const PRUNE_EPOCHS: i64 = 1000;
-/// The most expiries one report takes: its share locks hold up acquires, and a long turn could lose
-/// the role.
+/// The most expiries one report takes: its share locks hold up acquires.
 const EXPIRE_BATCH: usize = 500;
 const RELAY_BOUND: Duration = Duration::from_secs(5);
 
@@ -159,8 +158,7 @@ pub(super) async fn relay(inner: Weak<Inner>) {
     }
 }
 
-/// One turn: keep or take the role and record an epoch, then perhaps prune and report expiries; the
-/// pause before the next.
+/// One turn: keep or take the role and record an epoch, then prune and report; the pause after.
 async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<Duration> {
     if let Some(r) = role.as_ref() {
         let idle = !r.stale
@@ -209,8 +207,7 @@ async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<Duration> {
             if role.is_none() {
                 tracing::info!("this instance relays changes");
             }
-            // Read after the turn: unreported leases granted before are in it, later ones in later
-            // epochs (expire.sql reports a lease once).
+            // Leases granted before this read are in it, later ones in later epochs.
             let live: Vec<PendingExpiry> = sqlx::query_as(include_str!("sql/live.sql"))
                 .fetch_all(&i.pool)
                 .bounded(&i.pool)
@@ -251,8 +248,7 @@ async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<Duration> {
     Ok(if relay.busy { BUSY_TICK } else { RELAY_TICK })
 }
 
-/// Reports expiries due by `clock` (share locks last one statement) and keeps expecting those
-/// renewed or skipped.
+/// Reports expiries due by `clock` and keeps expecting those renewed or skipped.
 async fn report_expiries(pool: &PgPool, relay: &mut Relay, clock: DateTime<Utc>) -> Result<bool> {
     let (keys, tokens) = relay.take_due(clock);
     if keys.is_empty() {

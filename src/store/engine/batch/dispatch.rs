@@ -21,8 +21,7 @@ struct Pace(AtomicU64);
 
 impl Pace {
     fn record(&self, took: std::time::Duration) {
-        // A stalled batch counts as the bound, so one long lock wait does not stretch the next
-        // bounds.
+        // A stalled batch counts as the bound, so one long lock wait does not stretch the next.
         let took = u64::try_from(took.min(self.stall_bound()).as_micros()).unwrap_or(u64::MAX);
         let mean = self.0.load(Ordering::Relaxed);
         let mean = if mean == 0 {
@@ -45,8 +44,7 @@ struct Open<K: Kind> {
     bytes: usize,
 }
 
-/// Requests held back, oldest first; one sharing their claim waits behind them, so a key's requests
-/// keep their order.
+/// Requests held back, oldest first, so a key's requests keep their order.
 struct Later<K: Kind> {
     queue: VecDeque<Pending<K>>,
     claims: HashSet<String>,
@@ -79,8 +77,7 @@ impl<K: Kind> Open<K> {
         self.jobs.len() >= MAX_REQUESTS || self.bytes >= MAX_BYTES
     }
 
-    /// Takes `p` into the batch, or into `later` when its claim is busy or held back, or the batch
-    /// is full.
+    /// Takes `p` into the batch, or into `later` when its claim is busy or the batch full.
     fn offer(&mut self, p: Pending<K>, later: &mut Later<K>, busy: &Mutex<HashSet<String>>) {
         if p.state.load(Ordering::Acquire) == GIVEN_UP {
             return;
@@ -235,8 +232,7 @@ async fn run<K: Kind>(conns: Conns, jobs: Vec<Pending<K>>, flight: Flight) {
         .fetch_batch(K::EFFECT, deadline, || K::query(&refs))
         .await;
     drop(refs);
-    // Claims go back before answers, so a caller's next request for the key never waits behind its
-    // own.
+    // Claims go back before answers, so a caller's next request never waits behind its own.
     drop(flight);
     match answer {
         Ok(rows) => {

@@ -33,8 +33,7 @@ pub const STALL_FACTOR: u32 = 2;
 
 pub(crate) trait Job {
     fn key(&self) -> &Key;
-    /// What no other request of its batch may share: a change's key and Idempotency-Key. A read
-    /// claims nothing.
+    /// What no other request of its batch may share (a change's key and Idempotency-Key).
     fn claims(&self) -> Vec<String> {
         Vec::new()
     }
@@ -171,9 +170,8 @@ impl<K: Kind> Batcher<K> {
                         e.after_sending()
                     });
                 }
-                // The batch shares this deadline and its last look, so it ends with the statement's
-                // answer if that came in time; answering here first would call a thawed process's
-                // answer `indeterminate`.
+                // The batch shares this deadline, so it ends with the statement's answer if that
+                // came in time.
                 answer.await
             }
         };

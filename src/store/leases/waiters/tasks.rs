@@ -37,8 +37,7 @@ pub(super) async fn listen(inner: std::sync::Weak<Inner>) {
                 .bind(instance)
                 .execute(&mut listener)
                 .await?;
-            // A first heartbeat before any waiter is queued, so one frozen early is not judged by
-            // its lock alone.
+            // A first heartbeat, so an instance frozen early is not judged by its lock alone.
             sqlx::query(include_str!("../sql/wait_heartbeat.sql"))
                 .bind(instance)
                 .bind(bound)
@@ -102,8 +101,7 @@ pub(super) async fn heartbeat(inner: std::sync::Weak<Inner>) {
     }
 }
 
-/// Twice a second while there are waiters, deletes rows no one waits in and gives passed-over
-/// waiters a last try.
+/// Twice a second while there are waiters, deletes rows no one waits in.
 pub(super) async fn sweep(inner: std::sync::Weak<Inner>) {
     let mut tick = tokio::time::interval(SWEEP_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
