@@ -1,6 +1,4 @@
-//! The service's configuration: every option of `snapfence serve`, as a flag and as an
-//! environment variable, with its default. The configuration table of docs/operations.md
-//! mirrors this file.
+//! Every option of `snapfence serve` as a flag and variable; docs/operations.md's table mirrors it.
 
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
@@ -11,17 +9,14 @@ use clap::{Args, ValueEnum};
 
 use crate::domain::TtlBounds;
 use crate::http::extract::MAX_JSON_BYTES;
-use crate::state::{RateLimit, Rules};
+use crate::rules::{RateLimit, Rules};
 use crate::store::DbSettings;
 
-/// The shortest `--idempotency-retention` `serve` accepts: an answer must outlive every retry of
-/// its call (a client's retries, the body timeout and the database bound together take seconds).
+/// The shortest `--idempotency-retention`: an answer must outlive every retry of its call.
 pub const MIN_IDEMPOTENCY_RETENTION: Duration = Duration::from_secs(300);
 
-/// The embedded PostgreSQL's data directory when none is given: `./snapfence-data`, or, for
-/// root, `/var/lib/snapfence`. As root the cluster runs as the `postgres` user, which must be
-/// able to reach it, and a checkout under a private home (`/root`, a `mktemp -d`) is out of its
-/// reach; `/var/lib` is where a service run by root keeps its state anyway.
+/// The embedded PostgreSQL's default data directory: `./snapfence-data`, or `/var/lib/snapfence`
+/// for root, since the `postgres` user cannot reach a private home.
 pub fn default_data_dir() -> PathBuf {
     if nix::unistd::Uid::effective().is_root() {
         PathBuf::from("/var/lib/snapfence")
@@ -283,11 +278,8 @@ impl ServeConfig {
     }
 }
 
-/// The most requests a second a rate may allow: one a nanosecond, the finest period a rate
-/// limit counts in.
 const MAX_RATE: f64 = 1e9;
 
-/// A rate of requests a second above zero and at most [`MAX_RATE`].
 fn positive_rate(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(rate) if rate > 0.0 && rate <= MAX_RATE => Ok(rate),
@@ -300,14 +292,11 @@ fn positive_rate(text: &str) -> Result<f64, String> {
     }
 }
 
-/// A second's worth of `per_second` requests, rounded up: the burst of a rate that is not
-/// given one.
 fn one_seconds_worth(per_second: f64) -> NonZeroU32 {
-    // In range: the rate is at most MAX_RATE, and the float-to-int cast saturates anyway.
     NonZeroU32::new(per_second.ceil() as u32).unwrap_or(NonZeroU32::MIN)
 }
 
-/// A duration above zero: a zero head or idle timeout would close every connection at once.
+/// A zero head or idle timeout would close every connection at once.
 fn positive_duration(text: &str) -> Result<Duration, String> {
     match humantime::parse_duration(text) {
         Ok(d) if d.is_zero() => Err("must be above zero".into()),
@@ -316,7 +305,6 @@ fn positive_duration(text: &str) -> Result<Duration, String> {
     }
 }
 
-/// A `--watch-heartbeat`: above zero and at most the contract's 15 seconds.
 fn heartbeat(text: &str) -> Result<Duration, String> {
     let d = positive_duration(text)?;
     if d > Duration::from_secs(15) {
@@ -327,8 +315,7 @@ fn heartbeat(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// A `--waiter-stall-bound`: at least 100 ms, so that an instance's word of life (every quarter
-/// of it) is not a statement every few milliseconds.
+/// At least 100 ms, so an instance's heartbeat (a quarter of it) stays cheap.
 fn stall_bound(text: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(text).map_err(|e| e.to_string())?;
     if d < Duration::from_millis(100) {
@@ -337,7 +324,6 @@ fn stall_bound(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// A `--max-wait`: at most the contract's 5 minutes (`wait_ms` 0..=300000).
 fn max_wait(text: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(text).map_err(|e| e.to_string())?;
     if d > Duration::from_millis(snapfence_types::MAX_WAIT_MS as u64) {
@@ -352,7 +338,6 @@ mod tests {
 
     use super::ServeConfig;
 
-    /// The row of the configuration table (docs/operations.md) that documents `--flag`.
     fn table_row(flag: &str) -> Option<&'static str> {
         let guide = include_str!("../docs/operations.md");
         let name = format!("`--{flag}`");

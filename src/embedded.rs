@@ -1,12 +1,5 @@
-//! A private PostgreSQL cluster run from the machine's own binaries: what `snapfence serve` uses
-//! when no `DATABASE_URL` is given, and what the test suite starts once per run.
-//!
-//! The cluster lives in `<data dir>/pg`, listens on a Unix socket in `<data dir>` (and on a
-//! loopback TCP port only when [`Settings::tcp_port`] asks for one), and logs to
-//! `<data dir>/postgres.log`. PostgreSQL refuses to run as root, so when the
-//! service runs as root the cluster runs as the unprivileged `postgres` user (or `nobody`), which
-//! then owns the data directory. No crate here downloads PostgreSQL: the binaries are found on
-//! `PATH` or under `/usr/lib/postgresql/*/bin`.
+//! A private PostgreSQL cluster from the machine's binaries, for `serve` without `DATABASE_URL` and
+//! for the tests; run as `postgres` (or `nobody`) when we are root.
 
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -18,17 +11,11 @@ use nix::unistd::{Gid, Uid, User};
 use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 
-/// The superuser that `initdb` creates.
 const SUPERUSER: &str = "postgres";
-/// The port when there is no TCP port: it then names the socket file only.
 const PORT: u16 = 5432;
-/// The longest Unix socket path the kernel takes, less the socket file's own name (whose port
-/// may have five digits).
 const MAX_SOCKET_DIR: usize = 107 - ".s.PGSQL.65535".len() - 1;
-/// The cluster's own directory (PostgreSQL's `PGDATA`) inside the data directory.
 const PGDATA: &str = "pg";
 
-/// Whether `pgdata` holds an initialised cluster.
 fn holds_cluster(pgdata: &Path) -> bool {
     pgdata.join("PG_VERSION").is_file()
 }
@@ -49,8 +36,7 @@ pub enum EmbeddedError {
          create one (`useradd postgres`) or run snapfence as an unprivileged user"
     )]
     NoUser,
-    /// Running as root, a directory above the data directory is closed to the user PostgreSQL
-    /// runs as, who could then not reach its own data.
+    /// Running as root, a directory above the data directory is closed to PostgreSQL's user.
     #[error(
         "PostgreSQL refuses to run as root, so snapfence runs it as the `{user}` user, who cannot \
          enter {dir} (mode {mode:o}, owned by {owner}), above --data-dir {data_dir}. Let it \
@@ -113,9 +99,7 @@ fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Emb
     move |source| EmbeddedError::Io { what, path, source }
 }
 
-/// The directory holding `initdb`, `pg_ctl` and `postgres`: the one on `PATH` first, else the
-/// newest major version under `/usr/lib/postgresql`. Symbolic links on `PATH` are followed to
-/// the directory the tools really live in, so that their siblings (`pg_basebackup`) are there.
+/// The directory of `initdb` and `pg_ctl`: on `PATH`, else the newest in `/usr/lib/postgresql`.
 pub fn find_binaries() -> Result<PathBuf> {
     let has_tools = |dir: &Path| {
         ["initdb", "pg_ctl", "postgres"]
@@ -153,9 +137,7 @@ pub fn find_binaries() -> Result<PathBuf> {
 pub struct Settings {
     /// Extra `name = value` lines (values already quoted as PostgreSQL wants them).
     pub extra: Vec<(String, String)>,
-    /// Also listen on `127.0.0.1` at this port (the socket file is then named after it too).
-    /// `None`: the Unix socket only, which is all the service itself needs; a TCP port is for
-    /// whatever must sit between a client and the server, such as a proxy.
+    /// Also listen on `127.0.0.1` at this port, for a proxy; the service needs only the socket.
     pub tcp_port: Option<u16>,
 }
 
@@ -169,9 +151,7 @@ pub struct EmbeddedPostgres {
 }
 
 impl EmbeddedPostgres {
-    /// Starts the cluster in `dir`, creating it first if `dir` holds none. Blocks until the
-    /// server accepts connections. A server of this directory left running by an earlier
-    /// process (one that was killed) is adopted rather than started twice.
+    /// Starts (or creates, or adopts) the cluster in `dir`; returns once it accepts connections.
     pub fn start(dir: &Path, settings: &Settings) -> Result<Self> {
         let this = Self::at(dir, settings)?;
         let pgdata = this.pgdata();
@@ -190,11 +170,7 @@ impl EmbeddedPostgres {
         this.launch(settings)
     }
 
-    /// Makes `dir` a streaming standby of the server that `upstream` (a libpq connection string,
-    /// such as another cluster's [`conninfo`](Self::conninfo)) reaches, unless it already is
-    /// one, and starts it. The copy is a `pg_basebackup -R` run as the cluster's user, so the
-    /// standby keeps `upstream` as its `primary_conninfo`; it follows its primary until
-    /// [`promote`](Self::promote)d.
+    /// Makes `dir` a streaming standby of `upstream` with `pg_basebackup -R`, and starts it.
     pub fn start_standby(dir: &Path, upstream: &str, settings: &Settings) -> Result<Self> {
         let this = Self::at(dir, settings)?;
         let pgdata = this.pgdata();
@@ -209,7 +185,6 @@ impl EmbeddedPostgres {
         this.launch(settings)
     }
 
-    /// The cluster in `dir`, not yet started: binaries found, directory made and owned.
     fn at(dir: &Path, settings: &Settings) -> Result<Self> {
         let bin = find_binaries()?;
         let run_as = unprivileged_user()?;
@@ -231,20 +206,17 @@ impl EmbeddedPostgres {
         Ok(this)
     }
 
-    /// Whether `dir` holds a cluster (running or not), without creating, changing or starting
-    /// anything.
+    /// Whether `dir` holds a cluster, running or not, touching nothing.
     pub fn exists_at(dir: &Path) -> bool {
         holds_cluster(&dir.join(PGDATA))
     }
 
-    /// The cluster of `dir` when a server is already running there (the service's, say), without
-    /// starting one; `None` when none runs.
+    /// The cluster of `dir` if a server already runs there, without starting one.
     pub fn running_at(dir: &Path) -> Result<Option<Self>> {
         let this = Self::at(dir, &Settings::default())?;
         Ok(this.running().then_some(this))
     }
 
-    /// Writes the settings and starts the server, or adopts one left running.
     fn launch(self, settings: &Settings) -> Result<Self> {
         let pgdata = self.pgdata();
         self.write_settings(settings)?;
@@ -294,8 +266,7 @@ impl EmbeddedPostgres {
         )
     }
 
-    /// A libpq connection string for the superuser over the Unix socket, as a standby's
-    /// upstream (see [`start_standby`](Self::start_standby)).
+    /// A libpq connection string over the Unix socket, as a standby's upstream.
     pub fn conninfo(&self) -> String {
         format!(
             "host={} port={} user={SUPERUSER}",
@@ -327,14 +298,12 @@ impl EmbeddedPostgres {
         Ok(())
     }
 
-    /// Stops the server: `fast` mode rolls back open transactions and checkpoints, so nothing
-    /// committed is lost.
+    /// Stops the server in `fast` mode: nothing committed is lost.
     pub fn stop(&self) -> Result<()> {
         self.stop_in("fast")
     }
 
-    /// Stops the server as a crash would: `immediate` mode ends every server process at once,
-    /// without a checkpoint, and the next start recovers from the write-ahead log.
+    /// Stops the server as a crash would (`immediate`); the next start recovers from the WAL.
     pub fn stop_immediately(&self) -> Result<()> {
         self.stop_in("immediate")
     }
@@ -359,15 +328,9 @@ impl EmbeddedPostgres {
             .pipe_to_log(self)
     }
 
-    /// For throwaway clusters: once the process `pid` has exited, however it exits, a detached
-    /// watchdog stops this cluster's server (whatever its process id is by then: it may have
-    /// been restarted) and removes the data directory.
-    ///
-    /// The directory is removed only once the server has exited (an immediate shutdown, waited
-    /// for up to a minute, then SIGKILL), so that a slow shutdown on a loaded machine cannot
-    /// write into it while it is being removed. The process named in `postmaster.pid` is
-    /// signalled only if it is a `postgres` process: after an immediate stop the file outlives
-    /// the server, and its number may have been reused.
+    /// For throwaway clusters: once `pid` exits, a detached watchdog stops this server and then
+    /// removes the data directory; it signals the `postmaster.pid` process only if it is
+    /// `postgres`.
     #[allow(
         clippy::zombie_processes,
         reason = "the watchdog must outlive this process; init reaps it"
@@ -423,7 +386,6 @@ impl EmbeddedPostgres {
         cmd
     }
 
-    /// The data directory belongs to the user PostgreSQL runs as, and only to it.
     fn prepare_dir(&self) -> Result<()> {
         if let Some((uid, gid)) = self.run_as {
             nix::unistd::chown(&self.dir, Some(uid), Some(gid)).map_err(|e| EmbeddedError::Io {
@@ -480,7 +442,6 @@ impl EmbeddedPostgres {
     }
 }
 
-/// The user to run PostgreSQL as when this process is root; `None` when it is not root.
 fn unprivileged_user() -> Result<Option<(Uid, Gid)>> {
     if !Uid::effective().is_root() {
         return Ok(None);
@@ -492,9 +453,6 @@ fn unprivileged_user() -> Result<Option<(Uid, Gid)>> {
         .ok_or(EmbeddedError::NoUser)
 }
 
-/// Checks that the user `uid` (of group `gid`) can search every directory above `data_dir` that
-/// exists already (those that `create_dir_all` makes are open to all); `data_dir` itself is
-/// given to that user. Fails naming the first one it cannot search.
 fn check_reachable(data_dir: &Path, uid: Uid, gid: Gid) -> Result<()> {
     let absolute = std::path::absolute(data_dir).map_err(io_err("resolving", data_dir))?;
     let Some(existing) = absolute.ancestors().skip(1).find(|a| a.is_dir()) else {
@@ -529,8 +487,6 @@ fn check_reachable(data_dir: &Path, uid: Uid, gid: Gid) -> Result<()> {
     Ok(())
 }
 
-/// Whether a user of these groups may search (enter) a directory with this metadata: the
-/// owner's bit for its owner, else the group's for its group, else the others'.
 fn can_search(meta: &fs::Metadata, uid: Uid, groups: &[Gid]) -> bool {
     let mode = meta.mode();
     if meta.uid() == uid.as_raw() {
@@ -542,7 +498,6 @@ fn can_search(meta: &fs::Metadata, uid: Uid, groups: &[Gid]) -> bool {
     }
 }
 
-/// Runs a PostgreSQL tool with its output appended to the cluster's log.
 trait PipeToLog {
     fn pipe_to_log(&mut self, pg: &EmbeddedPostgres) -> Result<()>;
 }
@@ -589,7 +544,6 @@ impl PipeToLog for Command {
 mod tests {
     use super::*;
 
-    /// `nobody`, as PostgreSQL's user would be: not the owner of what the test makes.
     const OTHER: (u32, u32) = (65534, 65534);
 
     #[test]
@@ -623,7 +577,6 @@ mod tests {
 
         fs::set_permissions(&closed, fs::Permissions::from_mode(0o711)).unwrap();
         check_reachable(&data, uid, gid).expect("searchable now");
-        // Its own group's bit counts for a member, the others' for everyone else.
         fs::set_permissions(&closed, fs::Permissions::from_mode(0o710)).unwrap();
         let meta = fs::metadata(&closed).unwrap();
         assert!(can_search(&meta, uid, &[Gid::from_raw(meta.gid())]));

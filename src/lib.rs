@@ -1,15 +1,5 @@
-//! snapfence: a Postgres-backed fenced snapshot store.
-//!
-//! Workers take a lease on a key before they touch its state; every grant mints a strictly
-//! increasing fencing token, and the store refuses any write whose token is not the key's newest,
-//! recording each refusal in an audit log. The HTTP contract is `docs/api.md`, described by
-//! `openapi.yaml`.
-//!
-//! This crate is the server and the `snapfence` command. Layout: [`domain`] (the contract's
-//! vocabulary from `snapfence-types`, and API keys), [`store`] (all SQL), [`http`] (routes,
-//! extractors, errors), [`conn`] (connections: their cap, timeouts and hyper's limits),
-//! [`config`], [`embedded`] (a private PostgreSQL), [`cli`] (which calls a server through
-//! `snapfence-client`).
+//! snapfence: a Postgres-backed fenced snapshot store. Every lease grant mints a strictly
+//! increasing fencing token, and any write whose token is not the newest is refused and audited.
 
 pub mod cli;
 pub mod config;
@@ -18,6 +8,7 @@ pub mod domain;
 pub mod embedded;
 pub mod http;
 pub mod metrics;
+pub mod rules;
 pub mod state;
 pub mod store;
 pub mod telemetry;
@@ -31,11 +22,11 @@ use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 use tokio::net::TcpListener;
 
 pub use http::router;
-pub use state::{AppState, Rules};
+pub use rules::Rules;
+pub use state::AppState;
 
-/// Serves the API on `listener` (over TLS when `tls` is given) until `shutdown` resolves, then
-/// finishes the requests in flight and returns. Also runs the retention pruner (audit rows, Idempotency-Key records) for as long
-/// as it serves. Connections are capped and timed as [`conn`] says.
+/// Serves the API on `listener` until `shutdown`, then finishes requests in flight; prunes
+/// meanwhile.
 pub async fn run(
     listener: TcpListener,
     state: AppState,
@@ -49,12 +40,10 @@ pub async fn run(
     let changes = state.changes.clone();
     tokio::spawn(async move {
         shutdown.await;
-        // A waiting acquire would hold the shutdown up for as long as it may wait: each one
-        // makes its last try now and answers. A watch would hold it up forever: it ends.
+        // Waiters make their last try and watches end now, or shutdown would wait for them.
         waiters.stop();
         changes.stop();
-        // No deadline: a request in flight is finished, however long its statement may take
-        // (the database bounds that); idle keep-alive connections are closed at once.
+        // No deadline: requests in flight finish (the database bounds them).
         stopper.graceful_shutdown(None);
     });
     let rules = state.rules.clone();
@@ -70,7 +59,6 @@ pub async fn run(
             server.serve(app).await
         }
         Some(tls) => {
-            // The handshake counts against the head timeout, which runs from the accept.
             let handshake = RustlsAcceptor::new(tls).handshake_timeout(rules.head_timeout);
             let acceptor = conn::Acceptor::new(handshake, &rules);
             let mut server = axum_server::Server::from_listener(listener)
@@ -84,20 +72,16 @@ pub async fn run(
     served
 }
 
-/// Loads a PEM certificate chain and private key for [`run`]. Uses the `ring` provider, the one
-/// the rest of the crate's TLS (the client's) already links.
+/// Loads a PEM chain and key for [`run`], with the `ring` provider the client already links.
 pub async fn tls_config(
     cert: &std::path::Path,
     key: &std::path::Path,
 ) -> std::io::Result<RustlsConfig> {
-    // Installing twice (several servers in one process) is harmless: the first provider stays.
     let _ = rustls::crypto::ring::default_provider().install_default();
     RustlsConfig::from_pem_file(cert, key).await
 }
 
-/// Deletes audit rows and Idempotency-Key records past their retention, a small batch at a
-/// time with a pause between batches, so that pruning a large backlog never crowds out the
-/// requests.
+/// Prunes past retention in small batches with pauses, so a backlog never holds up the hot paths.
 async fn prune_forever(state: AppState) {
     const BATCH: i64 = 1000;
     const PAUSE: Duration = Duration::from_millis(50);
@@ -118,8 +102,6 @@ async fn prune_forever(state: AppState) {
     }
 }
 
-/// Runs `prune` until it deletes less than a full batch (or fails, which the next period
-/// retries), pausing between batches.
 async fn prune_in_batches<F, Fut>(table: &str, batch: i64, pause: Duration, mut prune: F)
 where
     F: FnMut() -> Fut,

@@ -1,8 +1,5 @@
-//! Prometheus metrics of one instance, served at `GET /metrics` in the OpenMetrics text format.
-//!
-//! Each instance owns its registry (rather than a process-global recorder), so several instances
-//! in one process, as in the tests, never mix their figures. Counters are bumped by the HTTP
-//! layer where the outcome is known; gauges that describe the database are read at scrape time.
+//! Prometheus metrics of one instance at `GET /metrics`; each instance has its own registry, so
+//! instances in one process never mix figures.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,28 +56,23 @@ pub struct Metrics {
     pub leases_granted: Counter,
     /// Acquires refused, by code (`lease_held`, `recovery_required`).
     pub leases_conflicted: Family<Label, Counter>,
-    /// Renewals, releases, abandons, require-recoveries and confirmations refused with
-    /// `lease_lost`, by route.
+    /// Lease changes refused with `lease_lost`, by route.
     pub leases_lost: Family<Label, Counter>,
     /// Fenced writes accepted, by operation (`put`, `delete`).
     pub writes_accepted: Family<Label, Counter>,
     /// Fenced writes refused, by reason (`stale_token`, `unknown_token`).
     pub rejections: Family<Label, Counter>,
-    /// Fenced writes refused, by the API key that sent them (when authentication is
-    /// configured): which tenant is flooding the audit log.
+    /// Fenced writes refused, by API key: which tenant floods the audit log.
     pub rejections_by_principal: Family<PrincipalLabel, Counter>,
-    /// Rows in each audit log (`rejections`, `recoveries`), PostgreSQL's estimate read at scrape
-    /// time.
+    /// Rows in each audit log, PostgreSQL's estimate.
     pub audit_rows: Family<Label, Gauge>,
     /// Bytes on disk of each audit log with its indexes, read at scrape time.
     pub audit_bytes: Family<Label, Gauge>,
     /// Keys whose recovery record is open, read at scrape time.
     pub recovery_records_open: Gauge,
-    /// Connections of the pool the requests use, by state (`in_use`, `idle`), read at scrape
-    /// time.
+    /// Connections of the hot pool, by state (`in_use`, `idle`).
     pub pool_connections: Family<Label, Gauge>,
-    /// Requests waiting for a connection of that pool, or in a batch not sent yet, read at
-    /// scrape time.
+    /// Requests waiting for a hot connection or in an unsent batch.
     pub pool_waiting: Gauge,
     /// That pool's size limit.
     pub pool_max: Gauge,
@@ -91,7 +83,6 @@ pub struct Metrics {
 }
 
 fn latency_histogram() -> Histogram {
-    // 0.25 ms .. ~8 s: the hot paths sit in the low milliseconds, the tail in the seconds.
     Histogram::new(exponential_buckets(0.000_25, 2.0, 16))
 }
 
@@ -197,9 +188,7 @@ impl Metrics {
         Arc::new(Metrics { registry, ..m })
     }
 
-    /// Counts one answered request: its route, status and latency, and what it did to leases and
-    /// snapshots, told by its route, method, status and (for errors) contract code. Counting here
-    /// rather than in each handler keeps every figure defined in one place.
+    /// Counts one answered request, so every figure is defined here rather than per handler.
     pub fn observe(
         &self,
         route: &str,
@@ -270,7 +259,6 @@ impl Metrics {
     }
 }
 
-/// The lease operation of a route that can answer `lease_lost`.
 fn route_name(route: &str) -> &'static str {
     match route {
         "/v1/leases/{key}/renew" => "renew",

@@ -1,123 +1,18 @@
 //! What every handler shares: the database pool and the service's rules.
 
-use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::time::Duration;
 
 use sqlx::PgPool;
 
-use crate::domain::TtlBounds;
 use crate::http::limits::Limits;
 use crate::metrics::Metrics;
+use crate::rules::Rules;
 use crate::store::Db;
 use crate::store::keys::KeyCache;
-use crate::store::waiters::Waiters;
+use crate::store::leases::waiters::Waiters;
 use crate::store::watch::Changes;
 
-/// The rules an instance enforces, from its configuration.
-#[derive(Debug, Clone)]
-pub struct Rules {
-    /// Bounds on a lease's TTL.
-    pub ttl_bounds: TtlBounds,
-    /// Snapshot versions kept per key, the current one included.
-    pub keep_versions: i64,
-    /// The largest snapshot body, in bytes; also the largest transaction body.
-    pub max_snapshot_bytes: usize,
-    /// The most ops one transaction may have.
-    pub max_txn_ops: usize,
-    /// The most snapshots one transaction's prefix deletes may remove together.
-    pub max_txn_prefix_keys: i64,
-    /// How long audit rows are kept.
-    pub audit_retention: Duration,
-    /// How long Idempotency-Key records are kept.
-    pub idempotency_retention: Duration,
-    /// How long a request body may take to arrive.
-    pub body_timeout: Duration,
-    /// The longest an acquire waits in a key's queue, whatever its `wait_ms` asks.
-    pub max_wait: Duration,
-    /// The most requests one instance serves at once; more are shed with 503.
-    pub max_concurrent_requests: usize,
-    /// The largest total size of a request's headers, in bytes.
-    pub max_header_bytes: usize,
-    /// How long a request head may take to arrive (see [`crate::conn`]).
-    pub head_timeout: Duration,
-    /// How long a keep-alive connection may idle before it is closed.
-    pub idle_timeout: Duration,
-    /// The most connections one instance keeps open; one more waits in the listen queue.
-    pub max_connections: usize,
-    /// Whether requests without credentials are served while no live API key exists. True for
-    /// a loopback listener (or with `--insecure-no-auth`); false means every request needs a key.
-    pub anonymous_without_keys: bool,
-    /// The most requests one API key may have in flight on one instance; one more is answered
-    /// 429. Requests without a key are bounded by `max_concurrent_requests` alone.
-    pub max_in_flight_per_key: usize,
-    /// The rate one API key may send requests at to one instance, if it is limited.
-    pub rate_limit_per_key: Option<RateLimit>,
-    /// The most bytes of request bodies one instance holds at once, from the moment each is
-    /// announced (or arrives) until it is stored or dropped; a body that would pass it is
-    /// answered 503. Below the largest body a request may send, such a body is never received
-    /// (`snapfence serve` refuses that configuration).
-    pub max_body_bytes_in_flight: usize,
-    /// How long the history of changes is kept for watches to resume in.
-    pub watch_retention: Duration,
-    /// How often an idle watch is sent a comment line, so that it stays open.
-    pub watch_heartbeat: Duration,
-    /// How long one watch stream lasts before the service ends it (the client resumes it
-    /// with `Last-Event-ID`).
-    pub max_watch: Duration,
-    /// The most watch streams one API key may have open on one instance (each also counts
-    /// against `max_in_flight_per_key` while it is open).
-    pub max_watches_per_key: usize,
-    /// The most watch streams one instance serves at once, with or without a key.
-    pub max_watches: usize,
-    /// How long an instance may not answer (frozen) before its waiters are passed over.
-    pub waiter_stall_bound: Duration,
-}
-
-/// A rate limit per API key: a token bucket of `burst` requests, refilled at `per_second`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RateLimit {
-    /// Requests a second, on average; may be below one (0.1 is one every 10 s).
-    pub per_second: f64,
-    /// Requests that may come at once after a quiet spell.
-    pub burst: NonZeroU32,
-}
-
-impl Default for Rules {
-    fn default() -> Self {
-        Self {
-            ttl_bounds: TtlBounds::default(),
-            keep_versions: 10,
-            max_snapshot_bytes: 8 * 1024 * 1024,
-            max_txn_ops: 128,
-            max_txn_prefix_keys: 10_000,
-            audit_retention: Duration::from_secs(30 * 86_400),
-            idempotency_retention: Duration::from_secs(86_400),
-            body_timeout: Duration::from_secs(30),
-            max_wait: Duration::from_millis(snapfence_types::MAX_WAIT_MS as u64),
-            max_concurrent_requests: 1024,
-            max_header_bytes: 16 * 1024,
-            head_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
-            max_connections: 4096,
-            anonymous_without_keys: true,
-            max_in_flight_per_key: 64,
-            rate_limit_per_key: None,
-            max_body_bytes_in_flight: 256 * 1024 * 1024,
-            watch_retention: Duration::from_secs(86_400),
-            watch_heartbeat: Duration::from_secs(10),
-            max_watch: Duration::from_secs(300),
-            max_watches_per_key: 16,
-            max_watches: 1024,
-            waiter_stall_bound: Duration::from_secs(1),
-        }
-    }
-}
-
-/// The state handed to every handler with `with_state`: one `Arc`, since axum clones it for
-/// every middleware layer and handler of every request, and a clone of the parts themselves
-/// (a dozen reference counts, shared by both cores) took ~8 % of the service's time at 32
-/// clients (bench/README.md, sixth pass).
+/// One `Arc`: axum clones the state per layer and handler, and cloning its parts cost ~8 % of CPU.
 #[derive(Debug, Clone)]
 pub struct AppState(Arc<Shared>);
 
@@ -149,8 +44,7 @@ pub struct Shared {
 }
 
 impl AppState {
-    /// State over a pool with the given rules; starts following the API keys, listening for
-    /// waiters' wake-ups and relaying changes, so it must be called within a Tokio runtime.
+    /// Starts following keys, waiters and changes, so it must run within a Tokio runtime.
     pub fn new(db: PgPool, rules: Rules) -> Self {
         let keys = KeyCache::follow(db.clone());
         let db = Db::new(db);

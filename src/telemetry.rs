@@ -13,7 +13,6 @@ pub fn init(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        // Colours for a person at a terminal; a log file or a collector gets plain text.
         .with_ansi(std::io::stderr().is_terminal());
     match format {
         LogFormat::Plain => builder.init(),

@@ -1,5 +1,4 @@
-//! `snapfence audit …`: the log of refused writes and of reconciled recovery records, with the
-//! API's filters.
+//! `snapfence audit …`: the refused writes and reconciled recovery records, with the API's filters.
 
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};

@@ -1,11 +1,5 @@
-//! How the command line describes itself: `--help`, `snapfence completions SHELL` (clap_complete)
-//! and `snapfence man` (clap_mangen), all from the one clap definition of [`Cli`], so none of them
-//! can drift from the flags.
-//!
-//! Options that an environment variable can set keep that support, but `--help` no longer prints
-//! `[env: NAME=]` under each of them (an empty value for every unset variable, on every option):
-//! each command's long help ends with one list of its variables instead. The man pages name the
-//! variable in each option's text, where there is room for it.
+//! `--help`, completions and man pages, all from the one clap definition of [`Cli`], so none
+//! drifts.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -39,8 +33,7 @@ pub fn command() -> clap::Command {
     with_env_listed(Cli::command(), &[])
 }
 
-/// `cmd` and its subcommands with their variables listed once per command. `inherited` are the
-/// global options of the commands above, which clap copies into each subcommand only later.
+/// `cmd` and its subcommands, each listing its variables once.
 fn with_env_listed(cmd: clap::Command, inherited: &[Arg]) -> clap::Command {
     let mut reach: Vec<Arg> = inherited.to_vec();
     reach.extend(cmd.get_arguments().cloned());
@@ -73,7 +66,7 @@ fn with_env_listed(cmd: clap::Command, inherited: &[Arg]) -> clap::Command {
 pub fn completions(args: &CompletionsArgs) -> Exit {
     let mut cmd = command();
     let name = cmd.get_name().to_owned();
-    // Made in memory first: clap_complete panics when it cannot write.
+    // clap_complete panics when it cannot write, so write to memory first.
     let mut script = Vec::new();
     clap_complete::generate(args.shell, &mut cmd, name, &mut script);
     match to_stdout(&script) {
@@ -113,8 +106,7 @@ pub fn man(args: &ManArgs) -> Exit {
     }
 }
 
-/// Writes `bytes` to stdout. A reader that stopped reading (`| head`) is no failure: it has
-/// what it wanted.
+/// Writes to stdout; a reader that stopped (`| head`) is no failure.
 fn to_stdout(bytes: &[u8]) -> std::io::Result<()> {
     match std::io::stdout().lock().write_all(bytes) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
@@ -126,7 +118,6 @@ fn to_stdout(bytes: &[u8]) -> std::io::Result<()> {
 mod tests {
     use super::command;
 
-    /// The long help of the command at `path` (`["lease", "acquire"]`).
     fn long_help(path: &[&str]) -> String {
         let mut cmd = command();
         cmd.build();

@@ -1,5 +1,4 @@
-//! The exit codes of `snapfence`: one per outcome a script may want to tell apart, and the one
-//! mapping from client errors to them. The table of docs/cli.md and `snapfence --help` mirror
+//! The exit codes of `snapfence`, one per outcome a script may tell apart; docs/cli.md mirrors
 //! [`EXIT_CODES`].
 
 use std::process::ExitCode;
@@ -106,7 +105,6 @@ impl From<Exit> for ExitCode {
 mod tests {
     use super::EXIT_CODES;
 
-    /// Words only: the table's pipes and the help's columns and line breaks aside.
     fn words(text: &str) -> String {
         text.split(|c: char| c.is_whitespace() || c == '|')
             .filter(|w| !w.is_empty())

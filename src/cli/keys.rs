@@ -1,7 +1,5 @@
-//! `snapfence keys create|list|revoke`: API keys, managed straight in the database (the first
-//! key cannot be made through an API that needs one). The database is `--database-url`, or the
-//! embedded cluster of `--data-dir`: the running service's if it is up, else started for the call
-//! and stopped after it.
+//! `snapfence keys …`: API keys managed in the database itself, since the first cannot come through
+//! the API.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -78,9 +76,7 @@ pub fn main(args: KeysArgs, output: Output) -> ExitCode {
 }
 
 async fn run(args: KeysArgs, output: Output) -> Result<Exit, String> {
-    // Only `create` may make the service's database (so that the first key can exist before
-    // the service is ever started on a public address); `list` and `revoke` pointed at the
-    // wrong place say so instead of answering from an empty, new database.
+    // Only `create` may make the database, so the first key can exist before the service starts.
     let may_make = matches!(args.command, KeysCommand::Create { .. });
     let place = match &args.database_url {
         Some(_) => "the database of DATABASE_URL".to_string(),
@@ -125,7 +121,6 @@ async fn run(args: KeysArgs, output: Output) -> Result<Exit, String> {
     let pool = store::pool(
         options,
         &DbSettings {
-            // One for the statements, one listening for the instances' confirmations.
             pool_size: 2,
             ..DbSettings::default()
         },
@@ -234,7 +229,6 @@ async fn act(pool: &sqlx::PgPool, command: KeysCommand, output: Output) -> Resul
     Ok(Exit::Success)
 }
 
-/// How long `create` and `revoke` wait for the running instances to confirm the change.
 const CONFIRM_WITHIN: Duration = Duration::from_secs(5);
 
 async fn listen(pool: &sqlx::PgPool) -> Result<keys::Confirmations, String> {
@@ -243,8 +237,7 @@ async fn listen(pool: &sqlx::PgPool) -> Result<keys::Confirmations, String> {
         .map_err(|e| format!("cannot listen for the instances' confirmations: {e}"))
 }
 
-/// Waits until the running instances have applied `change`, and says on stderr whether every
-/// one did; the change itself has committed whatever this says.
+/// Waits for the running instances to apply `change` and says on stderr whether all did.
 async fn confirm(confirmations: keys::Confirmations, change: keys::Change, done: &str) {
     match confirmations.wait(change, CONFIRM_WITHIN).await {
         Ok(c) if c.following == 0 => eprintln!(

@@ -228,7 +228,6 @@ pub async fn main(ctx: &Ctx, command: LeaseCommand) -> Exit {
     }
 }
 
-/// The fenced calls that end or mark a lease and answer nothing.
 #[derive(Debug, Clone, Copy)]
 enum Ending {
     Release,

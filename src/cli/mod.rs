@@ -1,8 +1,7 @@
-//! The `snapfence` command line: `serve` runs the service; `lease`, `snapshot`, `audit` and
-//! `watch` call it through [`snapfence_client`]; `run` runs a command under a lease;
-//! `completions` and `man` describe the command line itself. Answers go to stdout (a table, or
-//! the contract's JSON with `--output json`, which also prints a failed call's problem details
-//! there), errors and progress to stderr, and the exit code tells the outcome apart ([`exit`]).
+//! The `snapfence` command line: `serve` runs the service, the client commands call it through
+//! [`snapfence_client`], `run` runs a command under a lease. Answers go to stdout (a table, or the
+//! contract's JSON with `--output json`), errors to stderr, and the exit code tells outcomes apart
+//! ([`exit`]).
 
 mod audit;
 mod describe;
@@ -115,12 +114,10 @@ pub enum ClientCommand {
     Watch(watch::WatchArgs),
 }
 
-/// What every client subcommand needs.
 pub(crate) struct Ctx {
     client: Client,
     output: Output,
-    /// How to reach the same server, for the environment of the command `run` starts, so that
-    /// its own `snapfence` calls work as `run`'s do.
+    /// How `run`'s command reaches the same server with its own `snapfence` calls.
     reach: Reach,
 }
 
@@ -128,8 +125,8 @@ pub(crate) struct Ctx {
 pub type Reach = Vec<(&'static str, OsString)>;
 
 impl Ctx {
-    /// Prints what went wrong and what to do next on stderr and, with `--output json`, the
-    /// problem details on stdout; returns the exit code for it.
+    /// Prints what went wrong and what to do next (with `--output json`, the problem on stdout);
+    /// the exit code.
     fn fail(&self, e: &Error, check: Option<&str>) -> Exit {
         if self.output == Output::Json {
             output::print_json(&output::problem(self.client.base_url(), e, check));
@@ -203,7 +200,7 @@ pub fn client_of(global: &Global) -> Result<(Client, Reach), String> {
     Ok((client, reach))
 }
 
-/// `USER@HOST`, the owner of a lease when none is given, so that `lease_held` says who.
+/// The default owner, so that `lease_held` says who.
 fn default_owner() -> Owner {
     let user = std::env::var("USER")
         .ok()
@@ -224,7 +221,6 @@ fn default_owner() -> Owner {
         .unwrap_or_else(|_| Owner::parse("snapfence").expect("a valid owner"))
 }
 
-/// Value parsers for the arguments whose domain type has no `FromStr` of its own.
 mod parse {
     use chrono::{DateTime, Utc};
 
@@ -277,8 +273,7 @@ mod parse {
         EntityTagCondition::parse(raw)
     }
 
-    /// A duration as the command line writes them: a number and a unit, such as `30s`, `1m`,
-    /// `1h30m` or `500ms`.
+    /// A duration such as `30s`, `1h30m` or `500ms`.
     pub fn duration(raw: &str) -> Result<std::time::Duration, InvalidInput> {
         humantime::parse_duration(raw).map_err(|_| {
             InvalidInput::new(
@@ -287,9 +282,8 @@ mod parse {
         })
     }
 
-    /// A lease's time to live: a [`duration`] of at least a millisecond. The server has its own
-    /// bounds (`serve --min-ttl`, `--max-ttl`: 100ms and 24h by default) and says them when a
-    /// TTL is outside.
+    /// A lease TTL: at least a millisecond; the server says its own bounds when one is outside
+    /// them.
     pub fn ttl(raw: &str) -> Result<std::time::Duration, InvalidInput> {
         let ttl = duration(raw)?;
         if ttl < std::time::Duration::from_millis(1) {
@@ -326,7 +320,6 @@ mod parse {
     }
 }
 
-/// The runtime of a one-shot command; failing to make one is reported and is a plain failure.
 pub(crate) fn current_thread_runtime() -> Result<tokio::runtime::Runtime, Exit> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -1,6 +1,5 @@
-//! How commands print: answers to stdout as a table for people or as the contract's JSON for
-//! scripts; errors, progress and hints to stderr, always as text, and with `--output json` a
-//! failed call's problem details on stdout as well, so that a script reads JSON either way.
+//! How commands print: answers on stdout as a table or the contract's JSON, errors on stderr (and,
+//! with `--output json`, the problem on stdout too).
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -165,7 +164,6 @@ pub fn message(url: &str, e: &Error, check: Option<&str>) -> String {
             format!("{e}. Is {url} a snapfence server? Check --url (or SNAPFENCE_URL)")
         }
         coded => {
-            // The server's detail names the HTTP way to go on; say the CLI's where it differs.
             let cli_way = match coded {
                 Error::RecoveryRequired { .. } => {
                     ". With this CLI: `snapfence lease acquire KEY --reconciled` (or `snapfence run --reconciled`)"
@@ -263,13 +261,10 @@ pub fn problem(url: &str, e: &Error, check: Option<&str>) -> Problem {
     problem
 }
 
-/// A server's detail that is written in the API's terms (its fields, headers and methods), said
-/// in the command line's: `--ttl 1ms` rather than `ttl_ms 1`, `snapshot put` rather than `PUT`.
-/// `None` keeps the server's words.
+/// A server detail in the API's terms said in the CLI's (`--ttl 1ms` rather than `ttl_ms 1`).
 fn in_cli_terms(e: &Error) -> Option<String> {
     match e {
         Error::InvalidRequest { detail } => {
-            // "ttl_ms N is out of bounds; this server accepts MIN..=MAX milliseconds"
             let rest = detail.strip_prefix("ttl_ms ")?;
             let (ttl, rest) = rest.split_once(" is out of bounds; this server accepts ")?;
             let (min, max) = rest.strip_suffix(" milliseconds")?.split_once("..=")?;
@@ -295,8 +290,7 @@ fn in_cli_terms(e: &Error) -> Option<String> {
     }
 }
 
-/// A duration as `--ttl` takes it, in whole hours, minutes, seconds and milliseconds: `24h`,
-/// `1m30s`, `100ms`.
+/// A duration as `--ttl` takes it: `24h`, `1m30s`, `100ms`.
 fn short_duration(d: Duration) -> String {
     let mut left = d.as_millis();
     let mut text = String::new();
@@ -313,8 +307,7 @@ fn short_duration(d: Duration) -> String {
     }
 }
 
-/// The chain of causes of a transport error, innermost last: reqwest's own message names only
-/// the URL, the cause ("Connection refused") is further down.
+/// A transport error's causes, innermost last: reqwest's message names only the URL.
 fn causes(e: &dyn std::error::Error) -> String {
     let mut parts = vec![e.to_string()];
     let mut cause = e.source();

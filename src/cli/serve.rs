@@ -1,5 +1,5 @@
-//! `snapfence serve`: start (or adopt) the database, migrate, serve until SIGTERM or SIGINT,
-//! finish the requests in flight, stop the embedded database.
+//! `snapfence serve`: start or adopt the database, migrate, serve until SIGTERM or SIGINT, then
+//! drain.
 
 use std::process::ExitCode;
 use std::str::FromStr;
@@ -14,7 +14,6 @@ use crate::embedded::{EmbeddedPostgres, Settings};
 use crate::state::AppState;
 use crate::{store, telemetry};
 
-/// The database the embedded cluster keeps the service's tables in.
 pub(super) const EMBEDDED_DATABASE: &str = "snapfence";
 
 /// Runs the service; the exit code is 0 after a clean shutdown, 1 when it could not start.
@@ -31,7 +30,6 @@ pub fn main(config: ServeConfig) -> ExitCode {
     match runtime.block_on(serve(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
-            // Once: the log and this message both go to stderr. A JSON log keeps it a JSON line.
             match log_format {
                 LogFormat::Plain => eprintln!("snapfence: {message}"),
                 LogFormat::Json => tracing::error!("{message}"),
@@ -132,8 +130,7 @@ async fn serve_on(config: &ServeConfig, options: PgConnectOptions) -> Result<(),
     Ok(())
 }
 
-/// Where a browser on this machine opens the operator page: the listen address, with loopback
-/// for an unspecified one (`0.0.0.0`, `[::]`), which no browser can open.
+/// The operator page's URL for a browser here: loopback for an unspecified listen address.
 fn ui_url(listen: std::net::SocketAddr, tls: bool) -> String {
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
     let ip = match listen.ip() {
@@ -145,21 +142,16 @@ fn ui_url(listen: std::net::SocketAddr, tls: bool) -> String {
     format!("{scheme}://{}/ui", SocketAddr::new(ip, listen.port()))
 }
 
-/// Files an instance keeps open besides its connections and its database pools: the runtime's,
-/// the logs, the embedded cluster's pipes, a TLS key being reloaded. Generous, since running out
-/// of files would fail the next database connection, not only the next client.
+/// Files an instance keeps open besides connections and pools (runtime, logs, pipes, TLS).
 const OTHER_FILES: u64 = 128;
 
-/// Raises the soft limit on open files to the hard one, as Go's runtime does at start: every
-/// connection is a file, and the usual soft limit (1024) is below the default
-/// `--max-connections`. Returns the cap on connections that leaves room for everything else
-/// within the limit, with a warning when that is below `--max-connections`.
+/// Raises the soft open-files limit to the hard one, as Go does: every connection is a file.
 fn connections_within_file_limit(config: &ServeConfig, wanted: usize) -> usize {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
         return wanted;
     };
-    // Linux refuses an unlimited soft limit on files; 2^20 is its usual ceiling (nr_open).
+    // Linux refuses an unlimited soft limit; 2^20 is its usual ceiling.
     let raised = hard.min(1 << 20);
     let files = if raised > soft && setrlimit(Resource::RLIMIT_NOFILE, raised, hard).is_ok() {
         raised
@@ -179,13 +171,11 @@ fn connections_within_file_limit(config: &ServeConfig, wanted: usize) -> usize {
     allowed
 }
 
-/// The connections that fit in `files` open files once `reserve` are set aside; at least one.
 fn connections_allowed(files: u64, reserve: u64, wanted: usize) -> usize {
     let room = usize::try_from(files.saturating_sub(reserve)).unwrap_or(usize::MAX);
     wanted.min(room).max(1)
 }
 
-/// Resolves on SIGTERM or SIGINT.
 async fn shutdown_signal() {
     let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
@@ -195,8 +185,7 @@ async fn shutdown_signal() {
     }
 }
 
-/// Refuses to serve a non-loopback address with no way to authenticate: with no live API key,
-/// every request there would be anonymous. `--insecure-no-auth` overrides, loudly.
+/// Refuses a non-loopback address with no live API key unless `--insecure-no-auth`.
 async fn check_exposure(config: &ServeConfig, pool: &sqlx::PgPool) -> Result<(), String> {
     if config.listen.ip().is_loopback() {
         return Ok(());

@@ -1,5 +1,4 @@
-//! `snapfence snapshot …`: fenced writes and deletes from files or stdin, reads to files or
-//! stdout, and the retained versions.
+//! `snapfence snapshot …`: fenced writes and deletes, reads, and the retained versions.
 
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
@@ -277,8 +276,7 @@ pub async fn main(ctx: &Ctx, command: SnapshotCommand) -> Exit {
     }
 }
 
-/// The body of a put, whole: a retried attempt must send the same bytes, and the server bounds
-/// the size anyway.
+/// The whole body of a put: a retry must send the same bytes.
 fn read_body(file: Option<&PathBuf>) -> Result<Vec<u8>, String> {
     match file {
         Some(path) => {

@@ -1,5 +1,4 @@
-//! `snapfence txn`: a transaction (v1.3) of puts, deletes and prefix deletes under one lease's
-//! fence, read as JSON (`{"ops": [...]}` or an array of ops) or as JSON lines, one op a line.
+//! `snapfence txn`: a transaction (v1.3) under one lease's fence, read as JSON or JSON lines.
 
 use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
@@ -31,7 +30,6 @@ pub struct TxnArgs {
     pub file: Option<PathBuf>,
 }
 
-/// One op as the command reads it.
 #[derive(Debug, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 enum OpLine {
@@ -58,7 +56,6 @@ enum OpLine {
     },
 }
 
-/// The whole-document forms of the input.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 enum Document {
@@ -107,7 +104,6 @@ fn read(file: Option<&PathBuf>) -> Result<String, String> {
     }
 }
 
-/// The ops of a document or of JSON lines.
 fn ops_of(text: &str) -> Result<Vec<TxnOp>, String> {
     let lines: Vec<OpLine> = match serde_json::from_str::<Document>(text) {
         Ok(Document::Ops { ops } | Document::List(ops)) => ops,

@@ -1,6 +1,5 @@
-//! `snapfence watch`: the changes to keys, one line each, as they commit. It follows the
-//! client's resuming watch, so a server that ends the stream or a connection that breaks costs
-//! no line and repeats none.
+//! `snapfence watch`: changes one line each, resuming after a broken stream without losing or
+//! repeating one.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -30,8 +29,7 @@ pub struct WatchArgs {
 
 /// Runs `snapfence watch`.
 pub async fn main(ctx: &Ctx, args: WatchArgs) -> Exit {
-    // Ctrl-C or SIGTERM is how a watch without --count ends: an ordinary end, after a whole
-    // line.
+    // Ctrl-C or SIGTERM ends a watch without --count normally, after a whole line.
     let (mut interrupt, mut terminate) = match (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
@@ -60,7 +58,6 @@ pub async fn main(ctx: &Ctx, args: WatchArgs) -> Exit {
                     Output::Json => serde_json::to_string(&change).expect("changes serialize"),
                     Output::Table => text(&change),
                 };
-                // A reader that went away (`| head`) ends the watch as Ctrl-C does.
                 if writeln!(std::io::stdout(), "{line}").is_err() {
                     return Exit::Success;
                 }
@@ -120,7 +117,7 @@ pub fn text(change: &ChangeEvent) -> String {
     line
 }
 
-/// `s` as it is, or as a JSON string when splitting a line on spaces and `=` would cut it.
+/// `s`, or a JSON string when splitting on spaces and `=` would cut it.
 fn word(s: &str) -> String {
     let plain = !s.is_empty()
         && !s

@@ -1,25 +1,15 @@
-//! The answers hyper sends by itself, made problem+json with an `x-request-id`.
-//!
-//! hyper answers a request head it cannot take (a malformed request line or header, a
-//! conflicting `Content-Length`, a head over its buffer, a target over 65534 bytes) before any
-//! service sees it, with a bare status (`connection: close`, `content-length: 0`) and no way to
-//! change it. The connection's stream recognises that answer as hyper writes it, and sends the
-//! contract's problem in its place. The size limits hyper enforces are set above the service's
-//! own ([`super::tune`]), so this is only for what no service could have answered, and for
-//! the number of header fields ([`super::MAX_HEADER_FIELDS`]), which hyper alone counts.
+//! hyper's bare answers to heads it cannot take, recognised as written and replaced with
+//! problem+json.
 
 use axum::http::StatusCode;
 
 use crate::domain::headers::{PROBLEM_JSON, REQUEST_ID};
 use crate::http::error::ApiError;
 
-/// The longest answer of hyper's own: a status line and three short headers.
 pub(super) const LONGEST: usize = 256;
 
-/// The target length over which hyper answers `414` by itself.
 const HYPER_MAX_URI: usize = u16::MAX as usize - 1;
 
-/// An answer of hyper's own, as it wrote it.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) struct HyperAnswer<'a> {
     status_line: &'a str,
@@ -27,9 +17,7 @@ pub(super) struct HyperAnswer<'a> {
     date: Option<&'a str>,
 }
 
-/// The answer hyper writes for a head it refused, if `bytes` are exactly that: a `400`, `414`
-/// or `431` status line and nothing but `connection: close`, `content-length: 0` and `date`.
-/// Every answer of the service has an `x-request-id` and a body, so none is taken for one.
+/// The answer hyper writes for a refused head, if `bytes` are exactly that.
 pub(super) fn recognise(bytes: &[u8]) -> Option<HyperAnswer<'_>> {
     let text = std::str::from_utf8(bytes).ok()?.strip_suffix("\r\n\r\n")?;
     let mut lines = text.split("\r\n");
@@ -58,8 +46,6 @@ pub(super) fn recognise(bytes: &[u8]) -> Option<HyperAnswer<'_>> {
     })
 }
 
-/// What the service says instead of a bare answer of hyper's: the limits in it are hyper's,
-/// which [`super::tune`] derived from the service's.
 fn error_for(answer: &HyperAnswer<'_>, head: &super::HeadLimits) -> ApiError {
     match answer.status {
         StatusCode::URI_TOO_LONG => ApiError::UriTooLong {
@@ -79,8 +65,6 @@ fn error_for(answer: &HyperAnswer<'_>, head: &super::HeadLimits) -> ApiError {
     }
 }
 
-/// The problem+json answer, with a fresh request id, that replaces hyper's bare one; it closes
-/// the connection as hyper's did.
 pub(super) fn replacement(answer: &HyperAnswer<'_>, head: &super::HeadLimits) -> Vec<u8> {
     let error = error_for(answer, head);
     let request_id = uuid::Uuid::new_v4().to_string();

@@ -1,10 +1,5 @@
-//! The two clocks of a connection: the head timeout (a request's head must have arrived within
-//! it) and the idle timeout (a keep-alive connection with nothing to do is closed after it).
-//!
-//! hyper's own `header_read_timeout` cannot be both: hyper arms it the moment a keep-alive
-//! connection goes idle, so an idle connection would be closed at the head timeout and the
-//! longer idle timeout could never be reached. These clocks tell the two apart by what the
-//! connection is doing.
+//! A connection's head timeout and idle timeout. hyper's `header_read_timeout` cannot be both: it
+//! arms when a keep-alive connection goes idle, so the longer idle timeout could never be reached.
 
 use std::io;
 use std::pin::Pin;
@@ -13,33 +8,25 @@ use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
 
-/// What a connection is doing, as far as its clocks are concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    /// Waiting for a request's head: since the accept, or since the first byte of the next
-    /// request on a keep-alive connection. The head timeout runs.
+    /// Waiting for a request's head, since the accept or the next request's first byte.
     Head,
-    /// At least one request is in flight: no clock runs (the body timeout and the database's
-    /// bound the request itself).
+    /// A request is in flight: no clock runs (the body timeout and database bound cover it).
     Busy,
-    /// No request in flight: the idle timeout runs from the last byte sent (the tail of the
-    /// last answer may still be on its way to a slow reader) or received.
+    /// No request in flight: the idle timeout runs from the last byte sent or received.
     Idle,
 }
 
-/// The clocks of one connection, driven by its reads and writes.
 pub(super) struct Deadlines {
     head: Duration,
     idle: Duration,
     phase: Phase,
-    /// How many requests had begun at the last observation: one may begin and be answered
-    /// between two reads, unseen as in flight.
     begun: u64,
     timer: Pin<Box<Sleep>>,
 }
 
 impl Deadlines {
-    /// The clocks of a connection accepted at `accepted`: its first head is due `head` later.
     pub(super) fn new(accepted: Instant, head: Duration, idle: Duration) -> Self {
         Self {
             head,
@@ -50,8 +37,6 @@ impl Deadlines {
         }
     }
 
-    /// Takes note, before each read and write, of whether a request is in flight and of how
-    /// many have begun on the connection.
     pub(super) fn observe(&mut self, busy: bool, begun: u64) {
         let answered_unseen = begun != self.begun;
         self.begun = begun;
@@ -63,10 +48,8 @@ impl Deadlines {
         }
     }
 
-    /// Bytes arrived. On an idle HTTP/1 connection they begin the next request's head, whose
-    /// clock starts now and is not moved by later bytes (a head sent a byte at a time is still
-    /// due on time). On HTTP/2, bytes between requests are frames of the connection (pings,
-    /// settings), which only show it is alive.
+    /// Bytes arrived: on an idle HTTP/1 connection they start a head, whose clock later bytes do
+    /// not move.
     pub(super) fn received(&mut self, http2: bool) {
         match (self.phase, http2) {
             (Phase::Idle, false) => self.enter(Phase::Head),
@@ -75,15 +58,12 @@ impl Deadlines {
         }
     }
 
-    /// Bytes were sent: an idle connection still delivering an answer is not idle yet.
     pub(super) fn sent(&mut self) {
         if self.phase == Phase::Idle {
             self.enter(Phase::Idle);
         }
     }
 
-    /// Ready with the error that closes the connection once the running clock has passed;
-    /// otherwise pending, with the task woken when it passes.
     pub(super) fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
         if self.phase == Phase::Busy {
             return Poll::Pending;

@@ -1,14 +1,6 @@
-//! Connections, below the requests: the cap on open connections, the head and idle timeouts,
-//! hyper's limits set above the service's, and hyper's own answers made problem+json.
-//!
-//! The pieces, in the order a connection meets them: [`Listener`] accepts only while fewer than
-//! `max_connections` are open (one more waits in the kernel's listen queue, as with Go's
-//! `netutil.LimitListener` or nginx at `worker_connections`, rather than being accepted and
-//! closed: a client that waits is served, one that is closed must retry); [`Acceptor`] wraps
-//! the stream (after the TLS handshake, when there is one) in a [`Watched`] that runs the
-//! clocks of `deadline.rs`, replaces hyper's bare answers (`answer.rs`) and writes in records
-//! that end between the events of a stream (`record.rs`), and the service in a [`Tracked`] that
-//! tells the stream when requests are in flight.
+//! Connections, below the requests: the cap on open connections (one more waits in the listen
+//! queue, as with nginx), the head and idle timeouts, hyper's limits set above the service's, and
+//! hyper's own answers made problem+json.
 
 mod answer;
 mod deadline;
@@ -33,13 +25,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::http::MAX_URI_BYTES;
-use crate::state::Rules;
+use crate::rules::Rules;
 use deadline::Deadlines;
 use record::Records;
 pub use record::Transport;
 
-/// A client's address, as the [`Listener`] hands it over (a type of its own, since axum-server
-/// names a listener by the address type it yields).
+/// A client's address as [`Listener`] hands it over (axum-server names a listener by it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Peer(pub SocketAddr);
 
@@ -48,14 +39,13 @@ impl Address for Peer {
     type Listener = Listener;
 }
 
-/// Handlers see a client's address as `ConnectInfo<SocketAddr>`, as with a plain listener.
 impl Connected<Peer> for SocketAddr {
     fn connect_info(peer: Peer) -> Self {
         peer.0
     }
 }
 
-/// An accepted connection and its place under the cap, which it gives back when dropped.
+/// An accepted connection and its place under the cap, given back when dropped.
 pub struct Admitted {
     stream: TcpStream,
     slot: OwnedSemaphorePermit,
@@ -80,8 +70,6 @@ impl Listener {
 
 impl AddrListener<Admitted, Peer> for Listener {
     async fn bind_to(_: Peer) -> io::Result<Self> {
-        // axum-server binds only a `Server::bind`, which `crate::run` never uses: it serves a
-        // listener the caller bound, so that tests can bind port 0.
         Err(io::Error::new(
             io::ErrorKind::Unsupported,
             "bind a TcpListener and wrap it in conn::Listener",
@@ -89,8 +77,7 @@ impl AddrListener<Admitted, Peer> for Listener {
     }
 
     async fn accept_stream(&self) -> io::Result<(Admitted, Peer)> {
-        // The slot comes first: while none is free, nothing is accepted, and connections
-        // wait in the kernel's listen queue.
+        // While no slot is free nothing is accepted; connections wait in the listen queue.
         let slot = Arc::clone(&self.slots)
             .acquire_owned()
             .await
@@ -109,27 +96,18 @@ impl AddrListener<Admitted, Peer> for Listener {
     }
 }
 
-/// The most header fields a request may have; more is answered `431`, as Apache's
-/// `LimitRequestFields` and hyper's own default do. Not derived from `--max-header-bytes` on
-/// purpose: hyper parses a head into arrays of this many fields, on the stack up to 100 and on
-/// the heap above it, for every request. At the 3,277 fields that 16 KiB of the smallest fields
-/// would take, those arrays were 150 KiB allocated, filled and freed per request, a quarter of
-/// the service's CPU through a run of small reads (bench/README.md).
+/// The most header fields (more is `431`). Not derived from `--max-header-bytes`: hyper allocates
+/// arrays of this many per request, and 3,277 cost a quarter of the CPU of small reads.
 pub const MAX_HEADER_FIELDS: usize = 100;
 
-/// The limits hyper enforces on a request head: its buffer derived from the service's limits,
-/// so that hyper refuses by size only what the service would refuse too (and the service
-/// answers everything below), and the number of fields, which is the service's own limit.
+/// Hyper's head limits, set so it refuses by size only what the service would.
 #[derive(Debug, Clone, Copy)]
 pub struct HeadLimits {
-    /// hyper's read buffer, which bounds a head: twice the service's target and header limits
-    /// together, so that whitespace around header values (not counted by the service) still
-    /// fits. At least hyper's minimum of 8192.
+    /// hyper's read buffer: twice the target and header limits (whitespace is not counted).
     pub buffer_bytes: usize,
     /// hyper's limit on header fields: [`MAX_HEADER_FIELDS`].
     pub fields: usize,
-    /// hyper's limit on an HTTP/2 header list, which counts 32 bytes more per field than the
-    /// service does.
+    /// hyper's HTTP/2 header list limit, which counts 32 bytes more per field.
     pub http2_list_bytes: u32,
 }
 
@@ -145,9 +123,7 @@ impl HeadLimits {
     }
 }
 
-/// Sets hyper's limits above the service's ([`HeadLimits`]). hyper's `header_read_timeout` is
-/// left off: [`Watched`] runs the head timeout, since hyper's would also close idle
-/// keep-alive connections at it.
+/// Sets hyper's limits above the service's; the head timeout is [`Watched`]'s.
 pub fn tune<A>(server: &mut Server<Peer, A>, rules: &Rules) {
     let head = HeadLimits::for_rules(rules);
     let builder = server.http_builder();
@@ -159,22 +135,14 @@ pub fn tune<A>(server: &mut Server<Peer, A>, rules: &Rules) {
     builder.http2().max_header_list_size(head.http2_list_bytes);
 }
 
-/// What a connection's stream and its service share.
 #[derive(Default)]
 struct Activity {
-    /// Requests begun and not yet answered.
     in_flight: AtomicUsize,
-    /// Requests begun on the connection so far.
     begun: AtomicU64,
-    /// Bytes arrived while no request was in flight and no request has begun since: hyper is
-    /// reading a head, and if it writes before a request begins, it is refusing that head.
     head_unanswered: AtomicBool,
-    /// The connection's task, woken when the last request in flight is answered, so that the
-    /// stream starts the idle clock.
     reader: AtomicWaker,
 }
 
-/// A request in flight on a connection, for as long as this lives.
 struct InFlight(Arc<Activity>);
 
 impl InFlight {
@@ -194,8 +162,7 @@ impl Drop for InFlight {
     }
 }
 
-/// A connection's service, counting its requests in flight from the call until the answer is
-/// handed to hyper (or the request is dropped, when its client goes away).
+/// Counts a connection's requests in flight until hyper has the answer.
 #[derive(Clone)]
 pub struct Tracked<S> {
     inner: S,
@@ -226,7 +193,6 @@ where
     }
 }
 
-/// The limits of one connection, as an [`Acceptor`] hands them to each.
 #[derive(Debug, Clone, Copy)]
 struct Limits {
     head: HeadLimits,
@@ -234,8 +200,7 @@ struct Limits {
     idle_timeout: Duration,
 }
 
-/// Wraps each accepted connection (after `inner`, the TLS handshake or nothing) in a
-/// [`Watched`] stream and its service in a [`Tracked`] one.
+/// Wraps each connection in [`Watched`] and its service in [`Tracked`].
 #[derive(Debug, Clone)]
 pub struct Acceptor<A> {
     inner: A,
@@ -295,24 +260,18 @@ where
     }
 }
 
-/// A connection's stream: closes it when its head or idle clock passes (`deadline.rs`),
-/// replaces hyper's own answers (`answer.rs`), writes in records (`record.rs`), and holds the
-/// connection's slot under the cap.
+/// A connection's stream: its clocks, replaced answers, records, and slot under the cap.
 pub struct Watched<S> {
     inner: S,
     activity: Arc<Activity>,
     deadlines: Deadlines,
-    /// Whether the client speaks HTTP/2, known from its first bytes.
     http2: Option<bool>,
     head: HeadLimits,
-    /// The answer written in place of hyper's, and how much of it is sent.
     replacing: Option<(Vec<u8>, usize)>,
     records: Records,
     _slot: OwnedSemaphorePermit,
 }
 
-/// The start of HTTP/2's connection preface, which an HTTP/2 client sends first (over TLS as
-/// well as in the clear).
 const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
 impl<S: Transport> Watched<S> {
@@ -320,17 +279,14 @@ impl<S: Transport> Watched<S> {
         self.activity.in_flight.load(Ordering::Acquire) > 0
     }
 
-    /// Lets the clocks see what the connection's requests did since the last look; returns
-    /// whether one is in flight.
     fn observe(&mut self) -> bool {
-        // In this order: a request that begins between the two loads is seen as in flight.
+        // In this order, a request beginning between the loads counts as in flight.
         let begun = self.activity.begun.load(Ordering::Acquire);
         let busy = self.busy();
         self.deadlines.observe(busy, begun);
         busy
     }
 
-    /// Sends what is left of a replacement answer; ready once all of it is sent.
     fn poll_replacement(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while let Some((bytes, sent)) = &mut self.replacing {
             if *sent == bytes.len() {
@@ -345,7 +301,6 @@ impl<S: Transport> Watched<S> {
         Poll::Ready(Ok(()))
     }
 
-    /// Writes the next record of `bufs` (`record.rs`).
     fn poll_write_records(
         &mut self,
         cx: &mut Context<'_>,
@@ -365,8 +320,6 @@ impl<S: Transport> Watched<S> {
         Poll::Ready(Ok(written))
     }
 
-    /// Takes `bytes` as written when they are hyper's own answer to a head it refused, and
-    /// starts sending the service's answer in their place.
     fn replace(&mut self, cx: &mut Context<'_>, bytes: &[u8]) -> Option<io::Result<usize>> {
         let head_unanswered = self.activity.head_unanswered.load(Ordering::Acquire);
         if self.http2 == Some(true) || !head_unanswered || self.busy() {
@@ -374,7 +327,6 @@ impl<S: Transport> Watched<S> {
         }
         let answer = answer::recognise(bytes)?;
         self.replacing = Some((answer::replacement(&answer, &self.head), 0));
-        // What cannot be sent now is sent by the flush and the shutdown hyper does next.
         match self.poll_replacement(cx) {
             Poll::Ready(Err(e)) => Some(Err(e)),
             Poll::Ready(Ok(())) | Poll::Pending => Some(Ok(bytes.len())),
@@ -389,7 +341,7 @@ impl<S: Transport> AsyncRead for Watched<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        // Registered before `busy` is read, so that an answer handed over in between wakes us.
+        // Registered before `busy` is read, so an answer handed over in between wakes us.
         this.activity.reader.register(cx.waker());
         let busy = this.observe();
         let before = buf.filled().len();

@@ -1,14 +1,6 @@
-//! Writes the kernel takes whole or not at all, one event of a watch stream each, so that the
-//! idle cut of a stream whose client stopped reading (`deadline.rs`) ends it between two events,
-//! never inside one.
-//!
-//! Linux's TCP copies a write onto the tail of its send queue and checks for room only before it
-//! starts another segment buffer: a plain write into a nearly full queue is taken in part, and a
-//! connection closed then leaves half an event queued, which its client reads once it reads
-//! again. A write sent with `MSG_EOR` ends its segment buffer, so the next write starts a new
-//! one and is refused whole (`EAGAIN`) when the queue has no room; one of at most a segment
-//! (the MSS, less the options a segment may carry) goes into that one buffer whole. [`Records`]
-//! cuts what hyper writes into such records, each ending where an event ends.
+//! Writes the kernel takes whole or not at all, one watch event each, so the idle cut of a stalled
+//! stream falls between events. A write with `MSG_EOR` ends its segment buffer, so the next is
+//! refused whole (`EAGAIN`) when there is no room.
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
@@ -18,20 +10,15 @@ use socket2::SockRef;
 use tokio::io::{AsyncRead, AsyncWrite, Interest};
 use tokio::net::TcpStream;
 
-/// Where an event of a stream ends, as hyper writes it over HTTP/1.1: the blank line that ends
-/// its SSE block, then the CRLF that ends its chunk (each event is one chunk). A body that is
-/// no stream may hold these bytes too; cutting it there costs it only a segment boundary.
+/// Where an event ends over HTTP/1.1: the SSE blank line, then the chunk's CRLF.
 const EVENT_END: &[u8; 4] = b"\n\n\r\n";
 
-/// How far into a write event ends are looked for: far enough for any event (at most about
-/// 1.2 KB: a 512-byte key, a 256-byte owner), so that a large body with none is not read twice.
+/// How far into a write event ends are looked for: beyond any event (~1.2 KB).
 const SCAN_BYTES: usize = 64 * 1024;
 
-/// A connection's byte stream, able to write a record that its client gets whole or not at all
-/// when the connection is closed before the client reads it.
+/// A connection's byte stream that can write a record its client gets whole or not at all.
 pub trait Transport: AsyncRead + AsyncWrite + Unpin {
-    /// Writes a prefix of `bufs`, at most [`Transport::record_bytes`] long unless the first
-    /// buffer's bytes up to the first event end are longer, as one record.
+    /// Writes a prefix of `bufs` as one record (see [`Transport::record_bytes`]).
     fn poll_write_record(
         &mut self,
         cx: &mut Context<'_>,
@@ -61,8 +48,7 @@ impl Transport for TcpStream {
     }
 
     fn record_bytes(&self) -> usize {
-        // A segment's own options (SACK blocks) take up to 40 bytes of the MSS the socket
-        // reports, which leaves that much less for data.
+        // SACK blocks take up to 40 bytes of the reported MSS.
         const OPTIONS: usize = 40;
         const MIN_MSS: usize = 536;
         let mss = SockRef::from(self)
@@ -72,9 +58,7 @@ impl Transport for TcpStream {
     }
 }
 
-/// Over TLS each write is sealed in records of its own, and a record cut short is never
-/// decrypted; but rustls takes part of a write when its own buffer is nearly full, so a stream
-/// over TLS may still be cut inside an event (which an SSE reader discards).
+/// rustls may take part of a write, so over TLS a stream may still be cut inside an event.
 impl Transport for tokio_rustls::server::TlsStream<TcpStream> {
     fn poll_write_record(
         &mut self,
@@ -85,21 +69,17 @@ impl Transport for tokio_rustls::server::TlsStream<TcpStream> {
     }
 
     fn record_bytes(&self) -> usize {
-        // The most plaintext one TLS record holds.
         16 * 1024
     }
 }
 
-/// The event ends in the bytes written so far: how much of [`EVENT_END`] their last bytes are.
 #[derive(Debug, Default)]
 pub(super) struct Records {
     matched: usize,
 }
 
 impl Records {
-    /// How many bytes of `bufs` the next record holds: up to the last event end within
-    /// `record_bytes` (asked only when there is one), or to the first one when even that is
-    /// further; all of them when they hold no event end (the rest of a record, or no stream).
+    /// The next record's length: up to the last event end within `record_bytes`, else the first.
     pub(super) fn next(&self, bufs: &[IoSlice<'_>], record_bytes: impl FnOnce() -> usize) -> usize {
         let mut limit = Some(record_bytes);
         let mut cap = usize::MAX;
@@ -111,8 +91,7 @@ impl Records {
             let mut at = 0;
             while at < scan.len() {
                 if matched == 0 {
-                    // Only a newline begins an event end: the bytes up to the next are skipped
-                    // whole, so that a body with few newlines costs little.
+                    // Only a newline begins an event end, so bodies with few newlines cost little.
                     match memchr::memchr(b'\n', &scan[at..]) {
                         Some(skip) => at += skip,
                         None => break,
@@ -137,10 +116,7 @@ impl Records {
         last.unwrap_or(offset)
     }
 
-    /// Takes note that the first `written` bytes of `bufs` were written.
     pub(super) fn wrote(&mut self, bufs: &[IoSlice<'_>], written: usize) {
-        // Only the last bytes decide how much of an event end they are, as long as there are
-        // as many as a match short of a whole end.
         let tail = EVENT_END.len() - 1;
         let (from, start) = if written >= tail {
             (written - tail, 0)
@@ -163,7 +139,6 @@ impl Records {
     }
 }
 
-/// The first `len` bytes of `bufs`.
 pub(super) fn prefix<'a>(bufs: &'a [IoSlice<'a>], mut len: usize) -> Vec<IoSlice<'a>> {
     let mut out = Vec::new();
     for buf in bufs {
@@ -177,11 +152,9 @@ pub(super) fn prefix<'a>(bufs: &'a [IoSlice<'a>], mut len: usize) -> Vec<IoSlice
     out
 }
 
-/// How much of [`EVENT_END`] is matched after `byte`, given `matched` before it.
 fn step(matched: usize, byte: u8) -> usize {
     match (matched, byte) {
         (0 | 1, b'\n') => matched + 1,
-        // "\n\n\n": the last two still begin an end.
         (2, b'\n') => 2,
         (2, b'\r') => 3,
         (3, b'\n') => 4,

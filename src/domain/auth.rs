@@ -96,7 +96,6 @@ impl fmt::Debug for Presented {
     }
 }
 
-/// The bytes of a new secret: 256 bits from the thread's cryptographically secure generator.
 const SECRET_BYTES: usize = 32;
 
 impl Presented {
@@ -112,8 +111,7 @@ impl Presented {
         })
     }
 
-    /// Whether this secret hashes to `stored`, compared in constant time so that the time taken
-    /// says nothing about how much of the hash matched.
+    /// Whether this secret hashes to `stored`, compared in constant time.
     pub fn matches(&self, stored: &[u8]) -> bool {
         let hash = Sha256::digest(self.secret.as_bytes());
         hash.as_slice().ct_eq(stored).into()
@@ -183,12 +181,8 @@ mod tests {
         assert!(!presented.matches(&other.sha256));
     }
 
-    /// Timing safety rests on two things a test can hold: what is compared is the SHA-256 of
-    /// the presented secret, so a caller cannot steer the compared bytes one at a time (and
-    /// presenting the stored hash itself gets nowhere), and every byte of it counts, the last
-    /// as much as the first, with a stored value of another length refused outright. (That
-    /// `ct_eq` takes the same time whatever matched is `subtle`'s promise; a wall-clock test of
-    /// a few nanoseconds would only measure noise.)
+    /// Timing safety: the SHA-256 of the presented secret is compared, so a caller cannot steer the
+    /// compared bytes; constant time is `subtle`'s promise.
     #[test]
     fn secrets_are_compared_by_their_hash_and_every_byte_of_it() {
         let new = NewSecret::generate();

@@ -15,7 +15,6 @@ use crate::domain::{
 use crate::state::AppState;
 use crate::store::audit::{self, AuditQuery};
 
-/// The audit routes.
 pub(super) fn routes() -> Routes {
     Routes::new()
         .route("/v1/audit/rejections", get(rejections))
@@ -54,7 +53,6 @@ fn time(name: &str, raw: Option<String>) -> Result<Option<DateTime<Utc>>, Invali
 }
 
 impl AuditParams {
-    /// Validates the filters; `reason` must be one of the log's reasons, named by `parse`.
     fn into_query(
         self,
         parse: fn(&str) -> Option<&'static str>,

@@ -1,6 +1,5 @@
-//! Authentication and authorization of `/v1` requests: API keys as bearer tokens, scopes, and
-//! key prefixes. Every refusal is decided before the handler runs and without looking at what
-//! exists, so a 403 never tells a confined key whether another key's lease or snapshot exists.
+//! Authentication and authorization of `/v1`: every refusal comes before the handler, so a 403
+//! never says whether something exists.
 
 use axum::extract::{FromRequestParts, Query, RawPathParams, Request, State};
 use axum::http::{Method, header};
@@ -17,7 +16,6 @@ const NEEDS_KEY: &str = "this server requires an API key: send `Authorization: B
 const BAD_KEY: &str =
     "the API key is not valid: it is malformed, unknown or revoked; ask an operator for a live key";
 
-/// The scope a request needs: the audit log is `admin`, reads are `read`, the rest `write`.
 fn required_scope(method: &Method, path: &str) -> Scope {
     if path.starts_with("/v1/audit/") {
         Scope::Admin
@@ -28,12 +26,11 @@ fn required_scope(method: &Method, path: &str) -> Scope {
     }
 }
 
-/// The bearer secret of a request, if it sent an `Authorization` header.
 fn presented(req: &Request) -> Result<Option<Presented>, ApiError> {
     let Some(value) = req.headers().get(header::AUTHORIZATION) else {
         return Ok(None);
     };
-    // The scheme is case-insensitive (RFC 9110, 11.1): `bearer sf_…` is as good as `Bearer sf_…`.
+    // The scheme is case-insensitive (RFC 9110, 11.1).
     let token = value
         .to_str()
         .ok()
@@ -46,9 +43,8 @@ fn presented(req: &Request) -> Result<Option<Presented>, ApiError> {
         .ok_or(ApiError::Unauthorized(BAD_KEY))
 }
 
-/// Authenticates the request, checks its scope and prefix, admits it under its key's limits
-/// ([`super::limits`]), and leaves its [`Principal`] in the request's extensions for the audit
-/// log. A request without a key (served while none exists) has no key's limits to count against.
+/// Authenticates, checks scope and prefix, admits under the key's limits, and leaves the
+/// [`Principal`] in the request's extensions.
 pub async fn authorize(
     State(state): State<AppState>,
     req: Request,
@@ -77,25 +73,20 @@ pub async fn authorize(
     if !principal.prefix.is_empty() {
         check_prefix(&principal, &mut parts, &state).await?;
     }
-    // Once the key is known and allowed, and before anything of the request is read: a key at
-    // its limits is refused at once, and never holds more of the instance than they allow.
     let admission = state
         .limits
         .admit(&principal.name)
         .map_err(ApiError::TooManyRequests)?;
     parts.extensions.insert(principal.clone());
-    // A handler whose answer outlives it (a watch stream) takes the admission with it.
     let admission = HeldAdmission::new(admission);
     parts.extensions.insert(admission.clone());
     let mut response = next.run(Request::from_parts(parts, body)).await;
     drop(admission);
-    // Left on the answer for the metrics, which count refusals by the key that sent them.
     response.extensions_mut().insert(principal);
     Ok(response)
 }
 
-/// A key confined to a prefix may name only keys under it: in the path (`{key}`), the
-/// `Fencing-Key` header, a list's `prefix`, or an audit query's `key` (which it must then send).
+/// A key confined to a prefix may name only keys under it, wherever the request names one.
 async fn check_prefix(
     principal: &Principal,
     parts: &mut axum::http::request::Parts,
@@ -107,8 +98,7 @@ async fn check_prefix(
             principal.name, principal.prefix
         ))
     };
-    // A namespace fence (v1.3) is written under as well: the key must cover it. A
-    // transaction's keys are all in its fence's namespace, so covering the fence covers them.
+    // A namespace fence (v1.3) must be covered too.
     if let Some(fence) = super::extract::fencing_key(&parts.headers)? {
         if !principal.covers(&fence) {
             return Err(outside());
@@ -137,7 +127,6 @@ async fn check_prefix(
     };
     let mut named = query.iter().filter(|(n, _)| n == name).map(|(_, v)| v);
     match (named.next(), named.next()) {
-        // Checked one, served the other: refused as the handler would refuse it.
         (Some(_), Some(_)) => Err(ApiError::InvalidRequest(format!(
             "send the query parameter `{name}` once"
         ))),

@@ -1,7 +1,5 @@
-//! The one place where anything becomes an HTTP error: [`ApiError`] and its problem+json body
-//! (RFC 9457) with the contract's stable `code`. Handlers return `Result<_, ApiError>`; store
-//! errors convert with `?`, and refusals (which are outcomes, not errors) are mapped by the
-//! handler that knows the operation.
+//! Where anything becomes an HTTP error: [`ApiError`] as problem+json (RFC 9457) with the
+//! contract's `code`.
 
 use std::sync::Arc;
 
@@ -38,8 +36,7 @@ pub enum Unavailability {
     },
 }
 
-/// Why a request of an API key is answered `429 too_many_requests`: it was refused before
-/// anything of it was read, so nothing was changed.
+/// Why an API key's request is answered `429`: refused before it was read, so nothing changed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Throttled {
     /// The key has its most requests in flight on this instance.
@@ -90,14 +87,11 @@ pub enum Throttled {
 pub const WATCH_RETRY_AFTER: u64 = 5;
 
 impl Throttled {
-    /// Whole seconds after which the same request may be admitted: when the rate allows the
-    /// next one, or, for a key at its cap in flight, a second (its requests' answers cannot be
-    /// foreseen).
+    /// Seconds until the request may be admitted (a second for a key at its cap in flight).
     pub fn retry_after(&self) -> u64 {
         match self {
             Self::InFlight { .. } => 1,
             Self::Rate { retry_after, .. } => *retry_after,
-            // Streams last minutes: a retry a second later would most likely be refused again.
             Self::Watches { .. } | Self::InstanceWatches { .. } => WATCH_RETRY_AFTER,
         }
     }
@@ -112,8 +106,7 @@ pub enum ApiError {
     /// 428: a fenced call without `Fencing-Token`.
     #[error("this call is fenced: send the token of your lease grant as `Fencing-Token: <token>`")]
     TokenRequired,
-    /// 409: another lease is live, or the key is free and goes to live waiters queued before
-    /// the request.
+    /// 409: another lease is live, or the key is free and goes to earlier waiters.
     #[error("{}", held_detail(key, holder, *state, *waiters))]
     LeaseHeld {
         /// The key.
@@ -122,8 +115,7 @@ pub enum ApiError {
         holder: Box<Holder>,
         /// The key's state as the acquire found it.
         state: LeaseState,
-        /// On a free key, the live waiters queued before the request (`None` in an answer
-        /// remembered before they were counted).
+        /// On a free key, the live waiters queued before the request.
         waiters: Option<i64>,
     },
     /// 409: a recovery record blocks the grant.
@@ -214,9 +206,7 @@ pub enum ApiError {
         /// The limit.
         limit: usize,
     },
-    /// 431: the request head is over hyper's own limits (see `crate::conn::HeadLimits`): a head
-    /// far over the service's size limit, or with more than `crate::conn::MAX_HEADER_FIELDS`
-    /// fields.
+    /// 431: the head is over hyper's own limits (`crate::conn::HeadLimits`).
     #[error(
         "the request head (request line and headers) is over this server's limit of {bytes} bytes or {fields} header fields; send fewer or smaller headers"
     )]
@@ -236,8 +226,7 @@ pub enum ApiError {
         "a request with Idempotency-Key {0:?} is still running; nothing was changed by this one. Retry after Retry-After to get its answer"
     )]
     RequestInProgress(IdempotencyKey),
-    /// 503 indeterminate for a call sent with an Idempotency-Key: as
-    /// [`Database`](Self::Database) with [`StoreError::Indeterminate`], with the key to retry.
+    /// 503 indeterminate with an Idempotency-Key to retry with.
     #[error(
         "{}. Send it again with the same Idempotency-Key {key:?}: the answer then says what happened, and nothing is done twice",
         INDETERMINATE_OUTCOME
@@ -261,10 +250,8 @@ pub enum ApiError {
     /// 500: a bug. The cause is logged, never sent.
     #[error("internal error; it was logged with this request's x-request-id")]
     Internal,
-    /// The store failed: `503 unavailable` when the database could not be reached or refused the
-    /// call (nothing was changed), `503 indeterminate` when a change was sent and its outcome is
-    /// unknown, `500 internal` otherwise. The cause is left on the response for [`log_errors`]
-    /// and never sent.
+    /// The store failed: `503 unavailable`, `503 indeterminate` or `500`; the cause is logged,
+    /// never sent.
     #[error("{}", database_detail(.0))]
     Database(Arc<StoreError>),
 }
@@ -276,7 +263,6 @@ fn uri_detail(size: Option<usize>, limit: usize) -> String {
     )
 }
 
-/// The detail of a store failure: the one of the answer it becomes.
 fn database_detail(e: &StoreError) -> String {
     match e {
         StoreError::Unavailable(_) => ApiError::Unavailable(Unavailability::Database).to_string(),
@@ -285,22 +271,17 @@ fn database_detail(e: &StoreError) -> String {
     }
 }
 
-/// What `503 indeterminate` says happened.
 const INDETERMINATE_OUTCOME: &str = "the request reached the database, but its answer did not \
     come back in time (the link broke, or the deadline passed): it may or may not have taken effect";
 
-/// What `503 indeterminate` without an Idempotency-Key says to do next.
 const INDETERMINATE_NEXT: &str = "Read the key (GET its lease or snapshot) to see what happened \
     before you retry, or send changing calls with an Idempotency-Key, which makes a retry safe";
 
-/// The cause of a failed store call, left on its response so that [`log_errors`] logs it once,
-/// inside the request's span.
+/// The cause of a failed store call, left on its response for [`log_errors`].
 #[derive(Debug, Clone)]
 pub struct ErrorCause(pub Arc<StoreError>);
 
-/// Logs the cause of every answer that carries one ([`ErrorCause`]): a database that cannot be
-/// reached as a warning (an operator's matter, nothing was changed), any other store failure as
-/// an error (a bug). Handlers and conversions never log.
+/// Logs each [`ErrorCause`] once in the request's span: unavailability as a warning, else an error.
 pub async fn log_errors(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let response = next.run(req).await;
     if let Some(ErrorCause(cause)) = response.extensions().get::<ErrorCause>() {
@@ -317,8 +298,6 @@ pub async fn log_errors(req: axum::extract::Request, next: axum::middleware::Nex
     response
 }
 
-/// The detail of `lease_held`: who holds the key and until when; or, on a free key, that it goes
-/// to the waiters queued first, and how to queue behind them.
 fn held_detail(key: &Key, holder: &Holder, state: LeaseState, waiters: Option<i64>) -> String {
     let ended = match state {
         LeaseState::Held => {
@@ -371,9 +350,7 @@ fn refusal_detail(key: &Key, r: &Refusal) -> String {
 }
 
 impl ApiError {
-    /// The HTTP status: the code's (the one table in `snapfence-types`), except for a target
-    /// or headers over the limit, which are an `invalid_request` answered 414 or 431 as HTTP
-    /// says.
+    /// The code's status, except targets or headers over the limit (414 or 431).
     pub fn status(&self) -> StatusCode {
         match self {
             Self::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
@@ -421,9 +398,6 @@ impl ApiError {
         }
     }
 
-    /// The seconds `Retry-After` says to wait, for the answers that carry it: a 503 (the
-    /// database or the instance may be back in a second) and a 429 (when the key's limit
-    /// allows the request).
     fn retry_after(&self) -> Option<u64> {
         match self {
             Self::TooManyRequests(throttled) => Some(throttled.retry_after()),
@@ -435,7 +409,6 @@ impl ApiError {
         }
     }
 
-    /// The problem+json body: the members every problem has, and those of its code.
     fn problem(&self) -> Problem {
         let status = self.status();
         let mut problem = Problem::new(
@@ -472,7 +445,6 @@ impl ApiError {
         problem
     }
 
-    /// The problem+json body as sent; also for an answer written below axum (`crate::conn`).
     pub(crate) fn problem_json(&self) -> String {
         serde_json::to_string(&self.problem()).expect("a problem serializes")
     }

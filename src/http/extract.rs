@@ -1,5 +1,5 @@
-//! Extractors that turn a request into validated domain values, and every malformed request
-//! into an [`ApiError`] with a `detail` that names what was wrong.
+//! Extractors: requests into validated domain values, malformed ones into an [`ApiError`] naming
+//! the fault.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -38,13 +38,12 @@ pub static SNAPSHOT_VERSION: HeaderName = HeaderName::from_static("snapshot-vers
 /// The request id header, taken from the request or made.
 pub static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// The largest JSON request body (acquire and renew bodies are small; metadata is 4 KiB).
+/// The largest JSON request body.
 pub const MAX_JSON_BYTES: usize = 64 * 1024;
 const JSON_TOO_LARGE: &str =
     "Lease request bodies are small JSON objects; metadata may be at most 4 KiB";
 
-/// A JSON body, parsed whatever its `Content-Type` (so `curl -d` works without `-H`), with
-/// unknown fields and type errors reported as `invalid_request`.
+/// A JSON body whatever its `Content-Type` (so `curl -d` works); errors are `invalid_request`.
 pub struct ApiJson<T>(pub T);
 
 impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
@@ -63,8 +62,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
     }
 }
 
-/// A JSON request body as `T`, with unknown fields and type errors reported as
-/// `invalid_request` naming the field.
+/// A JSON request body as `T`, errors as `invalid_request` naming the field.
 pub fn json_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if bytes.is_empty() {
         return Err(ApiError::InvalidRequest(
@@ -123,8 +121,7 @@ impl PageParams {
     }
 }
 
-/// A page of a list of keys as its query gives it: the keys under `prefix` (every key without
-/// one), `limit` of them, after the key the cursor names.
+/// A page of keys under `prefix`, `limit` of them, after the cursor's key.
 pub fn key_page(
     prefix: Option<String>,
     limit: Option<i64>,
@@ -137,9 +134,7 @@ pub fn key_page(
     ))
 }
 
-/// Middleware for the calls that take no query parameters: a query string is refused like an
-/// unknown parameter of a list, since it is one (`?versionId=3` on a snapshot read, S3 style,
-/// would otherwise quietly read the current version). A bare `?` is no parameter.
+/// Refuses a query on calls taking none: `?versionId=3` would silently read the current version.
 pub async fn no_query(req: Request, next: Next) -> Result<Response, ApiError> {
     match req.uri().query().filter(|q| !q.is_empty()) {
         None => Ok(next.run(req).await),
@@ -149,9 +144,7 @@ pub async fn no_query(req: Request, next: Next) -> Result<Response, ApiError> {
     }
 }
 
-/// Middleware for every API call: a query string whose escapes are malformed (`%`, `%zz`) or
-/// decode to invalid UTF-8 (`%FF`) is refused, as such a path is, rather than read leniently
-/// (which made `prefix=%FF` a watch on U+FFFD).
+/// Refuses a query with malformed escapes or invalid UTF-8, as such a path is.
 pub async fn strict_query(req: Request, next: Next) -> Result<Response, ApiError> {
     if let Some(query) = req.uri().query() {
         for part in query.split('&') {
@@ -199,9 +192,7 @@ impl<S: Send + Sync> FromRequestParts<S> for KeyVersionPath {
     }
 }
 
-/// Refuses a path with a `%` that does not start an escape (`%` and two hex digits). Decoded
-/// leniently, as axum does, `a%ZZb` would name the key `a%ZZb`, which `a%25ZZb` names as well:
-/// one key under two spellings, one of them most likely a client's mistake.
+/// Refuses a `%` that starts no escape: leniently, `a%ZZb` and `a%25ZZb` would name one key.
 fn well_escaped(path: &str) -> Result<(), ApiError> {
     let escape = |rest: &str| rest.bytes().take(2).filter(u8::is_ascii_hexdigit).count() == 2;
     if path.split('%').skip(1).all(escape) {
@@ -220,7 +211,6 @@ fn path_error(e: PathRejection) -> ApiError {
     ))
 }
 
-/// The value of a header that may be sent at most once, as text.
 pub(super) fn single_header<'a>(
     headers: &'a HeaderMap,
     name: &HeaderName,
@@ -240,8 +230,7 @@ pub(super) fn single_header<'a>(
         .map_err(|_| ApiError::InvalidRequest(format!("the {name} header is not visible ASCII")))
 }
 
-/// The `Fencing-Token` header of a fenced call: missing → `428 token_required`, malformed →
-/// `400 invalid_request`.
+/// The `Fencing-Token` header: missing is `428 token_required`, malformed `400 invalid_request`.
 pub struct FencingTokenHeader(pub FencingToken);
 
 impl<S: Send + Sync> FromRequestParts<S> for FencingTokenHeader {
@@ -253,7 +242,7 @@ impl<S: Send + Sync> FromRequestParts<S> for FencingTokenHeader {
     }
 }
 
-/// The `Fencing-Key` header, percent-decoded as a key in a path is; `None` when not sent.
+/// The `Fencing-Key` header, percent-decoded as a path key is; `None` when not sent.
 pub fn fencing_key(headers: &HeaderMap) -> Result<Option<Key>, ApiError> {
     let Some(raw) = single_header(headers, &FENCING_KEY)? else {
         return Ok(None);
@@ -281,8 +270,7 @@ impl<S: Send + Sync> FromRequestParts<S> for FencingKeyHeader {
     }
 }
 
-/// The optional `Snapshot-Metadata` header of a write (v1.3): a JSON object of at most 4 KiB,
-/// kept as sent.
+/// The optional `Snapshot-Metadata` header (v1.3): a JSON object of at most 4 KiB, kept as sent.
 pub struct SnapshotMetadataHeader(pub Option<Metadata>);
 
 impl<S: Send + Sync> FromRequestParts<S> for SnapshotMetadataHeader {
@@ -303,8 +291,6 @@ impl<S: Send + Sync> FromRequestParts<S> for SnapshotMetadataHeader {
     }
 }
 
-/// Implements an extractor for an optional entity-tag header, parsed only by the handlers that
-/// use it (a header a handler ignores is never an error).
 macro_rules! entity_tag_header {
     ($name:ident, $header:expr, $doc:literal) => {
         #[doc = $doc]
@@ -332,8 +318,7 @@ entity_tag_header!(
     "The optional `If-None-Match` header of a read."
 );
 
-/// A changing call's context: where it came from and who sent it (for the audit log, the
-/// revocation check and the Idempotency-Key's scope), and its Idempotency-Key header.
+/// A changing call's context (for the audit log and the Idempotency-Key's scope) and key.
 pub struct Context(pub RequestContext, pub IdempotencyHeader);
 
 impl<S: Send + Sync> FromRequestParts<S> for Context {
@@ -377,15 +362,9 @@ pub struct BodyLimit {
     pub budget: Arc<BodyBudget>,
 }
 
-/// Reads a body to its end within `limit`: 413 as soon as it passes `max_bytes` (at once when
-/// `Content-Length` says so, otherwise when the bytes received pass it), 503 when it would pass
-/// the instance's budget for bodies (at once for the whole `Content-Length`, before any of it is
-/// read, otherwise as the bytes arrive), 408 when it has not arrived within `timeout` (a slow or
-/// stalled client cannot hold a request slot for ever). At most `max_bytes` are ever held, in
-/// one buffer sized up front from `Content-Length` (a large one in a memory mapping of its own),
-/// and the budget counts them until the body returned is dropped. The body is read whole before
-/// any statement runs, so no refusal can leave a change behind; the request's database deadline
-/// starts again once it is in (see [`crate::store::within`]).
+/// Reads a body within `limit`: 413 past `max_bytes`, 503 past the body budget, 408 past `timeout`,
+/// each as early as the length or bytes show. The body is whole before any statement runs, so no
+/// refusal leaves a change behind.
 pub async fn read_limited(
     body: Body,
     content_length: Option<u64>,
@@ -434,15 +413,10 @@ pub async fn read_limited(
     Ok(charge.hold(body))
 }
 
-/// Bodies announced at this size or more are gathered in a memory mapping of their own.
 const MAPPED_FROM: usize = 512 * 1024;
 
-/// Where a body is gathered: on the heap, or, for a large one whose `Content-Length` was sent,
-/// in an anonymous memory mapping of exactly that size, handed back to the kernel as soon as
-/// the request is done. Blocks of megabytes freed on the heap by one request and taken by the
-/// next grow it for good (glibc raises its mapping threshold after each such free, so later
-/// ones come from the heap and fragment it): that is how 32 concurrent 8 MiB uploads once held
-/// 660 MiB where 256 MiB were live.
+/// The heap, or an anonymous mapping for a large announced body (freed heap blocks grow it for
+/// good).
 enum BodyBuffer {
     Heap(BytesMut),
     Mapped(MmapMut, usize),
@@ -473,8 +447,6 @@ impl BodyBuffer {
                 map[*filled..*filled + chunk.len()].copy_from_slice(chunk);
                 *filled += chunk.len();
             }
-            // More than `Content-Length` said (hyper refuses that before it gets here): go on
-            // on the heap rather than fail.
             Self::Mapped(map, filled) => {
                 let mut heap = BytesMut::with_capacity(*filled + chunk.len());
                 heap.extend_from_slice(&map[..*filled]);

@@ -1,6 +1,5 @@
-//! `Idempotency-Key` on the changing calls (contract v1.1): the header, what makes two requests
-//! the same request, and how the store's gate becomes an answer. The rule itself (the record is
-//! written by the change's own statement) is the store's; see `crate::store::idempotency`.
+//! `Idempotency-Key` on changing calls: the header, the fingerprint, and the store's gate as an
+//! answer.
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
@@ -20,11 +19,9 @@ static REPLAYED_HEADER: HeaderName = HeaderName::from_static(IDEMPOTENT_REPLAYED
 const REVOKED: &str = "the API key was revoked before this request could run; nothing was \
     changed. Ask an operator for a live key";
 
-/// The operation a PUT's head alone is fingerprinted as (see [`IdempotencyHeader::attach_head`]).
 const PUT_HEAD: &str = "put-head";
 
-/// The SHA-256 of a request's operation, key and `parts`, each length-prefixed so that no two
-/// requests run together.
+/// The SHA-256 of operation, key and `parts`, each length-prefixed so no two requests collide.
 fn fingerprint(operation: &str, key: &Key, parts: &[&[u8]]) -> [u8; 32] {
     let mut digest = Sha256::new();
     for part in [operation.as_bytes(), key.as_str().as_bytes()]
@@ -44,8 +41,7 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyHeader {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
-        // Sent twice, it names two requests at once (and a proxy may have added one): refused,
-        // as two Fencing-Token headers are, rather than the first one used.
+        // Sent twice it names two requests: refused, like two Fencing-Token headers.
         if parts
             .headers
             .get_all(&IDEMPOTENCY_KEY_HEADER)
@@ -70,9 +66,8 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyHeader {
 }
 
 impl IdempotencyHeader {
-    /// Puts the key, if one was sent, into `ctx` with the fingerprint of the request: the
-    /// operation, the key it is on, and `parts` (its token, preconditions and body, in an order
-    /// fixed by the caller).
+    /// Puts the key, if sent, into `ctx` with the request's fingerprint over `operation`, key and
+    /// `parts`.
     pub fn attach(&self, ctx: &mut RequestContext, operation: &str, key: &Key, parts: &[&[u8]]) {
         ctx.idempotency = self.0.as_ref().map(|k| Idempotency {
             key: k.clone(),
@@ -81,16 +76,13 @@ impl IdempotencyHeader {
         });
     }
 
-    /// For a snapshot PUT before its body is read: the key, if one was sent, with the
-    /// fingerprint of the request's head alone (`head`: token, `If-Match`, `Content-Type`),
-    /// under which the check made before reading the body records a refusal. That refusal does
-    /// not depend on the body, so it is the answer to any body sent with this head.
+    /// For a PUT before its body: the fingerprint of its head alone, under which a refusal made
+    /// before the body is recorded (it is the answer to any body).
     pub fn attach_head(&self, ctx: &mut RequestContext, key: &Key, head: &[&[u8]]) {
         self.attach(ctx, PUT_HEAD, key, head);
     }
 
-    /// For a snapshot PUT once its body is in: as [`attach`](Self::attach) over `head` and the
-    /// body's ETag, also answering to a record made by the check of the head alone.
+    /// For a PUT with its body: as [`attach`](Self::attach), also answering to a head-only record.
     pub fn attach_put(&self, ctx: &mut RequestContext, key: &Key, head: &[&[u8]], etag: &[u8]) {
         let mut parts = head.to_vec();
         parts.push(etag);
@@ -100,10 +92,8 @@ impl IdempotencyHeader {
         }
     }
 
-    /// The answer of a changing call from what its statement did: `render` makes the answer
-    /// of an outcome, the first time or, marked `Idempotent-Replayed: true`, again; a key
-    /// reused for another request, a request still running, a revoked API key and an unknown
-    /// outcome (which then names the key to retry with) become their problems.
+    /// The answer of a changing call: `render` makes it (again, with `Idempotent-Replayed: true`,
+    /// on a replay); the gate's refusals become their problems.
     pub fn respond<T>(
         &self,
         done: Result<Gated<T>, StoreError>,

@@ -1,5 +1,4 @@
-//! `/v1/leases`: acquire, renew, release, abandon, require-recovery, reconciled (v1.2), get and
-//! list, and (beyond the contract) a key's queue of waiting acquires.
+//! `/v1/leases`, and (beyond the contract) a key's queue of waiting acquires.
 
 use axum::Json;
 use axum::extract::{FromRequestParts, State};
@@ -25,7 +24,6 @@ use crate::store::idempotency::Gated;
 use crate::store::leases::queue;
 use crate::store::leases::{self, AcquireOutcome, Ending, LeaseChange, ListQuery, NewLease};
 
-/// The lease routes.
 pub(super) fn routes() -> Routes {
     Routes::new()
         .route("/v1/leases", get(list))
@@ -49,7 +47,6 @@ async fn acquire(
     body.checked_reconcile()?;
     let canonical = serde_json::to_vec(&body).expect("a request serializes");
     idempotency.attach(&mut ctx, "acquire", &key, &[&canonical]);
-    // Cut to the instance's --max-wait; none at all when that is zero.
     let wait = body
         .checked_wait()?
         .map(|w| w.min(state.rules.max_wait))
@@ -64,7 +61,6 @@ async fn acquire(
         reconciling: body.reconciling,
     };
     let done = match wait {
-        // The same key as a request still waiting here: that request is running.
         None if state.waiters.holds(&ctx) => Ok(Gated::InProgress),
         None => leases::acquire(&state.db, &req, &ctx).await,
         Some(wait) => state.waiters.acquire(&req, &ctx, wait).await,
@@ -126,8 +122,6 @@ fn lost(key: Key, token: FencingToken) -> ApiError {
     }
 }
 
-/// What a fenced call on a live lease (release, abandon, require-recovery, reconciled) sends: the key, the
-/// lease's token, and the request's context and Idempotency-Key.
 struct LiveLeaseCall {
     key: Key,
     token: FencingToken,
@@ -187,7 +181,6 @@ async fn require_recovery(
     end(state, call, Ending::RequireRecovery).await
 }
 
-/// v1.2: the reconciling holder confirms; `200` with the lease, which goes on.
 async fn reconciled(
     State(state): State<AppState>,
     call: LiveLeaseCall,
@@ -244,7 +237,7 @@ async fn list(
     Ok(Json(leases::list(&state.db, &q).await?))
 }
 
-/// Beyond the contract: who waits for the key, in the order they will be granted it.
+/// Beyond the contract: the key's waiters in grant order.
 async fn waiters(
     State(state): State<AppState>,
     KeyPath(key): KeyPath,

@@ -1,13 +1,6 @@
-//! What one instance lets in at once, beyond its connection limits ([`crate::conn`]) and its
-//! cap on concurrent requests: per API key, the requests in flight and (when configured) their
-//! rate, decided once the key is authenticated and before anything of the request is read; for
-//! all requests together, the bytes of the bodies being received, charged before they are taken
-//! in. Every refusal comes before any statement runs, so none changes anything.
-//!
-//! Both per-key limits count per instance, as the other limits do: instances share nothing but
-//! the database, so behind a balancer of N instances one key may have N times as much. Requests
-//! without a key (served while no key exists) have no tenant to tell apart, and are bounded by
-//! the instance-wide limits alone.
+//! Per API key, requests in flight and their rate; for all requests, the bytes of bodies being
+//! received. Each is decided before anything is read, so no refusal changes anything; limits are
+//! per instance.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,28 +12,22 @@ use governor::clock::Clock;
 use governor::{DefaultKeyedRateLimiter, Quota};
 
 use super::error::Throttled;
-use crate::state::{RateLimit, Rules};
+use crate::rules::{RateLimit, Rules};
 
 /// The limits of one instance, from its rules.
 #[derive(Debug)]
 pub struct Limits {
     max_in_flight: usize,
-    /// Requests in flight by API key name. A key leaves the map with its last request, so the
-    /// map holds only the keys being served.
     in_flight: Mutex<HashMap<String, usize>>,
-    /// The rate limit and its buckets, one per key name ever admitted: as many as the keys an
-    /// operator made, so they are never pruned.
     rate: Option<(RateLimit, DefaultKeyedRateLimiter<String>)>,
     bodies: Arc<BodyBudget>,
     max_watches_per_key: usize,
     max_watches: usize,
-    /// Open watch streams by API key name (keys with none are not in the map), and in all.
     watches: Mutex<(HashMap<String, usize>, usize)>,
 }
 
 impl Limits {
-    /// The limits `rules` sets. A rate that is not a positive finite number (which `snapfence
-    /// serve` refuses) limits nothing.
+    /// The limits `rules` sets; a rate that is not positive and finite limits nothing.
     pub fn new(rules: &Rules) -> Self {
         let rate = rules.rate_limit_per_key.and_then(|rate| {
             let period = Duration::try_from_secs_f64(rate.per_second.recip()).ok()?;
@@ -61,10 +48,7 @@ impl Limits {
         }
     }
 
-    /// Admits a watch stream of the API key named `key` (`None`: a request without a key),
-    /// unless the key already has its most streams open on this instance, or the instance does.
-    /// The stream is open for as long as the [`WatchAdmission`] lives; it also keeps its
-    /// request's [`Admission`], so that it counts against the key's requests in flight.
+    /// Admits a watch stream unless its key or the instance is at its most; it counts as in flight.
     pub fn admit_watch(self: &Arc<Self>, key: Option<&str>) -> Result<WatchAdmission, Throttled> {
         let mut watches = self.watches.lock().unwrap_or_else(PoisonError::into_inner);
         let (by_key, total) = &mut *watches;
@@ -98,10 +82,7 @@ impl Limits {
             .1
     }
 
-    /// Admits a request of the API key named `key`, unless the key already has its most
-    /// requests in flight or is over its rate. The request is in flight for as long as the
-    /// [`Admission`] lives. Never waits: a request over a limit is refused, not queued, so one
-    /// key cannot make the others' requests wait behind its own.
+    /// Admits a request unless its key is at its most in flight or over its rate; never queues.
     pub fn admit(self: &Arc<Self>, key: &str) -> Result<Admission, Throttled> {
         {
             let mut in_flight = self
@@ -121,9 +102,6 @@ impl Limits {
                 }
             }
         }
-        // Counted first, so that a request refused for being in flight one too many spends
-        // none of its key's rate; a request refused by the rate is in flight no more once this
-        // is dropped.
         let admission = Admission {
             limits: Arc::clone(self),
             key: key.to_owned(),
@@ -175,8 +153,7 @@ impl Drop for WatchAdmission {
     }
 }
 
-/// A request's [`Admission`], left in its extensions by the authorization so that a handler
-/// whose answer outlives it (a watch stream) can keep it for as long as the answer lasts.
+/// A request's [`Admission`], kept by a handler whose answer outlives it (a watch).
 #[derive(Debug, Clone)]
 pub struct HeldAdmission(Arc<Mutex<Option<Admission>>>);
 
@@ -192,8 +169,7 @@ impl HeldAdmission {
     }
 }
 
-/// `wait` in whole seconds, rounded up, and at least one: `Retry-After` counts in seconds, and
-/// one that said 0 would invite a retry that is refused again.
+/// `Retry-After` in whole seconds rounded up, at least one: 0 invites a refused retry.
 fn whole_seconds(wait: Duration) -> u64 {
     (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
 }
@@ -221,10 +197,8 @@ impl Drop for Admission {
     }
 }
 
-/// The bytes of request bodies one instance may hold at once while it receives them and until
-/// they are stored. Bytes are charged before they are read (all of an announced
-/// `Content-Length` at once), so that a body which would pass the budget is refused before it
-/// takes memory, and the other bodies keep theirs.
+/// Body bytes one instance may hold, charged before they are read, so an over-budget body takes no
+/// memory.
 #[derive(Debug)]
 pub struct BodyBudget {
     limit: usize,
@@ -245,7 +219,6 @@ impl BodyBudget {
         }
     }
 
-    /// Takes `n` more bytes, unless they would pass the budget.
     fn take(&self, n: usize) -> bool {
         self.held
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
@@ -263,8 +236,7 @@ pub struct Charge {
 }
 
 impl Charge {
-    /// Grows the charge to `total` bytes; `false`, and the charge unchanged, when that would
-    /// pass the budget.
+    /// Grows the charge to `total` bytes; `false`, unchanged, if that would pass the budget.
     pub fn cover(&mut self, total: usize) -> bool {
         if total <= self.bytes {
             return true;
@@ -276,8 +248,7 @@ impl Charge {
         taken
     }
 
-    /// `body`, holding this charge until its last clone is dropped: the budget counts a body
-    /// for as long as the request keeps it, its store included, not only while it arrives.
+    /// `body`, holding this charge until its last clone drops.
     pub fn hold(self, body: Bytes) -> Bytes {
         Bytes::from_owner(Held {
             body,
@@ -292,7 +263,6 @@ impl Drop for Charge {
     }
 }
 
-/// A body and the charge it holds.
 struct Held {
     body: Bytes,
     _charge: Charge,

@@ -1,7 +1,5 @@
-//! The HTTP face of the contract in `docs/api.md`: one module per resource, each with its
-//! `router()`, request and response types and thin handlers; [`error`] turns every failure into
-//! problem+json; [`extract`] validates every input; [`limits`] holds what one API key, and all
-//! bodies together, may hold of the instance; [`ui`] serves the operator page's files.
+//! The HTTP face of `docs/api.md`: one module per resource with thin handlers, one error type,
+//! validating extractors.
 
 pub mod audit;
 pub mod auth;
@@ -40,9 +38,7 @@ use crate::state::AppState;
 use error::{ApiError, Unavailability};
 use extract::REQUEST_ID;
 
-/// The whole API with its middleware: request ids (taken when usable, else made, echoed on
-/// every answer), a tracing span per request named by its matched route, and panics turned
-/// into a 500 problem.
+/// The whole API with its middleware: request ids, a span per matched route, panics as 500.
 pub fn router(state: AppState) -> Router {
     let middleware = ServiceBuilder::new()
         .map_request(drop_unusable_request_id)
@@ -61,14 +57,12 @@ pub fn router(state: AppState) -> Router {
                         .unwrap_or("");
                     tracing::info_span!("request", method = %req.method(), route, request_id)
                 })
-                // One line per answered request is an access log: at `debug`, since writing it
-                // costs about as much as serving a read. Failures (5xx) log at `error` anyway.
+                // The access log is at `debug`: writing it costs about as much as serving a read.
                 .on_response(DefaultOnResponse::new().level(Level::DEBUG)),
         )
         .layer(PropagateRequestIdLayer::new(REQUEST_ID.clone()))
         .layer(CatchPanicLayer::custom(panic_response));
-    // One semaphore for the whole instance (Router::layer wraps each route, so a per-layer
-    // limit would be per route); a request over the cap is shed unread, never queued.
+    // One semaphore for the instance (`Router::layer` would make it per route).
     let shed = ServiceBuilder::new()
         .layer(HandleErrorLayer::new(|_: BoxError| async {
             ApiError::Unavailable(Unavailability::Overloaded)
@@ -80,11 +74,8 @@ pub fn router(state: AppState) -> Router {
     let authorize = axum::middleware::from_fn_with_state(state.clone(), auth::authorize);
     let metrics = state.metrics.clone();
     let max_header_bytes = state.rules.max_header_bytes;
-    // Every database call of a request shares one deadline, counted from its arrival.
     let db_bound = state.db.options().get_acquire_timeout();
-    // Health checks and scrapes are never shed: an overloaded instance is alive, and its metrics
-    // are what shows the overload. The operator page's files are public and static: no key, no
-    // shedding (its calls to /v1 carry the key and are shed like any other).
+    // Health checks and scrapes are never shed: an overloaded instance is alive.
     api_routes()
         .router
         .layer(authorize)
@@ -109,10 +100,7 @@ pub fn router(state: AppState) -> Router {
 /// The longest `x-request-id` kept from a client.
 pub const MAX_REQUEST_ID_BYTES: usize = 128;
 
-/// Removes a client's `x-request-id` unless it is one value of 1..=[`MAX_REQUEST_ID_BYTES`]
-/// visible ASCII characters, so that the service makes one instead: an id is echoed, logged
-/// and stored in audit rows, where a 15 KB one or one with control characters does harm. Two
-/// values are removed too, since neither is the request's id.
+/// Drops a client's `x-request-id` unless it is short visible ASCII, so the service makes one.
 fn drop_unusable_request_id<B>(mut req: Request<B>) -> Request<B> {
     let mut ids = req.headers().get_all(&REQUEST_ID).iter();
     let usable = match (ids.next(), ids.next()) {
@@ -129,21 +117,16 @@ fn drop_unusable_request_id<B>(mut req: Request<B>) -> Request<B> {
     req
 }
 
-/// The longest request target (path and query) served; longer is answered 414. The longest a
-/// call needs is a list or audit query naming a key of 512 bytes percent-encoded (1536 bytes)
-/// with every other parameter; 8 KiB is nginx's default too.
+/// The longest request target served (longer is 414): a list naming a 512-byte key fits, and it is
+/// nginx's default.
 pub const MAX_URI_BYTES: usize = 8 * 1024;
 
-/// Refuses a request whose target is over [`MAX_URI_BYTES`] (414), or whose headers, as sent,
-/// total more than `limit` bytes (431).
 async fn limit_head(
     limit: usize,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
     let uri = req.uri();
-    // Origin form (`/v1/...?q`) as clients send it; an absolute form's scheme and authority
-    // count too.
     let target = uri.path_and_query().map_or(0, |p| p.as_str().len())
         + uri.authority().map_or(0, |a| a.as_str().len())
         + uri.scheme_str().map_or(0, |s| s.len() + "://".len());
@@ -154,7 +137,6 @@ async fn limit_head(
         }
         .into_response();
     }
-    // Each header line is `name: value\r\n`.
     let size: usize = req
         .headers()
         .iter()
@@ -166,8 +148,7 @@ async fn limit_head(
     next.run(req).await
 }
 
-/// A router that remembers the paths it routes, so that the test of `openapi.yaml` can compare
-/// the spec's paths with the ones that really exist.
+/// A router that remembers its paths, for the test that compares them with `openapi.yaml`.
 pub struct Routes {
     router: Router<AppState>,
     paths: Vec<&'static str>,
@@ -187,8 +168,6 @@ impl Routes {
         self
     }
 
-    /// [`route`](Self::route) for calls that take no query parameters: a query string is
-    /// refused ([`extract::no_query`]).
     fn route_without_query(self, path: &'static str, methods: MethodRouter<AppState>) -> Self {
         self.route(
             path,
@@ -203,7 +182,6 @@ impl Routes {
     }
 }
 
-/// The contract's `/v1` routes: the ones that are shed under overload.
 fn api_routes() -> Routes {
     Routes::new()
         .merge(leases::routes())
@@ -222,7 +200,6 @@ pub fn paths() -> Vec<&'static str> {
     routes().paths
 }
 
-/// Counts every answer in the instance's metrics, labelled by its matched route.
 async fn observe(
     State(metrics): State<Arc<Metrics>>,
     req: axum::extract::Request,

@@ -12,7 +12,6 @@ use super::error::{ApiError, Unavailability};
 use crate::state::AppState;
 use crate::store;
 
-/// The operations routes.
 pub(super) fn routes() -> Routes {
     Routes::new()
         .route("/healthz", get(healthz))
@@ -20,12 +19,10 @@ pub(super) fn routes() -> Routes {
         .route("/metrics", get(metrics))
 }
 
-/// The process is up; says nothing about the database.
 async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
-/// The database answers and has every migration of this build; otherwise 503.
 async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     if store::ready(&state.db).await? {
         Ok(Json(json!({"status": "ready"})))
@@ -34,8 +31,7 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
     }
 }
 
-/// The instance's metrics, with the database gauges read now. A database that does not answer
-/// leaves those gauges at their last value rather than failing the scrape.
+/// An unanswering database leaves the gauges at their last value.
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let m = &state.metrics;
     let hot = state.db.hot_status();
@@ -69,5 +65,4 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, OPENMETRICS)], m.render())
 }
 
-/// The media type of the metrics text.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

@@ -1,5 +1,4 @@
-//! `/v1/snapshots`: fenced writes and deletes, reads, retained versions, and (beyond the
-//! contract) the keys that have a snapshot, by prefix.
+//! `/v1/snapshots`, and (beyond the contract) the keys that have a snapshot, by prefix.
 
 use axum::Json;
 use axum::body::Body;
@@ -28,10 +27,8 @@ use crate::store::snapshots::{self, Fenced, PutRequest, Read, Snapshot, WriteOut
 const SNAPSHOT_TOO_LARGE: &str =
     "Send a smaller snapshot, or raise the server's --max-snapshot-bytes";
 
-/// The content type stored when a write sends none.
 const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
 
-/// The snapshot routes. `GET` routes answer `HEAD` too, with the same headers and no body.
 pub(super) fn routes() -> Routes {
     Routes::new()
         .route("/v1/snapshots", get(list))
@@ -52,8 +49,6 @@ fn etag_header(meta: &SnapshotMeta) -> HeaderValue {
     HeaderValue::from_str(meta.etag.as_str()).expect("an ETag is visible ASCII")
 }
 
-/// The fence of a write to `key`: the `Fencing-Key` header's, which must hold `key` in its
-/// namespace, or the key itself.
 pub(super) fn fence_of(key: &Key, header: Option<Key>) -> Result<Key, ApiError> {
     match header {
         None => Ok(key.clone()),
@@ -65,7 +60,6 @@ pub(super) fn fence_of(key: &Key, header: Option<Key>) -> Result<Key, ApiError> 
     }
 }
 
-/// A key as a header value: percent-encoded as in a path.
 pub(super) fn key_header(key: &Key) -> HeaderValue {
     const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
         .remove(b'-')
@@ -76,12 +70,10 @@ pub(super) fn key_header(key: &Key) -> HeaderValue {
     HeaderValue::from_str(&encoded).expect("a percent-encoded key is visible ASCII")
 }
 
-/// Metadata as a header value: its JSON, ASCII.
 fn metadata_header(metadata: &Metadata) -> HeaderValue {
     HeaderValue::from_str(&metadata.to_header()).expect("escaped JSON is ASCII")
 }
 
-/// The raw `If-Match` header, as it enters a fenced call's Idempotency-Key fingerprint.
 fn raw_if_match(headers: &HeaderMap) -> &[u8] {
     headers
         .get(header::IF_MATCH)
@@ -124,8 +116,7 @@ async fn write(
         metadata_text.as_deref().unwrap_or("").as_bytes(),
     ];
     let length = content_length(&headers);
-    // A client that asked to be told to go on (`Expect: 100-continue`) has sent no body yet, and
-    // polling the body would tell it to go on before the checks below had their say.
+    // A client waiting on `Expect: 100-continue` is told to go on only once the checks pass.
     let expects_continue = headers
         .get(header::EXPECT)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
@@ -134,11 +125,9 @@ async fn write(
     } else {
         arrived_with_head(body, length)
     };
-    // A body announced over the limit is refused (413) before anything is read or checked.
     let too_large = length.is_some_and(|n| n > state.rules.max_snapshot_bytes as u64);
     if !in_hand && !too_large {
-        // The token is checked before the body is read: an upload that can only be refused
-        // is refused (and audited) at once, never received.
+        // Checked before the body is read: a doomed upload is refused and audited at once.
         let mut early = ctx.clone();
         idempotency.attach_head(&mut early, &key, &head);
         let target = Fenced {
@@ -214,16 +203,11 @@ async fn delete(
     })
 }
 
-/// The body, and whether all of it came with the request's head: polled once, without
-/// waiting. A small body sent with its head is usually all there; then the write's own statement
-/// checks the token, and no round trip is spent on checking it first.
 fn arrived_with_head(mut body: Body, length: Option<u64>) -> (Body, bool) {
     match body.frame().now_or_never() {
-        // The body had ended: nothing (or nothing more) will come.
         Some(None) => (Body::empty(), true),
         Some(Some(Ok(frame))) => {
             let Ok(data) = frame.into_data() else {
-                // Trailers first: no body to speak of; the reader sees it end.
                 return (Body::empty(), true);
             };
             let whole = length == Some(data.len() as u64);
@@ -241,8 +225,6 @@ fn arrived_with_head(mut body: Body, length: Option<u64>) -> (Body, bool) {
     }
 }
 
-/// A snapshot as an HTTP answer: its bytes with the contract's headers, or `304` when
-/// `If-None-Match` matches (the statement then read no bytes).
 fn snapshot_response(
     snapshot: Snapshot,
     read: Read<'_>,
@@ -270,8 +252,7 @@ fn snapshot_response(
         header::LAST_MODIFIED,
         HeaderValue::from_str(&last_modified).expect("an HTTP date is ASCII"),
     );
-    // A GET whose bytes were left unread is one the statement found matching: a 304 either way,
-    // never a 200 without its body.
+    // Unread bytes mean the statement found a match: 304, never a 200 without its body.
     let unread = matches!(read, Read::Body(_)) && snapshot.body.is_none();
     if unread || if_none_match.is_some_and(|c| c.matches_weak(&meta.etag)) {
         return (StatusCode::NOT_MODIFIED, headers).into_response();
@@ -286,15 +267,12 @@ fn snapshot_response(
     match snapshot.body {
         Some(body) => (StatusCode::OK, headers, body).into_response(),
         None => {
-            // What a GET would send, for a HEAD that did not read the body.
             headers.insert(header::CONTENT_LENGTH, HeaderValue::from(meta.size));
             (StatusCode::OK, headers).into_response()
         }
     }
 }
 
-/// What a read of `method` takes: a `HEAD` no bytes, a `GET` its bytes unless `If-None-Match`
-/// matches.
 fn wanted<'a>(method: &Method, if_none_match: Option<&'a EntityTagCondition>) -> Read<'a> {
     if method == Method::HEAD {
         Read::Head
@@ -372,8 +350,6 @@ pub struct ListParams {
     include: Option<String>,
 }
 
-/// The keys with a current snapshot, in byte order (or reversed), each with that snapshot's
-/// head, and its metadata with `include=metadata`.
 async fn list(
     State(state): State<AppState>,
     ApiQuery(params): ApiQuery<ListParams>,
@@ -402,7 +378,6 @@ async fn list(
         .map(crate::domain::KeyPrefix::parse)
         .transpose()
         .map_err(|e| ApiError::InvalidRequest(format!("start_after: {e}")))?;
-    // The cursor of a later page goes on from the page before; `start_after` starts the first.
     let after = after.or_else(|| start_after.map(|s| s.as_str().to_owned()));
     let q = SnapshotKeysQuery {
         prefix,
@@ -415,7 +390,6 @@ async fn list(
         for item in &mut page.items {
             item.metadata = None;
         }
-        // Without `include=metadata` an item has no `metadata` member at all.
         let mut json = serde_json::to_value(&page).expect("a page serializes");
         if let Some(items) = json["items"].as_array_mut() {
             for item in items {

@@ -1,6 +1,4 @@
-//! `POST /v1/txn` (contract v1.3): puts, deletes and prefix deletes under one fence, all or
-//! nothing. The body is checked whole here (each key once, all in the fence's namespace, no key
-//! also under a prefix delete) before the store runs it as one statement.
+//! `POST /v1/txn` (v1.3): the body is checked whole here before the store runs it as one statement.
 
 use axum::Json;
 use axum::body::Body;
@@ -27,20 +25,17 @@ pub(super) fn routes() -> Routes {
     Routes::new().route("/v1/txn", post(run))
 }
 
-/// The body: its ops, in order.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TxnBody {
     ops: Vec<OpBody>,
 }
 
-/// One op as sent.
 #[derive(Debug, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 enum OpBody {
     Put {
         key: Key,
-        /// The body, base64 (standard alphabet, padded).
         body: String,
         #[serde(default)]
         content_type: Option<String>,
@@ -59,7 +54,6 @@ enum OpBody {
     },
 }
 
-/// The answer of a committed transaction.
 #[derive(Debug, Serialize)]
 struct TxnAnswer {
     token: FencingToken,
@@ -67,7 +61,6 @@ struct TxnAnswer {
     results: Vec<OpAnswer>,
 }
 
-/// One op's result.
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
 enum OpAnswer {
@@ -157,8 +150,7 @@ fn answer(result: TxnResult) -> OpAnswer {
     }
 }
 
-/// The body checked against the contract: 1..=`max_ops` ops, every key and prefix in the
-/// fence's namespace, each key once and under no prefix that is deleted, prefixes disjoint.
+/// The body checked: 1..=`max_ops` ops in the fence's namespace, each key once.
 fn checked(
     fence: Key,
     token: FencingToken,
@@ -257,7 +249,6 @@ fn checked(
     Ok(TxnRequest { fence, token, ops })
 }
 
-/// Each key at most once, no key under a deleted prefix, no prefix under another.
 fn check_disjoint(ops: &[TxnOp]) -> Result<(), ApiError> {
     let keys: Vec<(usize, &Key)> = ops
         .iter()

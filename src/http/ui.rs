@@ -1,9 +1,5 @@
-//! `/ui`: the operator page. Plain HTML, CSS and JavaScript from `ui/` at the top of the
-//! repository, compiled into the binary, so the page never fetches anything from elsewhere and
-//! needs no build step. The assets are public and need no API key: the page asks the operator
-//! for one and sends it, as `Authorization: Bearer`, on each of its calls to the public `/v1` API,
-//! which decides what the key may see. Every asset is served with a Content-Security-Policy
-//! that allows only this origin's scripts, styles, images and API calls, and none inline.
+//! `/ui`: the operator page, compiled in from `ui/`; it calls the `/v1` API with the operator's
+//! key.
 
 use axum::http::{HeaderName, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
@@ -32,8 +28,7 @@ macro_rules! asset {
     };
 }
 
-/// Every file of the page. The page names the others relative to `/ui` (`ui/app.js`), and the
-/// API as `v1/…`, so it also works behind a proxy that mounts the service under a path.
+/// Every file of the page; all paths are relative, so it works behind a path-mounting proxy.
 pub const ASSETS: [Asset; 4] = [
     asset!("/ui", "index.html", "text/html; charset=utf-8"),
     asset!("/ui/app.js", "app.js", "text/javascript; charset=utf-8"),
@@ -41,15 +36,12 @@ pub const ASSETS: [Asset; 4] = [
     asset!("/ui/favicon.svg", "favicon.svg", "image/svg+xml"),
 ];
 
-/// The policy every asset is served with: this origin only, nothing inline, no frames, no
-/// plugins, no `<base>`, and forms submitted only to this origin (the page's forms are handled by
-/// its script and never submitted).
+/// This origin only: nothing inline, no frames, plugins or `<base>`, forms only to this origin.
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
      style-src 'self'; img-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'none'; \
      form-action 'self'; frame-ancestors 'none'";
 
-/// The page's routes. They are merged outside authentication and load shedding, like `/healthz`:
-/// the files are the same for everyone and cost nothing to serve.
+/// Outside authentication and shedding like `/healthz`: the files are the same for everyone.
 pub(super) fn routes() -> Routes {
     ASSETS.iter().fold(Routes::new(), |routes, asset| {
         let asset = *asset;
@@ -76,8 +68,7 @@ fn serve(asset: Asset) -> Response {
             header::REFERRER_POLICY,
             HeaderValue::from_static("no-referrer"),
         ),
-        // The files change only with the binary; `no-cache` has the browser ask again on each
-        // load, so an upgraded server never runs with the old script.
+        // `no-cache`, so an upgraded server never runs with the old script.
         (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
         (
             HeaderName::from_static("cross-origin-resource-policy"),

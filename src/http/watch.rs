@@ -1,8 +1,4 @@
-//! `/v1/watch`: the changes to keys under a prefix as server-sent events (contract v1.1,
-//! "Watch"). Each event is `id:` (the change id), `event:` (its kind) and `data:` (its JSON);
-//! a comment line every `--watch-heartbeat` keeps an idle stream open; a stream ends after
-//! `--max-watch` (and when the instance shuts down), and the client resumes it with
-//! `Last-Event-ID`, missing nothing and getting nothing twice. The delivery rules live in
+//! `/v1/watch`: changes as server-sent events, resumed with `Last-Event-ID`; see
 //! [`crate::store::watch`].
 
 use std::convert::Infallible;
@@ -28,7 +24,6 @@ use crate::domain::{ChangeId, KeyPrefix, Principal};
 use crate::state::AppState;
 use crate::store::watch::{Opened, Watch};
 
-/// The watch route.
 pub(super) fn routes() -> Routes {
     Routes::new().route("/v1/watch", get(watch))
 }
@@ -43,12 +38,10 @@ pub struct WatchParams {
     since: Option<String>,
 }
 
-/// The name of the block that ends a stream whose API key was revoked: not a change (it has no
-/// `id:`, so an EventSource's last id stays the last change's), and its `data:` is the
-/// problem+json a new request with the key is answered (`401 unauthorized`).
+/// The block ending a stream whose key was revoked: no `id:`, so the last id stays the last
+/// change's; its `data:` is the `401` problem.
 pub const REVOKED_EVENT: &str = "revoked";
 
-/// What ends a stream early: the revocation of its API key.
 type Revoked = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 async fn watch(
@@ -59,17 +52,13 @@ async fn watch(
     ApiQuery(params): ApiQuery<WatchParams>,
 ) -> Result<Response, ApiError> {
     let prefix = KeyPrefix::parse(params.prefix.unwrap_or_default())?;
-    // A reconnecting EventSource sends the URL it first opened (with its `since`) and the id it
-    // got to: the header is the newer news. Both are checked, whichever is used.
+    // A reconnecting EventSource sends its first URL's `since` and a newer `Last-Event-ID`.
     let since = params.since.as_deref().map(ChangeId::parse).transpose()?;
     let last_event_id = axum::http::HeaderName::from_static(LAST_EVENT_ID);
     let last = super::extract::single_header(&headers, &last_event_id)?
         .map(ChangeId::parse)
         .transpose()?;
     let since = last.or(since);
-    // Counted before the history is read, for as long as the stream stays open: against the
-    // key's and the instance's streams, and, with the request's admission kept, against the
-    // key's requests in flight.
     let streaming = state
         .limits
         .admit_watch(principal.as_ref().map(|Extension(p)| p.name.as_str()))
@@ -90,15 +79,11 @@ async fn watch(
             )));
         }
     };
-    // Where the stream starts, also for a client that is cut off before the first change: in a
-    // header, and as an event of an id alone, which an EventSource takes as its last id
-    // without dispatching anything (WHATWG HTML, 9.2.6).
+    // The start, as a header and an id-only event, so a client cut off early resumes there.
     let start = watch.position();
     let ends = tokio::time::sleep(state.rules.max_watch);
     let opening = stream::once(async move { Ok(Event::default().id(start.to_string())) });
-    // A stream of a key ends when the key is revoked, on every instance, as its revocation is
-    // confirmed ([`crate::store::keys::KeyCache::revoked`]): a stream is no request in flight
-    // that the statements' check of the key would stop.
+    // The stream ends once its key's revocation is confirmed here.
     let revoked: Revoked = match principal {
         Some(Extension(principal)) => {
             let (keys, pool) = (state.keys.clone(), (*state.db).clone());
@@ -112,7 +97,6 @@ async fn watch(
         None => Box::pin(std::future::pending()),
     };
     let changes = opening.chain(events(watch, revoked)).map(move |event| {
-        // Held by the stream, and let go with it.
         let _held = (&streaming, &in_flight);
         event
     });
@@ -121,14 +105,12 @@ async fn watch(
     let mut response = sse.into_response();
     let headers = response.headers_mut();
     headers.insert(WATCH_AFTER, HeaderValue::from(start.get()));
-    // Proxies that buffer answers (nginx) would hold the events back.
+    // Buffering proxies (nginx) would hold the events back.
     headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
     Ok(response)
 }
 
-/// The watch's changes as SSE events; a failure to read the history ends the stream with a
-/// comment that says so (the client resumes from its last event); the revocation of its API key
-/// ends it with a [`REVOKED_EVENT`] (the client must not resume with that key).
+/// The changes as SSE events; a read failure ends the stream with a comment.
 fn events(watch: Watch, revoked: Revoked) -> impl Stream<Item = Result<Event, Infallible>> {
     stream::unfold(Some((watch, revoked)), |state| async move {
         let (mut watch, mut revoked) = state?;
@@ -160,5 +142,4 @@ fn events(watch: Watch, revoked: Revoked) -> impl Stream<Item = Result<Event, In
     })
 }
 
-/// What the [`REVOKED_EVENT`] says.
 const REVOKED_DETAIL: &str = "the API key of this watch was revoked, so the stream ended; resuming with it is refused 401. Ask an operator for a live key, then resume with Last-Event-ID";

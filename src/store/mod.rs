@@ -1,20 +1,7 @@
-//! The store: every SQL statement of the service, laid out as an engine and features.
-//!
-//! - `engine` (connections, the batcher, the statement builder, the bound every call keeps,
-//!   the database's errors) knows no feature.
-//! - Each feature owns its rows, rules, batch kinds and SQL (`<feature>/sql/*.sql`, compiled in
-//!   with `include_str!`, with the rows each statement locks and why it is race-free under READ
-//!   COMMITTED with any number of instances written beside it): [`leases`] (grants, renewals,
-//!   endings, recovery records, the waiting queue, the token sequence), [`snapshots`] (fenced
-//!   writes and reads), [`idempotency`] (the gate and the record every changing statement opens
-//!   and ends with), [`keys`] (API keys), [`audit`] (the logs and their retention), [`watch`]
-//!   (the change feed).
-//!
-//! The hot paths' statements are over a batch of requests (arrays, one element per request),
-//! assembled by the engine's builder; each is rendered to `src/store/rendered/` (a test checks
-//! them; `bench/compare.sh` runs them with pgbench). Refused operations are outcomes, not errors:
-//! a stale write is recorded in the audit log, committed, and returned as
-//! [`snapshots::WriteOutcome::Refused`]. [`StoreError`] is only for the database failing.
+//! The store: every SQL statement, as an engine that knows no feature and features that own their
+//! rows, rules and SQL (`<feature>/sql/*.sql`, each saying what it locks and why it is race-free
+//! under READ COMMITTED). Refusals are outcomes committed with their audit row; [`StoreError`] is
+//! the database failing.
 
 pub mod audit;
 mod engine;
@@ -34,10 +21,10 @@ pub use engine::{
     DbSettings, HOT_SETTINGS, HotPoolStatus, MIGRATOR, Result, StoreError, has_schema, pool, ready,
     restart_deadline, server_timeout, within,
 };
-pub use leases::{timeline, waiters};
+use leases::{timeline, waiters};
 
-/// The database of an instance: sqlx's pool for everything (it dereferences to it), the hot
-/// connections, and each feature's batches of hot calls. Cheap to clone.
+/// An instance's database: sqlx's pool (its `Deref`), the hot connections and batches. Cheap to
+/// clone.
 #[derive(Debug, Clone)]
 pub struct Db {
     conns: engine::conns::Conns,
@@ -54,9 +41,7 @@ impl Deref for Db {
 }
 
 impl Db {
-    /// The hot pool beside `pool` and the dispatchers of the batched hot paths. Opens no
-    /// connection until one is needed; must be called within a Tokio runtime (the dispatchers
-    /// are tasks of it).
+    /// Opens no connection until one is needed; needs a Tokio runtime for the dispatchers.
     pub fn new(pool: PgPool) -> Self {
         let conns = engine::conns::Conns::new(pool);
         Self {
@@ -72,26 +57,20 @@ impl Db {
             .hot_status(self.leases.queued() + self.snapshots.queued())
     }
 
-    /// The connections, for a statement run on its own.
     pub(crate) fn conns(&self) -> &engine::conns::Conns {
         &self.conns
     }
 
-    /// The batches of lease calls.
     pub(crate) fn leases(&self) -> &leases::Batches {
         &self.leases
     }
 
-    /// The batches of snapshot calls.
     pub(crate) fn snapshots(&self) -> &snapshots::Batches {
         &self.snapshots
     }
 }
 
-/// Every statement the hot connections run ([`HOT_SETTINGS`]), named as its rendered file in
-/// `src/store/rendered/` is: for the test that their generic plans, made while the tables are
-/// empty, read a batch's rows by key alone, and for the test that the rendered files are the
-/// statements the service runs.
+/// Every statement the hot connections run, named as its rendered file.
 #[doc(hidden)]
 pub fn hot_statements() -> Vec<(&'static str, &'static str)> {
     let fenced = &*snapshots::FENCED;
@@ -111,8 +90,7 @@ pub fn hot_statements() -> Vec<(&'static str, &'static str)> {
     ]
 }
 
-/// Who sent a request and where from (for the audit log and the Idempotency-Key's scope), and
-/// its Idempotency-Key.
+/// Who sent a request and from where, and its Idempotency-Key.
 #[derive(Debug, Clone, Default)]
 pub struct RequestContext {
     /// The request's `x-request-id`.
@@ -127,10 +105,8 @@ pub struct RequestContext {
     pub idempotency: Option<idempotency::Idempotency>,
 }
 
-/// Applies the migrations, then moves the token sequence past every token already stored.
-///
-/// Several instances may start at once: sqlx serialises migrations with an advisory lock, and
-/// [`leases::ensure_sequence_ahead`] takes a table lock that orders it against every grant.
+/// Migrates, then moves the token sequence past every stored token. Concurrent starts are safe:
+/// migrations take an advisory lock, [`leases::ensure_sequence_ahead`] a table lock.
 pub async fn prepare(pool: &PgPool) -> Result<()> {
     MIGRATOR.run(pool).await?;
     leases::ensure_sequence_ahead(pool).await?;
@@ -150,7 +126,6 @@ pub async fn prepare(pool: &PgPool) -> Result<()> {
 mod tests {
     use std::path::PathBuf;
 
-    /// The first line of a rendered file.
     fn header(name: &str) -> String {
         format!(
             "-- src/store/rendered/{name}.sql: the statement as the service sends it, assembled by \
@@ -159,8 +134,6 @@ mod tests {
         )
     }
 
-    /// The checked-in rendering of every batched statement is the statement the service runs,
-    /// so a reader (and `bench/compare.sh`) sees the SQL a batch sends.
     #[test]
     fn rendered_statements_are_the_statements_the_service_runs() {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/store/rendered");

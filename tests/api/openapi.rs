@@ -645,7 +645,7 @@ async fn answers_of_the_watch_conform_to_the_spec() {
 #[tokio::test]
 async fn answers_of_the_limits_per_key_and_on_bodies_conform_to_the_spec() {
     let mut rules = crate::harness::rules();
-    rules.rate_limit_per_key = Some(snapfence::state::RateLimit {
+    rules.rate_limit_per_key = Some(snapfence::rules::RateLimit {
         per_second: 0.1,
         burst: std::num::NonZeroU32::MIN,
     });

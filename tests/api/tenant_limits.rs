@@ -12,7 +12,7 @@ use futures_util::{StreamExt, stream};
 use reqwest::{Body, Method, RequestBuilder, Response, StatusCode};
 use serde_json::{Value, json};
 use snapfence::domain::Scope;
-use snapfence::state::RateLimit;
+use snapfence::rules::RateLimit;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::task::JoinSet;

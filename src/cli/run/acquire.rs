@@ -9,7 +9,6 @@ use super::group::Signals;
 use super::{Ctx, Exit, RunArgs, output};
 use crate::domain::{Lease, LeaseState};
 
-/// A lease `run` was granted, and what dates it.
 pub(super) enum Granted {
     /// By an acquire that did not wait, sent at `sent`: the server measured the TTL from later.
     AtOnce { lease: Lease, sent: Instant },
@@ -17,9 +16,7 @@ pub(super) enum Granted {
     AfterWait(Lease),
 }
 
-/// Acquires the key; with `--wait`, once it is found held, waits in the key's queue on the
-/// server (served in arrival order, woken by the server when the key frees) until the wait is
-/// over, and retries while the server is briefly away.
+/// Acquires the key; with `--wait`, once it is found held, waits in the key's queue on the server.
 pub(super) async fn acquire(
     ctx: &Ctx,
     args: &RunArgs,
@@ -34,8 +31,7 @@ pub(super) async fn acquire(
     };
     let mut attempt = 0;
     let mut announced: Option<(String, Instant)> = None;
-    // Whether the next acquire waits on the server: once the key was found held, so that the
-    // first try says who holds it.
+    // Wait only once the key was found held, so the first try says who holds it.
     let mut queue = false;
     loop {
         let sent = Instant::now();
@@ -47,8 +43,7 @@ pub(super) async fn acquire(
         };
         let answer = tokio::select! {
             answer = ctx.client.acquire(&args.key, &attempt_request) => answer,
-            // Dropping the call closes its connection: the server takes the place out of
-            // the queue.
+            // Dropping the call closes its connection, which takes the place out of the queue.
             sig = signals.recv() => {
                 eprintln!("snapfence: {} while waiting for {}; giving up", sig.as_str(), args.key);
                 return Err(Exit::Status(128 + sig as u8));
@@ -70,8 +65,7 @@ pub(super) async fn acquire(
             }
             Err(e) => e,
         };
-        // A write whose outcome is unknown may have granted a lease nobody knows the token of;
-        // acquiring again would only find it held, so stop and say so.
+        // An unknown outcome may have granted a lease whose token nobody knows: stop and say so.
         let worth_waiting =
             matches!(e, Error::LeaseHeld { .. }) || (e.is_transient() && !e.is_indeterminate());
         let now = Instant::now();
@@ -122,9 +116,7 @@ pub(super) async fn acquire(
             );
             announced = Some((what, now));
         }
-        // Held: the next try waits in the queue on the server, not here; unless the server
-        // waited less than it was asked (its --max-wait is shorter), when the tries are paced
-        // as after a failure.
+        // The next try waits on the server, unless its --max-wait cut this one short.
         let asked = attempt_request.wait_ms.unwrap_or(0);
         let cut_short = asked > 0 && now.duration_since(sent) < Duration::from_millis(asked as u64);
         if matches!(e, Error::LeaseHeld { .. }) && (!queue || !cut_short) {
@@ -144,8 +136,7 @@ pub(super) async fn acquire(
     }
 }
 
-/// The longest wait one acquire asks the server for (the contract's bound); a longer `--wait`
-/// asks again.
+/// The contract's bound on one wait; a longer `--wait` asks again.
 const MAX_SERVER_WAIT: Duration = Duration::from_millis(crate::domain::MAX_WAIT_MS as u64);
 
 fn round_to_seconds(d: Duration) -> Duration {

@@ -1,5 +1,4 @@
-//! The command's process group: starting it, watching it exit without reaping it, signalling
-//! and stopping every member, and the signals `run` passes on.
+//! The command's process group: starting, watching without reaping, signalling and stopping it.
 
 use std::ffi::OsString;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -17,10 +16,7 @@ use super::plan::Plan;
 use super::{Ctx, Exit};
 use crate::domain::Lease;
 
-/// The exit code of a command that could not be started, and what to do about it, as a shell
-/// tells them apart: 127 when there is no such command, 126 when there is but it cannot be
-/// executed (not executable, a file the kernel cannot run (ENOEXEC), a directory), 1 when no
-/// process could be made at all.
+/// The exit code of a command that could not start, as a shell has it (127, 126).
 pub(super) fn not_started(e: &std::io::Error) -> (Exit, &'static str) {
     match e.raw_os_error().map(Errno::from_raw) {
         Some(Errno::ENOENT) => (
@@ -38,7 +34,6 @@ pub(super) fn not_started(e: &std::io::Error) -> (Exit, &'static str) {
     }
 }
 
-/// Starts the command in a process group of its own, with its lease in the environment.
 pub(super) fn spawn(ctx: &Ctx, command: &[OsString], lease: &Lease) -> std::io::Result<Child> {
     std::process::Command::new(&command[0])
         .args(&command[1..])
@@ -51,9 +46,7 @@ pub(super) fn spawn(ctx: &Ctx, command: &[OsString], lease: &Lease) -> std::io::
         .spawn()
 }
 
-/// Resolves once `pid` has exited, leaving it unreaped (`WNOWAIT`) so that its id, and with it
-/// the process group's, stays taken until [`reap`]. `waitid` blocks, so a thread of its own
-/// waits; it is not a runtime task, so that the runtime never waits for it at shutdown.
+/// Resolves once `pid` exits, unreaped (`WNOWAIT`), so its id stays taken until [`reap`].
 pub(super) fn watch_exit(pid: Pid) -> oneshot::Receiver<()> {
     let (tx, rx) = oneshot::channel();
     std::thread::spawn(move || {
@@ -65,14 +58,12 @@ pub(super) fn watch_exit(pid: Pid) -> oneshot::Receiver<()> {
     rx
 }
 
-/// Reaps the command once its group is gone, and returns how it ended.
 pub(super) fn reap(child: &mut Child) -> ExitStatus {
     child
         .wait()
         .expect("the command is our child and not yet reaped")
 }
 
-/// Sends a signal to every process of the group; a group already gone is fine.
 pub(super) fn send(group: Pid, sig: Signal) {
     match killpg(group, sig) {
         Ok(()) | Err(Errno::ESRCH) => {}
@@ -83,9 +74,7 @@ pub(super) fn send(group: Pid, sig: Signal) {
     }
 }
 
-/// SIGTERM to the group; SIGKILL to whatever is left of it once the plan's grace has passed.
-/// Returns when no process of the group is alive (`true`), or when some outlive SIGKILL for
-/// longer than the plan's stop allowance (`false`).
+/// SIGTERM to the group, SIGKILL after the plan's grace; whether the group is gone.
 pub(super) async fn stop_group(group: Pid, plan: &Plan) -> bool {
     send(group, Signal::SIGTERM);
     let kill_at = Instant::now() + plan.grace;
@@ -109,9 +98,7 @@ pub(super) async fn stop_group(group: Pid, plan: &Plan) -> bool {
     true
 }
 
-/// Whether any process of the group is alive, zombies aside: a dead member whose parent has
-/// not reaped it yet (CMD itself, or an orphan under an init that never reaps) does no work.
-/// When `/proc` cannot be read the group is taken as alive, which errs towards SIGKILL.
+/// Whether any group member is alive, zombies aside.
 pub(super) fn group_alive(group: Pid) -> bool {
     if let Err(Errno::ESRCH) = killpg(group, None) {
         return false;
@@ -132,8 +119,7 @@ pub(super) fn group_alive(group: Pid) -> bool {
     })
 }
 
-/// The process group of a `/proc/PID/stat` line, unless the process is a zombie or dead. The
-/// command name in parentheses may hold anything, so fields are counted from its last `)`.
+/// The group of a `/proc/PID/stat` line unless the process is dead.
 fn live_member_of(stat: &str) -> Option<i32> {
     let rest = &stat[stat.rfind(')')? + 1..];
     let mut fields = rest.split_whitespace();
@@ -143,7 +129,6 @@ fn live_member_of(stat: &str) -> Option<i32> {
     (!matches!(state, "Z" | "X")).then_some(group)
 }
 
-/// The exit code that passes the command's status on, as a shell would.
 pub(super) fn exit_of(status: ExitStatus) -> Exit {
     match (status.code(), status.signal()) {
         (Some(code), _) => Exit::Status(code as u8),
@@ -152,7 +137,6 @@ pub(super) fn exit_of(status: ExitStatus) -> Exit {
     }
 }
 
-/// The signals `run` passes on to the command instead of dying of them.
 pub(super) struct Signals {
     interrupt: tokio::signal::unix::Signal,
     terminate: tokio::signal::unix::Signal,

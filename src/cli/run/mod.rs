@@ -1,24 +1,8 @@
 //! `snapfence run KEY -- CMD…`: run a command under a lease, and stop it before the lease can
-//! lapse.
-//!
-//! CMD runs in a process group of its own, with its lease in `SNAPFENCE_URL`, `SNAPFENCE_KEY`,
-//! `SNAPFENCE_TOKEN` and `SNAPFENCE_OWNER` (and `SNAPFENCE_API_KEY`, `SNAPFENCE_CA_CERT` when
-//! `run` was given them, so that CMD's own `snapfence` calls reach the server as `run` does). A
-//! [`LeaseKeeper`] renews the lease. The keeper
-//! declares the lease lost `grace` + a stop allowance ([`Plan`]) before the latest moment the
-//! server can expire it; the whole group then gets SIGTERM, and SIGKILL once `grace` has passed, so every
-//! process of the group is gone while the server still holds the lease and no other holder can
-//! have started. When CMD exits, whatever it left running in its group is stopped the same way
-//! before the lease is released, since the lease covers the group.
-//!
-//! The group is watched without reaping CMD until every member is gone: an unreaped CMD keeps
-//! its process id, which is the group's id, from being reused, so no signal can reach a
-//! stranger. A process that leaves the group (`setsid`, `setpgid`) escapes the lease; so does
-//! CMD if `run` itself is killed with SIGKILL, since only `run` can stop it.
-//!
-//! A lease granted at once is dated from its acquire's send time; one granted after a wait in
-//! the key's queue is renewed at once and dated from that renewal, so a long wait never makes a
-//! fresh lease look about to lapse.
+//! lapse. CMD runs in its own process group; a [`LeaseKeeper`] renews the lease and declares it
+//! lost `grace` + a stop allowance ([`Plan`]) before the server can expire it, and the group then
+//! gets SIGTERM, then SIGKILL, so it is gone while the lease still holds. CMD is not reaped until
+//! the group is empty, so no signal reaches a stranger reusing its pid.
 
 mod acquire;
 mod group;
@@ -104,7 +88,7 @@ pub async fn main(ctx: &Ctx, args: RunArgs) -> Exit {
             let kept = LeaseKeeper::start(&ctx.client, lease.clone(), sent, options);
             (lease, kept)
         }
-        // The server granted it at some moment of the wait: dated by a renewal sent now.
+        // Granted at some moment of the wait: dated by a renewal sent now.
         Granted::AfterWait(lease) => {
             let kept = LeaseKeeper::adopt(&ctx.client, lease.clone(), options).await;
             (lease, kept)
@@ -120,7 +104,6 @@ pub async fn main(ctx: &Ctx, args: RunArgs) -> Exit {
             return exit;
         }
     };
-    // Said before the command starts, so that it comes before anything the command prints.
     eprintln!(
         "snapfence: holding {} as {} (token {}, ttl {}); starting {}",
         lease.key,
@@ -135,7 +118,6 @@ pub async fn main(ctx: &Ctx, args: RunArgs) -> Exit {
             let program = args.command[0].to_string_lossy();
             let (exit, next) = not_started(&e);
             eprintln!("snapfence: cannot start {program}: {e}; {next}");
-            // Nothing ran, so nothing was left to recover: the lease is released plainly.
             finish(ctx, keeper, true, args.crash_recovery).await;
             return exit;
         }
@@ -143,9 +125,7 @@ pub async fn main(ctx: &Ctx, args: RunArgs) -> Exit {
     let group = Pid::from_raw(child.id() as i32);
     let mut exited = watch_exit(group);
     let lost = keeper.lost();
-    // The first signal is passed on; a second one means the command did not stop and the
-    // person wants it gone: the group is killed, so that no one has to kill `run` itself and
-    // leave the command running with nobody renewing its lease.
+    // The first signal is passed on; a second kills the group.
     let mut signalled = false;
     let lost_first = loop {
         tokio::select! {
@@ -175,8 +155,7 @@ pub async fn main(ctx: &Ctx, args: RunArgs) -> Exit {
         if stop_group(group, &plan).await {
             reap(&mut child);
         }
-        // Only a lapsing lease can still be live; after lease_lost or a refusal there is
-        // nothing left to release, and the keeper's drop sends nothing once `run` returns.
+        // Only a lapsing lease can still be live; otherwise there is nothing to release.
         if let Some(LostReason::Lapsing { .. } | LostReason::Overdue) = keeper.lost_reason() {
             eprintln!("snapfence: the command was stopped before the lease could expire");
             finish(ctx, keeper, false, args.crash_recovery).await;
@@ -194,7 +173,6 @@ pub async fn main(ctx: &Ctx, args: RunArgs) -> Exit {
     exit_of(status)
 }
 
-/// The lease's metadata: who is running what, for whoever finds the key held.
 fn metadata(command: &[OsString]) -> Metadata {
     let line: String = command
         .iter()
@@ -208,9 +186,7 @@ fn metadata(command: &[OsString]) -> Metadata {
         .expect("a small object is valid metadata")
 }
 
-/// Ends the lease: release, after require-recovery when `--crash-recovery` asks for a record
-/// and the run was not `clean` (the command failed or was stopped; one that succeeded or never
-/// started left nothing to recover).
+/// Ends the lease: release, after require-recovery when `--crash-recovery` asks and the run failed.
 async fn finish(ctx: &Ctx, keeper: LeaseKeeper, clean: bool, crash_recovery: bool) {
     let lease = keeper.lease();
     if crash_recovery && !clean {
@@ -236,7 +212,6 @@ async fn finish(ctx: &Ctx, keeper: LeaseKeeper, clean: bool, crash_recovery: boo
     }
 }
 
-/// Releases a lease no keeper holds, reporting nothing: used only when giving up early.
 async fn release_quietly(ctx: &Ctx, lease: &Lease) {
     let _ = ctx.client.release(&lease.key, lease.token).await;
 }

@@ -2,33 +2,22 @@
 
 use std::time::Duration;
 
-/// Time allowed, beyond `--grace`, between the keeper declaring the lease lost and the server's
-/// earliest possible expiry, for SIGKILL to take the group down and for the scheduler: this,
-/// or a fifth of the TTL when that is shorter (see [`Plan`]).
+/// Time beyond `--grace` for SIGKILL to take the group down before the server's earliest expiry.
 const STOP_ALLOWANCE: Duration = Duration::from_secs(1);
-/// The least time that `--ttl` must leave for renewing once `--grace` and the stop allowance are
-/// reserved, for several renewal attempts: this, or a fifth of the TTL when that is shorter.
+/// The least time `--ttl` must leave for renewals once grace and allowance are reserved.
 const MIN_RENEW_WINDOW: Duration = Duration::from_secs(1);
-/// The longest `--grace` when none is given; below three times this, a third of the TTL.
 const DEFAULT_GRACE: Duration = Duration::from_secs(5);
-/// How often the process group is looked at while it is being stopped (less when the stop
-/// allowance is short).
 const POLL: Duration = Duration::from_millis(10);
 
-/// How `run` divides a lease's TTL: from the end, the stop allowance (SIGKILL's time to take
-/// the group down), before it `grace` (SIGTERM's time), and before that the time to renew in.
-/// Both fixed parts shrink with a short TTL, so that every TTL a server accepts works.
+/// How `run` divides a lease's TTL: from the end, the stop allowance, `grace`, and the renewals.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Plan {
-    /// Between SIGTERM and SIGKILL.
     pub(super) grace: Duration,
-    /// After SIGKILL, until the server's earliest possible expiry.
     pub(super) allowance: Duration,
 }
 
 impl Plan {
-    /// The plan for `--ttl` and `--grace` (a third of the TTL, at most [`DEFAULT_GRACE`], when
-    /// none is given), or what to do when the TTL leaves no time to renew in.
+    /// The plan for `--ttl` and `--grace`, or what to do when the TTL leaves no time to renew.
     pub(super) fn new(ttl: Duration, grace: Option<Duration>) -> Result<Self, String> {
         let plan = Self {
             grace: grace.unwrap_or((ttl / 3).min(DEFAULT_GRACE)),
@@ -53,19 +42,16 @@ impl Plan {
         ))
     }
 
-    /// How long before the deadline the keeper declares the lease lost.
     pub(super) fn margin(&self) -> Duration {
         self.grace + self.allowance
     }
 
-    /// The shortest TTL that leaves room for `grace`: `grace` plus 2 s, or five thirds of
-    /// `grace` when the TTL's fifths are shorter than those seconds.
+    /// The shortest TTL that leaves room for `grace`.
     fn least_ttl(grace: Duration) -> Duration {
         (grace * 5 / 3).min(grace + STOP_ALLOWANCE + MIN_RENEW_WINDOW)
     }
 
-    /// How often a group being stopped is looked at: often enough to notice within the
-    /// allowance.
+    /// Often enough to notice within the allowance.
     pub(super) fn poll(&self) -> Duration {
         POLL.min(self.allowance / 4)
     }

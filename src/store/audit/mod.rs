@@ -1,7 +1,5 @@
-//! The audit log: `rejections` (refused fenced writes, written by the fenced statements in
-//! [`super::snapshots`]) and `recoveries` (recovery records replaced or kept by a reconciling
-//! grant, written by [`super::leases::acquire`], or confirmed by [`super::leases::reconciled`]). Reads page newest first by id; retention prunes in
-//! small batches.
+//! The audit log: `rejections` (refused fenced writes) and `recoveries` (recovery records), written
+//! by the statements that decide them.
 
 use std::time::Duration;
 
@@ -40,9 +38,7 @@ impl Log {
     }
 }
 
-/// How large each audit log is: (log, rows, bytes with indexes). The rows are PostgreSQL's
-/// statistics (`n_live_tup`, updated within about a second of each commit), not a count: one
-/// small statement over the catalogue, however large the logs grow.
+/// Each audit log's (name, estimated rows, bytes with indexes), from the catalogue.
 pub async fn sizes(pool: &PgPool) -> Result<Vec<(Log, i64, i64)>> {
     let rows: Vec<(String, i64, i64)> = sqlx::query_as(include_str!("sql/sizes.sql"))
         .fetch_all(pool)
@@ -77,7 +73,6 @@ pub struct AuditQuery {
     pub before_id: Option<i64>,
 }
 
-/// A `rejections` row as stored.
 #[derive(Debug, FromRow)]
 struct RejectionRow {
     id: i64,
@@ -95,8 +90,6 @@ struct RejectionRow {
 }
 
 impl RejectionRow {
-    /// The row as the audit log shows it; every column was checked on the way in (the table's
-    /// check constraints, and the domain types of the statement that wrote it).
     fn into_rejection(self) -> Rejection {
         let fencing_key = self.fencing_key.unwrap_or_else(|| self.key.clone());
         Rejection {
@@ -180,9 +173,7 @@ impl RecoveryRow {
     }
 }
 
-/// Builds the page query with only the filters given, so that each combination is its own
-/// prepared statement with a plan that uses the index of its filter: `(key, id)` or
-/// `(reason, id)` for a key or reason, the primary key otherwise.
+/// Only the filters given, so each combination gets its own prepared plan on its index.
 fn page_query(log: Log, q: &AuditQuery) -> QueryBuilder<'static, Postgres> {
     let mut b = QueryBuilder::new(format!("SELECT * FROM {} WHERE true", log.table()));
     if let Some(key) = &q.key {
@@ -231,9 +222,7 @@ pub async fn recoveries(pool: &PgPool, q: &AuditQuery) -> Result<Page<Recovery>>
     }))
 }
 
-/// Deletes up to `batch` rows of `log` older than `retention`, oldest first, and returns how many
-/// it deleted. `SKIP LOCKED` lets several instances prune at once without waiting on each other;
-/// a small batch keeps each statement short, so pruning never holds up a write.
+/// Deletes up to `batch` rows older than `retention` (SKIP LOCKED, so writes never wait); how many.
 pub async fn prune(pool: &PgPool, log: Log, retention: Duration, batch: i64) -> Result<u64> {
     let sql = format!(
         "DELETE FROM {t} WHERE id IN (

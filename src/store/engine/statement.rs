@@ -1,27 +1,15 @@
-//! Statements over a batch of requests, assembled by one builder.
-//!
-//! A batched statement begins with its requests: one array parameter per column, one element
-//! per request, unnested into `req` with each request's position `i`. The builder writes that
-//! part from the statement's [`Column`]s, numbering the parameters in their order, and binds a
-//! batch by the same list, so the text and the binding cannot disagree. The rest is the
-//! features' SQL files, joined in order, which name the requests' columns (`r.key`) and never a
-//! parameter number. A part may leave a named slot (`{{name}}`) that each statement built from
-//! it fills: a variant is a statement of its own, never a patch of a finished one.
-//!
-//! Every statement the hot paths run is rendered to `src/store/rendered/` (checked in, compared
-//! by a test, run by `bench/compare.sh`), so the SQL a batch sends can be read whole.
+//! Statements over a batch of requests, assembled by one builder: it writes `req` (an array
+//! parameter per [`Column`]) and binds by the same list, so text and binding agree; the features'
+//! SQL parts name columns, never parameter numbers.
 
 use sqlx::Postgres;
 use sqlx::error::BoxDynError;
 use sqlx::postgres::PgArguments;
 
-/// A statement bound to its arguments, answering rows `O`.
 pub(crate) type QueryAs<'q, O> = sqlx::query::QueryAs<'q, Postgres, O, PgArguments>;
 
-/// How a column takes its value from each request of a batch, into the statement's arguments.
 pub(crate) type Bind<J> = fn(&mut PgArguments, &[&J]) -> Result<(), BoxDynError>;
 
-/// One array parameter of a batched statement: a column of `req`.
 pub(crate) struct Column<J> {
     name: &'static str,
     sql_type: &'static str,
@@ -29,8 +17,6 @@ pub(crate) struct Column<J> {
 }
 
 impl<J> Column<J> {
-    /// The column `name` of SQL type `sql_type` (its element type: `text`, `bigint`, ...),
-    /// bound by `bind`; see [`column!`].
     pub(crate) const fn new(name: &'static str, sql_type: &'static str, bind: Bind<J>) -> Self {
         Self {
             name,
@@ -40,8 +26,7 @@ impl<J> Column<J> {
     }
 }
 
-/// A [`Column`] of requests `$job`, named `$name`, of SQL type `$ty`, whose value for a request
-/// `$j` is `$value`.
+/// A [`Column`] named `$name` of SQL type `$ty`, whose value for request `$j` is `$value`.
 macro_rules! column {
     ($job:ty, $name:literal: $ty:literal = |$j:ident| $value:expr) => {
         $crate::store::engine::statement::Column::<$job>::new($name, $ty, |args, jobs| {
@@ -54,14 +39,12 @@ macro_rules! column {
 }
 pub(crate) use column;
 
-/// A statement over a batch of requests `J`, as [`Builder::build`] assembled it.
 pub(crate) struct Batched<J> {
     text: String,
     columns: Vec<Column<J>>,
 }
 
 impl<J> Batched<J> {
-    /// A statement whose requests have `columns`, in their order ($1, $2, ...).
     pub(crate) fn builder(columns: impl IntoIterator<Item = Column<J>>) -> Builder<J> {
         Builder {
             columns: columns.into_iter().collect(),
@@ -71,27 +54,22 @@ impl<J> Batched<J> {
         }
     }
 
-    /// The statement's text.
     pub(crate) fn text(&self) -> &str {
         &self.text
     }
 
-    /// The statement over `jobs`, the request at index `n` at position `n + 1`.
     pub(crate) fn query<'q, O>(&'q self, jobs: &[&J]) -> QueryAs<'q, O>
     where
         O: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
     {
         let mut args = PgArguments::default();
         for c in &self.columns {
-            // Arrays of text, numbers, booleans and bytes always encode; only a batch of more
-            // than 2^31 requests could fail, and a batch holds at most 32.
             (c.bind)(&mut args, jobs).expect("a batch's columns encode");
         }
         sqlx::query_as_with(&self.text, args)
     }
 }
 
-/// Assembles a [`Batched`] statement.
 pub(crate) struct Builder<J> {
     columns: Vec<Column<J>>,
     derived: Vec<(&'static str, &'static str)>,
@@ -100,27 +78,23 @@ pub(crate) struct Builder<J> {
 }
 
 impl<J> Builder<J> {
-    /// A column of `req` computed from the bound ones by `sql` (over `r`); a bound column of the
-    /// same name is replaced by it.
+    /// A `req` column computed by `sql` (over `r`), replacing a bound one of its name.
     pub(crate) fn derive(mut self, name: &'static str, sql: &'static str) -> Self {
         self.derived.push((name, sql));
         self
     }
 
-    /// Appends a part of the statement: an SQL file, which follows `req` and the parts before.
     pub(crate) fn part(mut self, sql: &'static str) -> Self {
         self.parts.push(sql);
         self
     }
 
-    /// Fills the slot `{{name}}` of the parts with `sql`.
     pub(crate) fn fill(mut self, name: &'static str, sql: &'static str) -> Self {
         self.slots.push((name, sql));
         self
     }
 
-    /// The statement. Panics (in every test that runs it) when a slot is left empty or a filling
-    /// finds no slot, so that an edit of a part cannot silently drop a variant.
+    /// Panics when a slot is left empty or a filling finds none, so no part is silently dropped.
     pub(crate) fn build(self) -> Batched<J> {
         let mut text = self.requests();
         for part in &self.parts {
@@ -138,7 +112,6 @@ impl<J> Builder<J> {
         }
     }
 
-    /// The statement's first part, `req`: its columns, numbered, unnested with `i`.
     fn requests(&self) -> String {
         let intro = "-- The requests of the batch (src/store/engine/statement.rs): ";
         let mut text = String::from(intro);
@@ -182,8 +155,6 @@ impl<J> Builder<J> {
     }
 }
 
-/// `list` broken at spaces into lines of at most 100 characters, the first of which follows
-/// `first` characters and each after it starts with `indent`; ending with a newline.
 fn wrap(list: &str, first: usize, indent: &str) -> String {
     let mut out = String::new();
     let mut line = String::new();

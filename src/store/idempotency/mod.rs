@@ -1,12 +1,6 @@
-//! The `idempotency_records` table: the answers of changing calls sent with an
-//! `Idempotency-Key`, and the gate every changing statement opens with.
-//!
-//! A changing statement is `sql/gate.sql`, then its own part, then `sql/remember.sql`: the gate
-//! decides whether it runs at all (the API key is still live; the Idempotency-Key has no record
-//! and no other statement is running with it), and the last part stores the statement's answer
-//! under the key in the same statement, so the record commits exactly when the change (or the
-//! refusal's audit row) does. Why two racing requests with one key never both change anything is
-//! written in `sql/gate.sql`.
+//! The `idempotency_records` table and the gate every changing statement opens with;
+//! `sql/remember.sql` stores the answer in the same statement, so it commits exactly with the
+//! change.
 
 use std::future::Future;
 use std::marker::PhantomData;
@@ -28,11 +22,9 @@ use crate::domain::{IdempotencyKey, Key};
 pub struct Idempotency {
     /// The key the client sent.
     pub key: IdempotencyKey,
-    /// The SHA-256 of the request's method, route, key, token, preconditions and body: a key
-    /// sent again with another fingerprint is a key reused for another request.
+    /// SHA-256 of the request: the same key with another fingerprint is a reused key.
     pub fingerprint: [u8; 32],
-    /// For a snapshot PUT, the fingerprint of its head alone: a refusal recorded before its
-    /// body was read (which no body changes) is this request's answer too.
+    /// For a PUT, its head's fingerprint alone, for a refusal made before the body.
     pub head_fingerprint: Option<[u8; 32]>,
 }
 
@@ -41,8 +33,7 @@ pub struct Idempotency {
 pub enum Gated<T> {
     /// The statement ran; `T` is what it did.
     Ran(T),
-    /// The same request was done before under this Idempotency-Key; `T` is what it did then.
-    /// Nothing changed now.
+    /// Done before under this Idempotency-Key; `T` is what it did then. Nothing changed now.
     Replayed(T),
     /// The Idempotency-Key was used before for a different request; nothing changed.
     KeyReused,
@@ -65,9 +56,7 @@ impl<T> Gated<T> {
     }
 }
 
-/// A changing statement's answer: the gate's verdict, the fingerprint stored with a replayed
-/// record, and the answer (this statement's, or the stored one) as JSON, read as `T` only once
-/// it is known to be this operation's (a key reused for another operation has another's).
+/// A changing statement's answer, read as `T` only once known to be this operation's.
 pub(crate) struct GatedRow<T> {
     gate: String,
     prior_fingerprint: Option<Vec<u8>>,
@@ -87,7 +76,6 @@ impl<'r, T> FromRow<'r, PgRow> for GatedRow<T> {
 }
 
 impl<T: DeserializeOwned> GatedRow<T> {
-    /// This statement's own answer, if the gate let it run.
     pub(crate) fn ran(&self) -> Result<Option<T>> {
         if self.gate == "run" {
             read(&self.answer).map(Some)
@@ -96,7 +84,6 @@ impl<T: DeserializeOwned> GatedRow<T> {
         }
     }
 
-    /// The verdict, with a replay's fingerprint compared with the request's.
     pub(crate) fn into_gated(self, ctx: &RequestContext) -> Result<Gated<T>> {
         Ok(match self.gate.as_str() {
             "run" => Gated::Ran(read(&self.answer)?),
@@ -119,24 +106,15 @@ impl<T: DeserializeOwned> GatedRow<T> {
     }
 }
 
-/// A statement's answer as its operation's type; one that does not read so is a bug of ours
-/// (the statement and its type disagree), said loudly.
 fn read<T: DeserializeOwned>(answer: &serde_json::Value) -> Result<T> {
     T::deserialize(answer).map_err(|e| StoreError::Internal(sqlx::Error::Decode(Box::new(e))))
 }
 
-/// A request of a changing statement: its key and its context (the Idempotency-Key, the
-/// principal and its API key, which the gate reads).
 pub(crate) trait Change {
-    /// The key whose row the statement locks.
     fn key(&self) -> &Key;
-    /// The request's context.
     fn ctx(&self) -> &RequestContext;
 }
 
-/// A changing statement over a batch of `J`: the gate's columns (`sql/gate.sql`: `idem`, `fp`,
-/// `principal`, `key_id`), then the operation's `columns`, then `sql/gate.sql`, the operation's
-/// `parts` and `sql/remember.sql`, with the slots `fills` fills.
 pub(crate) fn changing<J: Change>(
     columns: impl IntoIterator<Item = Column<J>>,
     derived: &[(&'static str, &'static str)],
@@ -158,8 +136,6 @@ pub(crate) fn changing<J: Change>(
     b.build()
 }
 
-/// The gate's columns of a changing request (`sql/gate.sql` reads them): its Idempotency-Key
-/// (`idem`) and fingerprint (`fp`), its principal and the id of its API key.
 fn gate_columns<J: Change>() -> [Column<J>; 4] {
     [
         column!(J, "idem": "text" = |j| j.ctx().idempotency.as_ref().map(|i| i.key.as_str())),
@@ -169,8 +145,6 @@ fn gate_columns<J: Change>() -> [Column<J>; 4] {
     ]
 }
 
-/// A change in a batch claims its key, whose row its statement locks, and its Idempotency-Key
-/// with its principal: no other request of its batch may share either.
 impl<J: Change> Job for J {
     fn key(&self) -> &Key {
         Change::key(self)
@@ -183,8 +157,6 @@ impl<J: Change> Job for J {
     }
 }
 
-/// What a batch of changing requests must not share: the Idempotency-Key with its principal
-/// (see [`Change`]'s impl of `Job`); none without a key.
 pub(crate) fn claim(ctx: &RequestContext) -> Option<String> {
     ctx.idempotency.as_ref().map(|i| {
         format!(
@@ -195,9 +167,7 @@ pub(crate) fn claim(ctx: &RequestContext) -> Option<String> {
     })
 }
 
-/// Runs a changing statement (`run`, which runs it once) until it is not rolled back by the
-/// race for its Idempotency-Key's record, and reads its gate. Each run is bounded by the
-/// request's deadline, so together they are too.
+/// Runs a changing statement until no race for its record rolls it back, and reads its gate.
 pub(crate) async fn gated<T: DeserializeOwned, F, Fut>(
     ctx: &RequestContext,
     mut run: F,
@@ -214,8 +184,7 @@ where
     }
 }
 
-/// Deletes up to `batch` records older than `retention`, oldest first, and returns how many it
-/// deleted; `sql/idempotency_prune.sql` says why it never holds up a request.
+/// Deletes up to `batch` records older than `retention`; how many.
 pub async fn prune(pool: &PgPool, retention: Duration, batch: i64) -> Result<u64> {
     let sql = include_str!("sql/prune.sql");
     super::engine::delete_batch(pool, sql, retention, batch).await

@@ -1,16 +1,7 @@
-//! The `api_keys` table: creating, listing and revoking keys, and the per-request lookup.
-//!
-//! Each instance keeps the live keys in memory ([`KeyCache`]), so a request with a key costs no
-//! extra round trip to authenticate. The cache follows the table through `LISTEN`: a trigger
-//! notifies every change at commit with the changing transaction's id; an instance stops
-//! trusting its copy the moment a notification arrives, reloads it, and then confirms the
-//! change on a second channel. `snapfence keys create` and `keys revoke` wait for the
-//! confirmation of every instance that follows the table ([`Confirmations`]), so when they
-//! return the change is in force on every instance. While the copy is not known to be current
-//! (before its first load, between a notification and the reload, after its listening
-//! connection broke and until it is back), every request is checked against the table
-//! instead. A key the copy does not know is always looked up, so a key also works on an
-//! instance that has not yet confirmed it.
+//! The `api_keys` table. Each instance keeps the live keys in memory ([`KeyCache`]), reloading on
+//! every `LISTEN` notification and confirming on a second channel; `keys create` and `keys revoke`
+//! wait for every instance's confirmation ([`Confirmations`]). Until its copy is known current, an
+//! instance checks the table.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
@@ -50,14 +41,11 @@ fn optional_time<S: serde::Serializer>(t: &Option<DateTime<Utc>>, s: S) -> Resul
     }
 }
 
-/// A committed change to the keys: the id of the transaction that made it, as the table's
-/// trigger notifies it.
+/// A committed change to the keys: its transaction id, as the trigger notifies it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Change(i64);
 
-/// Makes a key and returns it with its bearer token, which is shown this once and never again,
-/// and the change to confirm. A live key of the same name is a unique violation, reported as
-/// `Ok(None)`.
+/// Makes a key with its bearer token (shown once); `Ok(None)` when the name is live already.
 pub async fn create(
     pool: &PgPool,
     name: &KeyName,
@@ -85,8 +73,7 @@ pub async fn list(pool: &PgPool) -> Result<Vec<ApiKey>> {
         .await?)
 }
 
-/// Revokes the live key of this name and returns the change to confirm; `None` when there is
-/// no live key of that name.
+/// Revokes the live key of this name; `None` when there is none.
 pub async fn revoke(pool: &PgPool, name: &KeyName) -> Result<Option<Change>> {
     Ok(sqlx::query_scalar(include_str!("sql/revoke.sql"))
         .bind(name.as_str())
@@ -95,15 +82,10 @@ pub async fn revoke(pool: &PgPool, name: &KeyName) -> Result<Option<Change>> {
         .map(Change))
 }
 
-/// The `application_name` each instance gives its listening connection once it listens, by
-/// which [`Confirmations`] finds the instances that follow the table.
 const FOLLOWER: &str = "snapfence-key-follower";
-/// The channel on which an instance confirms that it applied a change.
 const APPLIED: &str = "snapfence_api_keys_applied";
 
-/// Listens for the instances' confirmations of a change to the keys. Made before the change,
-/// so that every instance it expects was listening before the change committed, and no
-/// confirmation can come before it listens.
+/// Listens for the instances' confirmations; made before the change, so none comes unheard.
 pub struct Confirmations {
     listener: PgListener,
     followers: Vec<i32>,
@@ -114,13 +96,12 @@ pub struct Confirmations {
 pub struct Confirmed {
     /// The instances following the table before the change committed.
     pub following: usize,
-    /// The backend pids of the listening connections that did not confirm in time.
+    /// Backend pids of listening connections that did not confirm in time.
     pub silent: Vec<i32>,
 }
 
 impl Confirmations {
-    /// Starts listening for confirmations, and finds the instances that follow the table (an
-    /// instance that starts to follow it later reads the table after the change).
+    /// Listens, and finds the instances following the table.
     pub async fn listen(pool: &PgPool) -> Result<Self> {
         let mut listener = PgListener::connect_with(pool).await?;
         listener.listen(APPLIED).await?;
@@ -135,9 +116,7 @@ impl Confirmations {
         })
     }
 
-    /// Waits up to `within` until every instance that followed the table has applied `change`.
-    /// An instance whose listening connection breaks meanwhile does not confirm; it checks every
-    /// request against the table once it notices.
+    /// Waits up to `within` for every following instance to apply `change`.
     pub async fn wait(mut self, change: Change, within: Duration) -> Result<Confirmed> {
         let following = self.followers.len();
         let mut silent: HashSet<i32> = self.followers.into_iter().collect();
@@ -177,8 +156,7 @@ struct LookupRow {
     secret_sha256: Option<Vec<u8>>,
 }
 
-/// Authenticates a request from the cache when it is current and knows the key, else with one
-/// statement (`lookup`). The secret is compared in Rust, in constant time, never in SQL.
+/// Authenticates from the cache when it can, else by `lookup`; secrets are compared in Rust.
 pub async fn authenticate(
     pool: &PgPool,
     cache: &KeyCache,
@@ -198,14 +176,12 @@ pub async fn authenticate(
                     principal: p.matches(&key.secret_sha256).then(|| key.principal.clone()),
                 });
             }
-            // Perhaps made since the copy was loaded: ask the table.
             Some((_, None)) => {}
         }
     }
     lookup(pool, presented).await
 }
 
-/// One statement: whether live keys exist, and the presented key if it is live.
 async fn lookup(pool: &PgPool, presented: Option<&Presented>) -> Result<Lookup> {
     let row: LookupRow = sqlx::query_as(include_str!("sql/lookup.sql"))
         .bind(presented.map(|p| p.id))
@@ -235,7 +211,6 @@ async fn lookup(pool: &PgPool, presented: Option<&Presented>) -> Result<Lookup> 
     })
 }
 
-/// Whether the key of id `id` is live, by the table.
 async fn is_live(pool: &PgPool, id: i64) -> Result<bool> {
     sqlx::query_scalar("SELECT EXISTS (SELECT FROM api_keys WHERE id = $1 AND revoked_at IS NULL)")
         .bind(id)
@@ -249,28 +224,22 @@ pub async fn any_live(pool: &PgPool) -> Result<bool> {
     Ok(lookup(pool, None).await?.any_live)
 }
 
-/// The channel the `api_keys` trigger notifies on every change (see the migration).
 const CHANNEL: &str = "snapfence_api_keys";
-/// The pause before listening again after the listening connection failed.
 const RELISTEN_AFTER: Duration = Duration::from_secs(1);
 
-/// A live key as the cache holds it.
 #[derive(Debug)]
 struct LiveKey {
     principal: Principal,
     secret_sha256: Vec<u8>,
 }
 
-/// The live keys by id.
 type LiveKeys = HashMap<i64, LiveKey>;
 
-/// One instance's copy of the live keys, kept current by a task that listens for changes; see
-/// the module docs. Cheap to clone; the task stops when the last clone is dropped.
+/// One instance's copy of the live keys, kept current by a listening task. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct KeyCache {
     live: Arc<RwLock<Option<Arc<LiveKeys>>>>,
-    /// Bumped at every load of the copy, before the change that caused it is confirmed: what
-    /// the open watch streams of a revoked key wait on ([`KeyCache::revoked`]).
+    /// What a revoked key's streams wait on: bumped at every load, before its change is confirmed.
     loads: tokio::sync::watch::Sender<u64>,
     _listener: Arc<AbortOnDrop>,
 }
@@ -285,7 +254,7 @@ impl Drop for AbortOnDrop {
 }
 
 impl KeyCache {
-    /// Starts following the table of `pool`'s database. Must be called within a Tokio runtime.
+    /// Starts following the table; needs a Tokio runtime.
     pub fn follow(pool: PgPool) -> Self {
         let live = Arc::new(RwLock::new(None));
         let loads = tokio::sync::watch::Sender::new(0);
@@ -297,39 +266,30 @@ impl KeyCache {
         }
     }
 
-    /// Resolves once the key of id `id` is no longer live: at the first load of the copy that
-    /// lacks it, which comes before this instance confirms the revocation (so when `keys revoke`
-    /// returns, every instance has woken its streams of the key). A key revoked before this is
-    /// called resolves it at once. Never resolves for a live key.
+    /// Resolves once key `id` is no longer live, before this instance confirms the revocation.
     pub async fn revoked(&self, pool: &PgPool, id: i64) -> Result<()> {
         let mut loads = self.loads.subscribe();
-        // The key was live when its request was authenticated; a load since then that lacks it
-        // may have come before the subscription. The copy lacks a key made after its load too,
-        // so only the table can tell those apart.
+        // A load lacking the key may predate the subscription, or the key be newer: ask the table.
         if self.current().is_some_and(|live| !live.contains_key(&id)) && !is_live(pool, id).await? {
             return Ok(());
         }
         loop {
             if loads.changed().await.is_err() {
-                // The follower stopped (its instance is going away): nothing more to learn.
                 return std::future::pending().await;
             }
-            // Loaded after the change it follows: a key it lacks is not live.
             if self.current().is_some_and(|live| !live.contains_key(&id)) {
                 return Ok(());
             }
         }
     }
 
-    /// The live keys, if the copy is current.
     fn current(&self) -> Option<Arc<LiveKeys>> {
         self.live.read().expect("never poisoned").clone()
     }
 }
 
-/// Listens, loads, and on every notification forgets the copy, reloads it and confirms the
-/// change; on any failure forgets the copy (so requests go to the table) and starts again.
-/// `LISTEN` comes before the load, so no change committed after the load can go unnoticed.
+/// Listens, loads, and on each notification reloads and confirms; on failure forgets the copy and
+/// starts again. LISTEN precedes the load, so no later change goes unnoticed.
 async fn listen(
     pool: PgPool,
     live: Arc<RwLock<Option<Arc<LiveKeys>>>>,
@@ -347,13 +307,11 @@ async fn listen(
         let failure = async {
             let mut listener = PgListener::connect_with(&own).await?;
             listener.listen(CHANNEL).await?;
-            // Named only once it listens: every instance `Confirmations` counts will confirm.
             sqlx::query("SELECT set_config('application_name', $1, false)")
                 .bind(FOLLOWER)
                 .execute(&mut listener)
                 .await?;
             set(Some(load(&pool).await?));
-            // `None`: the connection was lost, and notifications with it.
             while let Some(change) = listener.try_recv().await? {
                 set(None);
                 set(Some(load(&pool).await?));
@@ -383,7 +341,6 @@ struct LiveRow {
     secret_sha256: Vec<u8>,
 }
 
-/// Every live key.
 async fn load(pool: &PgPool) -> sqlx::Result<LiveKeys> {
     let rows: Vec<LiveRow> = sqlx::query_as(include_str!("sql/live.sql"))
         .fetch_all(pool)

@@ -1,6 +1,4 @@
-//! The lease calls' batched statements: their requests' columns (assembled by the engine's
-//! builder with the gate and the record of `idempotency`), their batch kinds, and the
-//! dispatchers that gather them.
+//! The lease calls' batched statements, their requests' columns and their batch kinds.
 
 use std::sync::LazyLock;
 
@@ -13,10 +11,6 @@ use crate::store::engine::conns::{Conns, Effect};
 use crate::store::engine::statement::{Batched, Column, QueryAs, column};
 use crate::store::idempotency::{self, Change, GatedRow};
 
-/// The acquire statement over a batch: its requests, the gate, the grants, the records of their
-/// Idempotency-Keys. What it locks and why it is race-free, also on a key's first grant, is
-/// written beside it in `sql/acquire.sql`. A waiting acquire's try ([`waiters`]) is the same
-/// statement, with its row in the key's queue and whether it is its last try.
 pub(crate) static ACQUIRE: LazyLock<Batched<AcquireJob>> = LazyLock::new(|| {
     idempotency::changing(
         acquire_columns(),
@@ -26,7 +20,6 @@ pub(crate) static ACQUIRE: LazyLock<Batched<AcquireJob>> = LazyLock::new(|| {
     )
 });
 
-/// An acquire's columns, after the gate's.
 fn acquire_columns() -> [Column<AcquireJob>; 11] {
     [
         column!(AcquireJob, "key": "text" = |j| j.req.key.as_str()),
@@ -45,22 +38,15 @@ fn acquire_columns() -> [Column<AcquireJob>; 11] {
     ]
 }
 
-/// The dispatchers of the lease calls' batches ([`super::engine::batch`]); each ends when this
-/// is dropped.
 #[derive(Debug)]
 pub(crate) struct Batches {
-    /// Acquires.
     pub(crate) acquire: Batcher<AcquireBatch>,
-    /// Renewals.
     pub(crate) renew: Batcher<RenewBatch>,
-    /// Releases, abandons and require-recovery marks.
     pub(crate) end: Batcher<EndBatch>,
-    /// Confirmations of reconciliations (v1.2).
     pub(crate) reconciled: Batcher<ReconciledBatch>,
 }
 
 impl Batches {
-    /// Starts the dispatchers on `conns`.
     pub(crate) fn start(conns: &Conns) -> Self {
         Self {
             acquire: Batcher::start(conns.clone()),
@@ -70,19 +56,15 @@ impl Batches {
         }
     }
 
-    /// The requests waiting in batches to be sent.
     pub(crate) fn queued(&self) -> usize {
         self.acquire.queued() + self.renew.queued() + self.end.queued() + self.reconciled.queued()
     }
 }
 
-/// Acquires, gathered into batches ([`super::engine::batch`]).
 #[derive(Debug)]
 pub(crate) struct AcquireBatch;
 
-/// One acquire of a batch: the request and, for a waiter's try ([`waiters`]), its row in the
-/// key's queue and whether its wait is over (a plain acquire is its own last try, from no
-/// queue: a `held` verdict is its answer).
+/// One acquire: the request and, for a waiter's try, its queue row and whether its wait is over.
 #[derive(Debug)]
 pub(crate) struct AcquireJob {
     pub(super) req: NewLease,
@@ -92,7 +74,6 @@ pub(crate) struct AcquireJob {
 }
 
 impl AcquireJob {
-    /// A try of `req` by the waiter queued as `waiter`.
     pub(super) fn waiting(
         req: &NewLease,
         ctx: &RequestContext,
@@ -128,8 +109,6 @@ impl Kind for AcquireBatch {
     }
 }
 
-/// The renew statement over a batch ([`renew`]), between the gate and the record; its
-/// race-freedom argument is in `sql/renew.sql`.
 pub(crate) static RENEW: LazyLock<Batched<ChangeJob<Option<TtlMs>>>> = LazyLock::new(|| {
     let [key, token] = ChangeJob::lease_columns();
     let ttl = column!(ChangeJob<Option<TtlMs>>, "ttl_ms": "bigint" = |j| j.change.map(TtlMs::get));
@@ -141,8 +120,6 @@ pub(crate) static RENEW: LazyLock<Batched<ChangeJob<Option<TtlMs>>>> = LazyLock:
     )
 });
 
-/// A change of a live lease in a batch: the key, the token that must be its live lease, and
-/// what the change is (the new TTL of a renewal, the ending of an ending).
 #[derive(Debug)]
 pub(crate) struct ChangeJob<C> {
     pub(super) key: Key,
@@ -152,8 +129,6 @@ pub(crate) struct ChangeJob<C> {
 }
 
 impl<C> ChangeJob<C> {
-    /// The columns every change of a live lease has: the key, and the token that must be its
-    /// live lease.
     fn lease_columns() -> [Column<Self>; 2] {
         [
             column!(Self, "key": "text" = |j| j.key.as_str()),
@@ -172,7 +147,6 @@ impl<C> Change for ChangeJob<C> {
     }
 }
 
-/// Renewals, gathered into batches ([`super::engine::batch`]).
 #[derive(Debug)]
 pub(crate) struct RenewBatch;
 
@@ -186,7 +160,6 @@ impl Kind for RenewBatch {
     }
 }
 
-/// Endings, gathered into batches ([`super::engine::batch`]).
 #[derive(Debug)]
 pub(crate) struct EndBatch;
 
@@ -200,7 +173,6 @@ impl Kind for EndBatch {
     }
 }
 
-/// The ending statement over a batch ([`end`]), between the gate and the record.
 pub(crate) static END: LazyLock<Batched<ChangeJob<&'static str>>> = LazyLock::new(|| {
     let [key, token] = ChangeJob::lease_columns();
     let ending = column!(ChangeJob<&'static str>, "ending": "text" = |j| j.change);
@@ -212,8 +184,6 @@ pub(crate) static END: LazyLock<Batched<ChangeJob<&'static str>>> = LazyLock::ne
     )
 });
 
-/// The confirmation statement over a batch ([`reconciled`]), between the gate and the record;
-/// its race-freedom argument is in `sql/reconciled.sql`.
 pub(crate) static RECONCILED: LazyLock<Batched<ChangeJob<()>>> = LazyLock::new(|| {
     let [key, token] = ChangeJob::lease_columns();
     let audit = [
@@ -228,8 +198,6 @@ pub(crate) static RECONCILED: LazyLock<Batched<ChangeJob<()>>> = LazyLock::new(|
     )
 });
 
-/// Confirmations of reconciliations, gathered into batches ([`super::engine::batch`]). A job's change
-/// is its request's context, which the audit row of the moved record names.
 #[derive(Debug)]
 pub(crate) struct ReconciledBatch;
 

@@ -1,11 +1,6 @@
-//! The `leases` table: grants, renewals, releases, recovery records, and the token sequence.
-//!
-//! Each key has one row, made by its first grant and never deleted. Every statement here that
-//! changes a lease first takes the row lock of its key (`FOR NO KEY UPDATE` or the `UPDATE`
-//! itself), and under READ COMMITTED a row lock always yields the row's newest committed version
-//! (the executor re-reads it once the lock is granted). So each statement decides on the state
-//! that is current when it holds the lock, and two statements on one key, from any instances,
-//! take effect one after the other.
+//! The `leases` table. Each key has one row, never deleted; every changing statement first locks
+//! it, which under READ COMMITTED yields its newest version, so statements on one key take effect
+//! one after the other.
 
 mod batches;
 pub mod queue;
@@ -42,40 +37,32 @@ pub struct NewLease {
     pub crash_recovery: bool,
     /// Whether the caller states that a retained recovery record has been dealt with.
     pub reconciled: bool,
-    /// v1.2: whether the caller reconciles while holding the key: a grant over a retained
-    /// recovery record keeps the record until [`reconciled`] confirms. Exclusive with
-    /// `reconciled` (the HTTP layer refuses both).
+    /// v1.2: a grant over a retained record keeps it until [`reconciled`].
     pub reconciling: bool,
 }
 
 /// How an acquire ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AcquireOutcome {
-    /// The lease is granted with a new token. `recovered` is the recovery record it replaced,
-    /// `kept` the one a reconciling grant keeps (at most one of the two is set).
+    /// Granted; `recovered` is the record replaced, `kept` the one a reconciling grant keeps.
     Granted {
         /// The new lease.
         lease: Lease,
-        /// The record that `reconciled: true` replaced, if there was one.
+        /// The record that `reconciled: true` replaced.
         recovered: Option<Box<RecoveryRecord>>,
-        /// The record that `reconciling: true` keeps until the holder confirms, if there was
-        /// one.
+        /// The record `reconciling: true` keeps until the holder confirms.
         kept: Option<Box<RecoveryRecord>>,
     },
-    /// Another lease is live, or the key is free and goes to live waiters queued before this
-    /// request; nothing changed.
+    /// Another lease is live, or the free key goes to earlier live waiters; nothing changed.
     Held {
         /// The live lease; on a free key, the last one.
         holder: Lease,
-        /// The key's state as the statement found it: `held`, or the free state of a key that
-        /// goes to `waiters`.
+        /// `held`, or the free state of a key that goes to `waiters`.
         state: LeaseState,
-        /// How many live waiters the free key goes to before this request; `None` while a lease
-        /// holds it (and in answers remembered before it was counted).
+        /// Live waiters before this request on a free key; `None` while a lease holds it.
         waiters: Option<i64>,
     },
-    /// A recovery record is retained and the caller did not say it was reconciled; nothing
-    /// changed.
+    /// A recovery record is retained and not reconciled; nothing changed.
     RecoveryRequired {
         /// The retained record.
         recovery: RecoveryRecord,
@@ -87,13 +74,11 @@ pub enum AcquireOutcome {
 pub enum LeaseChange {
     /// The token was the key's live lease and the change is made.
     Done(Lease),
-    /// The token is not the key's live lease (expired, released, superseded or never issued);
-    /// nothing changed.
+    /// The token is not the key's live lease; nothing changed.
     Lost,
 }
 
-/// Acquires a key: its request goes in the next batch of acquires (`ACQUIRE`), and again only when the batch statement lost the race to
-/// create a new key's row (rows are never deleted, so a second run always finds one).
+/// Acquires a key, again only if it lost the race to create the key's row.
 #[tracing::instrument(level = "debug", skip_all, fields(key = %req.key))]
 pub async fn acquire(
     db: &Db,
@@ -117,8 +102,7 @@ pub async fn acquire(
     }
 }
 
-/// Renews a live lease: its request goes in the next batch of renewals, one `UPDATE`
-/// (`sql/renew.sql`) that changes each lease only while its token is the key's live lease.
+/// Renews a live lease (`sql/renew.sql`).
 #[tracing::instrument(level = "debug", skip_all, fields(key = %key))]
 pub async fn renew(
     db: &Db,
@@ -150,9 +134,7 @@ pub enum Ending {
     RequireRecovery,
 }
 
-/// Releases, abandons or marks a live lease: in the next batch of endings, one `UPDATE`
-/// (`sql/end.sql`) with the same
-/// live-lease condition as [`renew`], and race-free for the same reason.
+/// Releases, abandons or marks a live lease (`sql/end.sql`).
 #[tracing::instrument(level = "debug", skip_all, fields(key = %key, ending = ?ending))]
 pub async fn end(
     db: &Db,
@@ -178,12 +160,8 @@ pub async fn end(
     Ok(gated.map(ChangeAnswer::into_change))
 }
 
-/// v1.2: the holder of `token`, the key's live lease, confirms that the leftovers of the
-/// recovery record its reconciling grant kept no longer conflict: in the next batch of
-/// confirmations, one statement (`sql/reconciled.sql`) clears the kept record, writes it to the
-/// audit log (operation `reconciled`) and answers the lease, which goes on unchanged; a lease
-/// that keeps no record is answered as it is, and changes nothing. Not the live lease:
-/// [`LeaseChange::Lost`], nothing changed.
+/// v1.2: the live holder confirms the kept record is dealt with; it moves to the audit log
+/// (`sql/reconciled.sql`).
 #[tracing::instrument(level = "debug", skip_all, fields(key = %key))]
 pub async fn reconciled(
     db: &Db,
@@ -203,11 +181,9 @@ pub async fn reconciled(
     Ok(gated.map(ChangeAnswer::into_change))
 }
 
-/// The statement of a key's status (`sql/status.sql`), run on a hot connection.
 pub(crate) const STATUS: &str = include_str!("sql/status.sql");
 
-/// A key's newest lease, state, recovery record and live waiters. A plain read: it sees the
-/// latest committed state and changes nothing.
+/// A key's newest lease, state, recovery record and live waiters; a plain read.
 pub async fn status(db: &Db, key: &Key) -> Result<Option<KeyStatus>> {
     let row: Option<StatusRow> = db
         .conns()
@@ -229,8 +205,7 @@ pub struct ListQuery {
     pub after: Option<String>,
 }
 
-/// Lists keys: a keyset scan of the primary key index over `[prefix, upper_bound)`, after the
-/// cursor, so a page costs the same on the first and the millionth key.
+/// Lists keys by a keyset scan over `[prefix, upper_bound)`: every page costs the same.
 pub async fn list(pool: &PgPool, q: &ListQuery) -> Result<Page<KeyStatus>> {
     let rows: Vec<StatusRow> = sqlx::query_as(include_str!("sql/list.sql"))
         .bind(q.prefix.as_str())
@@ -247,10 +222,7 @@ pub async fn list(pool: &PgPool, q: &ListQuery) -> Result<Page<KeyStatus>> {
     }))
 }
 
-/// Moves the token sequence past every token already stored, so that a database restored from
-/// an older backup, or a sequence reset by hand, never hands out a token twice. Returns the new
-/// position when it had to move. One short transaction: a table lock, then
-/// `sql/sequence_ahead.sql`, which says why the lock makes it safe against concurrent grants.
+/// Moves the token sequence past every stored token; the new position if it moved.
 pub async fn ensure_sequence_ahead(pool: &PgPool) -> Result<Option<i64>> {
     let mut tx = pool.begin().bounded(pool).await?;
     sqlx::query("LOCK TABLE leases IN SHARE ROW EXCLUSIVE MODE")
@@ -271,9 +243,7 @@ pub async fn ensure_sequence_ahead(pool: &PgPool) -> Result<Option<i64>> {
     Ok(moved)
 }
 
-/// How many keys have an open recovery record now, for the metrics gauge. Only keys whose newest
-/// lease can leave one are read (the partial index `leases_recovery_candidates`); the clock
-/// decides among those. Bounded like every other statement.
+/// Keys with an open recovery record, for the metrics gauge.
 pub async fn count_recovery_pending(pool: &PgPool) -> Result<i64> {
     sqlx::query_scalar(include_str!("sql/recovery_pending.sql"))
         .fetch_one(pool)

@@ -1,5 +1,4 @@
-//! Reading the waiting acquires' queues (`lease_waiters`, kept by [`super::waiters`]): who
-//! waits for a key, in grant order, for operators (`GET /v1/leases/{key}/waiters`).
+//! The waiting acquires' queues as operators read them (`GET /v1/leases/{key}/waiters`).
 
 use chrono::{DateTime, Utc};
 use sqlx::{FromRow, PgPool};
@@ -15,9 +14,7 @@ struct WaiterRow {
     since: DateTime<Utc>,
 }
 
-/// A page of `key`'s queue in grant order, after the waiter `after` (a cursor's id): one plain
-/// read (`sql/waiters_list.sql`), no lock. A key no one waits for has an empty queue, whether or
-/// not it was ever leased.
+/// A page of `key`'s queue in grant order after waiter `after`; one plain read.
 pub async fn waiters(
     pool: &PgPool,
     key: &Key,

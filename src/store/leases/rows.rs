@@ -1,6 +1,5 @@
-//! The rows of the `leases` table as statements answer them: a lease, a key's status (with its
-//! recovery reason, state, kept record and queue), and the JSON answers of the changing
-//! statements, each turned into the domain's types.
+//! The `leases` rows and the changing statements' JSON answers, as statements return them, into
+//! domain types.
 
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
@@ -12,7 +11,6 @@ use crate::domain::{
     RecoveryRecord, TtlMs,
 };
 
-/// A lease row as read from the database, or from a statement's JSON answer.
 #[derive(Debug, FromRow, Deserialize)]
 pub(super) struct LeaseRow {
     pub(super) key: String,
@@ -27,8 +25,6 @@ pub(super) struct LeaseRow {
     pub(super) ended_at: Option<DateTime<Utc>>,
 }
 
-/// A lease row with its derived recovery reason and state, and the record a reconciling lease
-/// keeps (v1.2; absent from answers remembered before it was added).
 #[derive(Debug, FromRow, Deserialize)]
 pub(super) struct StatusRow {
     #[sqlx(flatten)]
@@ -46,15 +42,12 @@ pub(super) struct StatusRow {
     pub(super) kept_ended_at: Option<DateTime<Utc>>,
     #[serde(default)]
     pub(super) kept_metadata: Option<serde_json::Value>,
-    /// How many live acquires wait in the key's queue; status.sql and list.sql count them, a
-    /// statement's JSON answer does not.
     #[serde(default)]
     pub(super) waiters: i64,
 }
 
 impl LeaseRow {
-    /// Values in the database were checked on the way in; a row that fails the checks means the
-    /// schema and the code disagree, which is a bug worth a loud error rather than a guess.
+    /// Values were checked on the way in: a failing row is a schema bug, said loudly.
     pub(super) fn into_lease(self) -> Lease {
         Lease {
             key: Key::parse(self.key).expect("stored keys are valid"),
@@ -82,8 +75,6 @@ impl LeaseRow {
 }
 
 impl StatusRow {
-    /// The key's retained recovery record: the one a reconciling lease keeps, if it keeps one,
-    /// else the newest lease's own (`key_recovery_reason` in the migrations decides the reason).
     pub(super) fn recovery_record(&self) -> Option<RecoveryRecord> {
         let reason = self.recovery_reason.as_deref()?;
         let Some(token) = self.kept_token else {
@@ -114,35 +105,25 @@ impl StatusRow {
     }
 }
 
-/// What an acquire did (`result` in `sql/acquire.sql`, `answer` of `lease_acquire_one()`).
 #[derive(Debug, Deserialize)]
 pub(crate) struct AcquireAnswer {
     pub(super) verdict: String,
-    /// The new lease, if one was granted.
     pub(super) granted: Option<LeaseRow>,
-    /// The key's row as the statement found it, if the key had one and the answer names it: a
-    /// refusal's holder or record, or the record a grant replaced or keeps (none for a grant
-    /// over no record).
+    /// The key's row as found, when the answer names it.
     pub(super) current: Option<StatusRow>,
-    /// False when the statement lost the race to create the key's row, and must run again; or,
-    /// for a waiter, when it found the key held and waits on.
+    /// False when it lost the race to create the key's row, or a waiter found the key held.
     pub(super) settled: bool,
-    /// The statement's `now()`: the database clock the holder's expiry is measured against.
-    /// Absent from answers remembered before it was added.
+    /// The database's now(); absent from older remembered answers.
     #[serde(default)]
     pub(super) clock: Option<DateTime<Utc>>,
-    /// v1.2: whether the grant keeps the key's recovery record (a reconciling grant over one).
     #[serde(default)]
     pub(super) keeps: bool,
-    /// For `held` on a free key: the live waiters queued before the request, whom it goes to.
-    /// Absent from answers remembered before it was counted.
     #[serde(default)]
     pub(super) waiters: Option<i64>,
 }
 
 impl AcquireAnswer {
-    /// For a waiter's unsettled answer: how long until the lease that holds the key expires by
-    /// the database clock, if a live lease holds it (rather than a waiter queued before).
+    /// For a waiter's unsettled answer: how long until the holding lease expires.
     pub(super) fn held_for(&self) -> Option<std::time::Duration> {
         let current = self.current.as_ref()?;
         if self.verdict != "held" || current.state != "held" {
@@ -152,7 +133,6 @@ impl AcquireAnswer {
         Some(left.to_std().unwrap_or_default())
     }
 
-    /// Whether the statement found the key held (by a lease, or reserved by a waiter ahead).
     pub(super) fn held(&self) -> bool {
         self.verdict == "held"
     }
@@ -185,8 +165,7 @@ impl AcquireAnswer {
     }
 }
 
-/// What a renewal or an ending did (`result` in `sql/renew.sql` and `sql/end.sql`): the lease as
-/// changed, or none when the token was not the key's live lease.
+/// What a renewal or ending did: the lease as changed, or none (not the live lease).
 #[derive(Debug, Deserialize)]
 pub(crate) struct ChangeAnswer {
     pub(super) lease: Option<LeaseRow>,

@@ -1,26 +1,14 @@
-//! The timeline guard of the token sequence: no token is issued twice across a failover.
-//!
-//! A standby promoted after asynchronous replication may lack grants that its old primary
-//! acknowledged, together with the sequence positions they drew; its sequence would hand those
-//! tokens out again. Every grant therefore draws its token only after `secure_token_timeline()`
-//! (the migration `token_timeline`; the acquire statement runs it once per batch, before any
-//! `nextval`) has secured the sequence on the server's current WAL timeline: on a timeline
-//! change (a promotion, a point-in-time restore) it moves the sequence past the largest token it
-//! knows of plus a safety gap of 10^9, more than an old primary can have issued unseen.
-//! [`secure`] runs the same check at start, so the log says when it moved.
+//! No token is issued twice across a failover: a promoted standby may lack acknowledged grants, so
+//! every grant draws its token only after `secure_token_timeline()` secured the sequence on the
+//! current WAL timeline (moving it past the largest known token plus 10^9 on a change).
 
 use sqlx::PgPool;
 
 use super::{Bounded, Result};
 
-/// Secures the token sequence on the database's current timeline; returns the new position when
-/// the timeline had changed since it was last secured.
-///
-/// One call of `secure_token_timeline()`, whose race-freedom argument is in the migration: the
-/// guard row is locked and re-read before the sequence moves, so of concurrent callers (grants
-/// or other instances starting) exactly one moves it, and none draws a token before that is
-/// committed. A database in recovery (a standby) answers `read_only_sql_transaction`, which is
-/// [`Unavailable`](crate::store::StoreError::Unavailable): the service waits for a primary.
+/// Secures the token sequence on the current timeline; the new position if it moved. The
+/// migration's guard row lock lets exactly one concurrent caller move it, before any token is
+/// drawn.
 pub async fn secure(pool: &PgPool) -> Result<Option<i64>> {
     let moved: Option<i64> = sqlx::query_scalar("SELECT secure_token_timeline()")
         .fetch_one(pool)

@@ -1,33 +1,9 @@
-//! Waiting acquires (contract v1.1, "Waiting acquire"): a request that asks for `wait_ms` and
-//! finds the key held takes a place in the key's queue (`lease_waiters`, shared by every
-//! instance on the database) and sleeps in this instance, holding no database connection,
-//! until it is woken; then it tries again with the acquire statement, as a waiter.
-//!
-//! Order: the acquire statement grants a free key only to its first live waiter
-//! (`sql/acquire.sql`, `decision`; a lone request's `lease_acquire_one()` alike), so the queue's
-//! order is the grant order, whichever instance each waiter is on, and an acquire that does not
-//! wait cannot pass the queue.
-//!
-//! Wake-ups come from the database, never from a polling loop: a release or an abandon notifies
-//! the key on `snapfence_waiters` at commit, and so does a waiter that leaves the queue, with the
-//! key or without it (both triggers of `migrations/20261204000000_lease_waiters.sql`); this instance listens on one
-//! connection of its own and wakes its first waiter of the key. An expiry needs no message: the
-//! first waiter sleeps until the holder's `expires_at` by the database clock (the statement
-//! that found the key held says how far off that is) and tries then. Only the first local waiter
-//! of a key tries on a wake-up; each one that leaves wakes the next, so a hand-off costs one try
-//! per instance with waiters of the key, not one per waiter.
-//!
-//! Liveness: the listening connection holds an advisory lock named by this instance's id for as
-//! long as it lives, and the acquire statement skips the waiters of an instance whose lock is
-//! free (a dead one). A waiter whose client goes away is dropped with its request's future,
-//! which takes its row out. Twice a second, while it has waiters, an instance deletes the rows
-//! of dead instances (waking their keys' next waiters) and any row of its own that no request
-//! holds any more.
-//!
-//! While the listening connection is down, this instance's waiters look dead to the others (who
-//! may then be served first), and a new waiter waits for it to be back; one that is not back
-//! when its wait is over tries once. Once it listens again, each of its first waiters tries
-//! once, since a release may have gone unheard.
+//! Waiting acquires (contract v1.1): a request with `wait_ms` that finds the key held takes a place
+//! in the key's queue (`lease_waiters`) and sleeps here, holding no connection, until woken. The
+//! acquire statement grants a free key only to its first live waiter, so the queue is the grant
+//! order across instances. Releases notify `snapfence_waiters`; an expiry needs none, as the first
+//! waiter sleeps until `expires_at`. The listening connection holds an advisory lock named by the
+//! instance id, and waiters of instances whose lock is free (dead) are skipped.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -51,53 +27,33 @@ use enqueue::{Enqueue, EnqueueBatch, Queued};
 use place::Place;
 use tasks::{heartbeat, listen, sweep};
 
-/// The channel the triggers notify a key on when its waiters should look again.
 const CHANNEL: &str = "snapfence_waiters";
-/// How often an instance with waiters drops the rows of dead instances: twice within the
-/// contract's second.
+/// Twice within the contract's second.
 const SWEEP_EVERY: Duration = Duration::from_millis(500);
-/// How old a row of this instance that none of its requests holds must be before the sweep
-/// takes it out (`sql/wait_sweep.sql` says the same): past any enqueue's answer.
 const STALE_AFTER: Duration = Duration::from_secs(30);
 
-/// This instance's waiting acquires: the queues it holds places in, the connection it listens
-/// on, and the dispatcher of the waiters' tries. Cheap to clone; its tasks stop when the last
-/// clone is dropped.
+/// This instance's waiting acquires. Cheap to clone; its tasks stop with the last clone.
 #[derive(Debug, Clone)]
 pub struct Waiters {
     inner: Arc<Inner>,
     _tasks: Arc<Tasks>,
 }
 
-/// What the waiters of an instance share.
 struct Inner {
-    /// The id of this instance in `lease_waiters.instance`, and of its liveness lock: drawn
-    /// from the database's sequence when it first listens (unique among the instances that
-    /// share the database), 0 until then.
+    /// This instance's id and liveness lock (0 until it first listens).
     instance: AtomicI32,
-    /// This instance's waiters by key, in queue order, each with what wakes it.
     queues: Mutex<HashMap<String, BTreeMap<i64, Arc<Notify>>>>,
-    /// Whether the listening connection listens and holds the liveness lock.
     listening: watch::Sender<bool>,
-    /// Set when the instance shuts down: every wait ends with its last try.
     stopping: watch::Sender<bool>,
-    /// Until when this instance sweeps although it has no waiters: a row of its own may have
-    /// been left behind (a leave or an enqueue that failed), and the sweep takes it out once it
-    /// is old enough.
+    /// Until when to sweep without waiters: a failed leave or enqueue may have left a row behind.
     stale_until: Mutex<Option<Instant>>,
-    /// The waiters' tries, batched like every acquire.
     tries: Batcher<AcquireBatch>,
-    /// The waiters' places taken in their queues, batched likewise.
     enqueues: Batcher<EnqueueBatch>,
     pool: PgPool,
-    /// How long this instance may go without saying it is alive before its waiters are passed
-    /// over (`--waiter-stall-bound`; `sql/wait_heartbeat.sql`).
     stall_bound: Duration,
-    /// This instance's waiters whose places another instance took out while this one did not
-    /// answer (it was frozen): each makes one last try.
+    /// Waiters passed over while this instance was frozen: each makes one last try.
     passed_over: Mutex<HashSet<i64>>,
-    /// The (principal, Idempotency-Key) of this instance's waiters that sent one, for
-    /// [`Waiters::holds`].
+    /// The (principal, Idempotency-Key) of waiters that sent one, for [`Waiters::holds`].
     keyed: Mutex<HashMap<(String, String), usize>>,
 }
 
@@ -110,8 +66,7 @@ impl std::fmt::Debug for Inner {
 }
 
 impl Waiters {
-    /// Starts listening for wake-ups on `db`'s database under a fresh instance id. Must be
-    /// called within a Tokio runtime.
+    /// Starts listening for wake-ups under a fresh instance id; needs a Tokio runtime.
     pub fn start(db: &Db, stall_bound: Duration) -> Self {
         let pool: PgPool = (**db).clone();
         let inner = Arc::new(Inner {
@@ -138,17 +93,12 @@ impl Waiters {
         }
     }
 
-    /// Ends every wait of this instance (each makes its last try and answers), and every wait
-    /// that starts from now on at once: called when the instance shuts down, which waits for
-    /// the requests in flight.
+    /// Ends every wait, now and from now on, each with a last try: for shutdown.
     pub fn stop(&self) {
         self.inner.stopping.send_replace(true);
     }
 
-    /// Whether a waiter of this instance holds the Idempotency-Key of `ctx` (of its principal):
-    /// a request with it that does not wait is then still running, and answered so at once
-    /// rather than stored as a refusal under the waiter's key. (One on another instance meets the
-    /// waiter only if it waits too: the queue's unique index.)
+    /// Whether a waiter here holds `ctx`'s Idempotency-Key: the request is then still running.
     pub fn holds(&self, ctx: &RequestContext) -> bool {
         let Some(idem) = &ctx.idempotency else {
             return false;
@@ -161,15 +111,13 @@ impl Waiters {
             .contains_key(&(principal, idem.key.as_str().to_owned()))
     }
 
-    /// How many requests of this instance wait in a queue, for the metrics.
+    /// How many requests wait in a queue here, for the metrics.
     pub fn waiting(&self) -> usize {
         let queues = self.inner.queues.lock().expect("never poisoned");
         queues.values().map(BTreeMap::len).sum()
     }
 
-    /// Acquires `req`, waiting up to `wait` in the key's queue while it is held: the grant, or
-    /// a refusal (a retained recovery record is answered at once; `held` once the wait is over).
-    /// The request's database bound counts from each try, not from its arrival.
+    /// Acquires `req`, waiting up to `wait` in the key's queue; the database bound counts per try.
     #[tracing::instrument(level = "debug", skip_all, fields(key = %req.key))]
     pub async fn acquire(
         &self,
@@ -178,8 +126,6 @@ impl Waiters {
         wait: Duration,
     ) -> Result<Gated<AcquireOutcome>> {
         let until = Instant::now() + wait;
-        // A request whose Idempotency-Key already waits in a queue, on any instance, is still
-        // running: answered at once, it takes no second place.
         let Some((mut place, heard)) = self.enqueue(req, ctx, until).await? else {
             return Ok(Gated::InProgress);
         };
@@ -195,17 +141,13 @@ impl Waiters {
             match gated {
                 Gated::Ran(answer) if !answer.settled && answer.held() => {
                     last_try = !self.sleep(&place, &answer, until).await;
-                    // Passed over while this instance did not answer: its place is gone, so
-                    // it tries once more, for the last time.
+                    // Its place is gone: one last try.
                     if self.inner.take_passed_over(place.id) {
                         last_try = true;
                     }
                 }
-                // A waiter's key has a row, so it never races to make one; a statement that
-                // says otherwise is run again like any acquire.
                 Gated::Ran(answer) if !answer.settled => {}
                 gated => {
-                    // The statement that answered took the row out.
                     place.left = true;
                     return Ok(gated.map(AcquireAnswer::into_outcome));
                 }
@@ -213,11 +155,8 @@ impl Waiters {
         }
     }
 
-    /// Takes a place at the end of `req`'s key's queue, under its owner, once this instance listens (so that a
-    /// release is heard from the moment the place is taken); whether it listens. An instance
-    /// that does not listen by `until` (its database connection for it is slow to come, or
-    /// away) takes the place anyway, for one try that is the last. `None` when a waiter with
-    /// the request's Idempotency-Key (and API key) holds a place already, on any instance.
+    /// Takes a place at the end of the key's queue once this instance listens, so no release goes
+    /// unheard.
     async fn enqueue(
         &self,
         req: &NewLease,
@@ -239,7 +178,6 @@ impl Waiters {
                 "this instance does not hear wake-ups from the database; the waiting acquire tries once"
             );
         }
-        // The request's bound counts from here, not from its arrival.
         restart_deadline();
         let instance = self.inner.instance.load(Ordering::Relaxed);
         let principal = ctx.principal.clone().unwrap_or_default();
@@ -259,8 +197,7 @@ impl Waiters {
                 .await;
             match (queued, &idem) {
                 (Ok(Queued { id: None }), Some(idem)) if !unblocked => {
-                    // The place that holds the key may be one no request holds any more (of a
-                    // dead instance, or left behind here): freed, the key is tried once more.
+                    // The holding place belongs to no request: freed, so try again.
                     unblocked = true;
                     match self.inner.unblock(&principal, idem, instance).await {
                         Ok(0) => return Ok(None),
@@ -276,9 +213,7 @@ impl Waiters {
         let id = match queued {
             Ok(id) => id,
             Err(e) => {
-                // The place may have been taken with its answer lost: the sweep takes it out.
                 self.inner.left_behind();
-                // No lease was changed whatever became of the place.
                 return Err(match e {
                     StoreError::Indeterminate(e) => StoreError::Unavailable(e),
                     other => other,
@@ -314,15 +249,12 @@ impl Waiters {
         Ok(Some((place, heard)))
     }
 
-    /// Sleeps until `place` should try again (true) or its wait is over (false): woken by the
-    /// database or by the waiter before it here, or, for the first waiter here, until the
-    /// holder's lease expires by the database clock.
+    /// Sleeps until `place` should try again (true) or its wait is over (false).
     async fn sleep(&self, place: &Place, answer: &AcquireAnswer, until: Instant) -> bool {
         let expiry = answer
             .held_for()
             .filter(|_| self.inner.first_here(place))
-            // A millisecond past expires_at, so that the try finds it passed: the statement
-            // compares with its own now(), which is later than the answer's clock.
+            // A millisecond past `expires_at`, as the statement compares with its own later now().
             .map(|left| Instant::now() + left + Duration::from_millis(1));
         let mut stopping = self.inner.stopping.subscribe();
         tokio::select! {
@@ -334,7 +266,6 @@ impl Waiters {
     }
 }
 
-/// Sleeps until `at`, or for ever without one.
 async fn sleep_until_some(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,

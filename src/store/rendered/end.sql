@@ -7,35 +7,18 @@ WITH req AS (
     FROM unnest($1::text[], $2::bytea[], $3::text[], $4::bigint[], $5::text[], $6::bigint[],
         $7::text[])
     WITH ORDINALITY AS r(idem, fp, principal, key_id, key, token, ending, i)),
--- The first part of every changing statement after its requests (`req`, which
--- src/store/engine/statement.rs writes from the statement's columns; acquire.sql, renew.sql,
--- end.sql and fenced.sql follow it, and remember.sql ends each): per request (`i`), whether it may run at all
--- (`gate`), and the stored answer of its Idempotency-Key (`prior`). Every change that follows
--- is conditioned on its request's `gate.verdict = 'run'`.
+-- The first part of every changing statement after `req`: per request, whether it may run (`gate`)
+-- and its Idempotency-Key's stored answer (`prior`); every change after it requires `verdict =
+-- 'run'`. A batch never holds two requests for one key or one Idempotency-Key, so each is decided
+-- as if alone.
 --
--- Every statement is over a batch of requests: arrays bound as $1, $2, …, one element per
--- request, unnested into `req` with their position `i`. A batch never holds two requests for one
--- key or one Idempotency-Key (src/store/engine/batch/ defers the second to the next batch), so each
--- request is decided on its own, as if it were alone, and a refusal of one changes nothing for
--- another. Every request's `req` row has `idem` (the Idempotency-Key, NULL when none was sent),
--- `fp` (the request's fingerprint), `principal` (NULL without authentication) and `key_id` (its
--- API key's id, NULL likewise).
+-- Verdicts: `revoked` (the API key was revoked), `replay` (a record exists), `run` (no key, or this
+-- statement took the key's transaction-level advisory lock), `in_progress` (another holds it).
+-- `prior` is a LIMITed subquery so the hot connections' generic plan reads by primary key.
 --
--- Verdicts: `revoked` when the API key was revoked before this statement ran (however early the
--- request's headers came); `run` without an Idempotency-Key; `replay` when the key has a record
--- (remember.sql answers it instead of the change); `run` when this statement takes the key's
--- transaction-level advisory lock, which only one statement at a time can hold; `in_progress`
--- when another statement holds it.
---
--- `prior` looks each request's record up by its primary key, in a subquery of its own (LIMIT
--- keeps the planner from making it a join): the hot connections keep one generic plan for their
--- life, and a join planned while the table was nearly empty read all of it for every batch.
---
--- Race-freedom: two requests with one key never both change something. The lock admits one at a
--- time. A second one that takes the lock after the first committed, but whose snapshot is older
--- than that commit, finds no record in `prior` and runs; its record's INSERT (remember.sql)
--- then meets the first one's row in the primary key, the statement fails with a unique
--- violation and is rolled back whole, and the batch is run again, now seeing the record.
+-- Race-freedom: the lock admits one statement per key at a time. One whose snapshot predates the
+-- first's commit finds no record and runs, but its INSERT (remember.sql) meets the first's row, the
+-- statement rolls back on the unique violation, and the batch runs again.
 prior AS (
     SELECT r.i, p.fingerprint, p.answer
     FROM req r CROSS JOIN LATERAL (
@@ -54,11 +37,9 @@ gate AS (
         ELSE 'in_progress'
     END AS verdict
     FROM req r),
--- Release, abandon or require-recovery, for each request of the batch (its `ending`:
--- 'released', 'abandoned' or 'recovery_required'): one UPDATE with renew.sql's live-lease
--- condition, on rows locked in key order as there, and race-free for the same reason. Release
--- and abandon end the lease now; require-recovery leaves it live and marks it, so that its end
--- leaves a recovery record. The requests (`req`: key, token, ending) and gate.sql come first, remember.sql last.
+-- Release, abandon or require-recovery per request (`ending`): one UPDATE with renew.sql's
+-- live-lease condition on rows locked in key order, race-free for the same reason. Require-recovery
+-- leaves the lease live, marked to leave a record when it ends.
 locked AS (
     SELECT r.i, l.key, l.recovery_required FROM req r JOIN gate g ON g.i = r.i AND g.verdict = 'run'
     JOIN leases l ON l.key = r.key
@@ -73,8 +54,6 @@ changed AS (
         AND l.expires_at > clock_timestamp()
     RETURNING r.i, l.key, l.token, l.owner, l.ttl_ms, l.metadata, l.crash_recovery,
         l.recovery_required, l.acquired_at, l.expires_at, l.ended_at),
--- The watch's changes (migrations/20261205000000_change_log.sql): the release or abandon, or a
--- require-recovery that was not already marked.
 ended_noted AS (
     INSERT INTO change_log (kind, key, token, at, owner)
     SELECT CASE WHEN r.ending = 'recovery_required' THEN 'lease.recovery_required'
@@ -83,20 +62,13 @@ ended_noted AS (
     FROM changed c JOIN req r ON r.i = c.i JOIN locked k ON k.i = c.i
     WHERE r.ending <> 'recovery_required' OR NOT k.recovery_required
     ORDER BY c.key),
--- The answers: the lease as changed, or null (lease_lost).
 result AS (
     SELECT r.i, (SELECT to_json(c) FROM changed c WHERE c.i = r.i) AS lease, true AS settled
     FROM req r),
--- The last part of every changing statement (gate.sql begins it), after the statement's own
--- `result`: one row per request (`i`) that is its answer, with a column `settled` that is false
--- only when the request will be sent again (acquire's lost race for a new key).
---
--- `remembered` stores each answer under its request's Idempotency-Key, in this statement, so the
--- record commits exactly when the change does (or the refusal's audit row). Without ON CONFLICT:
--- a racing record makes the whole statement fail and roll back (see gate.sql). The statement
--- answers, per request, the gate's verdict, the stored fingerprint of a replay, and the answer:
--- the stored one on a replay, this statement's own otherwise (JSON null for a request with no
--- answer of its own: a transaction's ops after its first).
+-- The last part of every changing statement: one answer row per request, `settled` false when it
+-- will be sent again. `remembered` stores each answer under its Idempotency-Key in this statement,
+-- so the record commits exactly with the change; no ON CONFLICT, so a racing record rolls the
+-- statement back (gate.sql). A transaction's ops after its first have JSON null.
 remembered AS (
     INSERT INTO idempotency_records (principal, key, fingerprint, answer)
     SELECT coalesce(r.principal, ''), r.idem, r.fp, to_json(res)

@@ -16,35 +16,18 @@ WITH req AS (
     WITH ORDINALITY AS r(idem, fp, principal, key_id, key, fence, token, if_none_match, op, prefix,
         prefix_end, prefix_limit, has_if_match, tags, request_id, remote_addr, operation, etag,
         size, content_type, body, keep, metadata, i)),
--- The first part of every changing statement after its requests (`req`, which
--- src/store/engine/statement.rs writes from the statement's columns; acquire.sql, renew.sql,
--- end.sql and fenced.sql follow it, and remember.sql ends each): per request (`i`), whether it may run at all
--- (`gate`), and the stored answer of its Idempotency-Key (`prior`). Every change that follows
--- is conditioned on its request's `gate.verdict = 'run'`.
+-- The first part of every changing statement after `req`: per request, whether it may run (`gate`)
+-- and its Idempotency-Key's stored answer (`prior`); every change after it requires `verdict =
+-- 'run'`. A batch never holds two requests for one key or one Idempotency-Key, so each is decided
+-- as if alone.
 --
--- Every statement is over a batch of requests: arrays bound as $1, $2, …, one element per
--- request, unnested into `req` with their position `i`. A batch never holds two requests for one
--- key or one Idempotency-Key (src/store/engine/batch/ defers the second to the next batch), so each
--- request is decided on its own, as if it were alone, and a refusal of one changes nothing for
--- another. Every request's `req` row has `idem` (the Idempotency-Key, NULL when none was sent),
--- `fp` (the request's fingerprint), `principal` (NULL without authentication) and `key_id` (its
--- API key's id, NULL likewise).
+-- Verdicts: `revoked` (the API key was revoked), `replay` (a record exists), `run` (no key, or this
+-- statement took the key's transaction-level advisory lock), `in_progress` (another holds it).
+-- `prior` is a LIMITed subquery so the hot connections' generic plan reads by primary key.
 --
--- Verdicts: `revoked` when the API key was revoked before this statement ran (however early the
--- request's headers came); `run` without an Idempotency-Key; `replay` when the key has a record
--- (remember.sql answers it instead of the change); `run` when this statement takes the key's
--- transaction-level advisory lock, which only one statement at a time can hold; `in_progress`
--- when another statement holds it.
---
--- `prior` looks each request's record up by its primary key, in a subquery of its own (LIMIT
--- keeps the planner from making it a join): the hot connections keep one generic plan for their
--- life, and a join planned while the table was nearly empty read all of it for every batch.
---
--- Race-freedom: two requests with one key never both change something. The lock admits one at a
--- time. A second one that takes the lock after the first committed, but whose snapshot is older
--- than that commit, finds no record in `prior` and runs; its record's INSERT (remember.sql)
--- then meets the first one's row in the primary key, the statement fails with a unique
--- violation and is rolled back whole, and the batch is run again, now seeing the record.
+-- Race-freedom: the lock admits one statement per key at a time. One whose snapshot predates the
+-- first's commit finds no record and runs, but its INSERT (remember.sql) meets the first's row, the
+-- statement rolls back on the unique violation, and the batch runs again.
 prior AS (
     SELECT r.i, p.fingerprint, p.answer
     FROM req r CROSS JOIN LATERAL (
@@ -63,27 +46,21 @@ gate AS (
         ELSE 'in_progress'
     END AS verdict
     FROM req r),
--- The writes of a batch of fenced requests (`w`, which fenced.sql checks): one per request, each
--- decided by its own gate row (`gi`) and named in the audit log by its key (`subject`).
+-- A batch's fenced writes: one per request, decided by its own gate row.
 w AS (
     SELECT r.*, r.i AS gi, r.key AS subject, false AS over_limit,
         false AS in_txn
     FROM req r),
--- The fencing rules, in this one place, for every write `w` (writes.sql for single requests,
--- txn_writes.sql for a transaction), and the audit row of each refused group, written by the
--- same statement so that it commits with the verdict. A write of key `key` under lease `fence`
--- with token `token` is accepted only if (1) the token is the fence's newest and that lease was
--- not given up, and (2) the token is at least the highest that wrote the key, under any fence.
--- `w.token < c.token OR` is rule (1)'s lower bound; only the fault tests' negative control fills it
--- otherwise.
+-- The fencing rules, in this one place, for every write (writes.sql, txn_writes.sql), with the
+-- audit row of each refused group in the same statement. A write under lease `fence` with `token`
+-- is accepted only if (1) the token is the fence's newest and not given up, and (2) it is at least
+-- the highest that wrote the key. `w.token < c.token OR` is rule (1)'s bound, changed only by the fault
+-- tests' negative control.
 --
--- Locks, under READ COMMITTED with any number of instances: `cur` takes the fences' lease rows
--- FOR NO KEY UPDATE in key order, the lock every grant and ending takes, so no grant can slip
--- between the verdict and the commit; only then (its one-time filter reads all of `cur`) does
--- `heads` lock the written keys' heads in key order. Every statement takes lease rows before
--- heads, so two never wait on each other in a circle. A key with no head yet is created by
--- the part that follows with ON CONFLICT DO NOTHING: one that lost that race is not settled
--- and runs again, then finding the head.
+-- Locks: `cur` takes the fences' lease rows FOR NO KEY UPDATE in key order, as every grant and
+-- ending does, so no grant slips between verdict and commit; only then does `heads` lock the heads
+-- in key order. Lease rows always before heads, so no cycle. A missing head is inserted ON CONFLICT
+-- DO NOTHING; the loser runs again.
 cur AS (
     SELECT w.i, l.key, l.token, l.owner, l.end_reason
     FROM w JOIN gate g ON g.i = w.gi AND g.verdict = 'run' JOIN leases l ON l.key = w.fence
@@ -109,16 +86,14 @@ checked AS (
         ELSE 'accepted'
     END AS rule
     FROM w JOIN gate g ON g.i = w.gi LEFT JOIN cur c ON c.i = w.i LEFT JOIN heads h ON h.i = w.i),
--- A group (a request, or a transaction's writes) is decided by its first failing write, a
--- rule's refusal before a bound's before a precondition's: all of a group is written, or none.
+-- A group (a request, or a transaction) is decided by its first failing write: all of it is
+-- written, or none.
 failed AS (
     SELECT DISTINCT ON (k.gi) k.*
     FROM checked k WHERE k.rule <> 'accepted'
     ORDER BY k.gi, CASE k.rule WHEN 'precondition_failed' THEN 2 WHEN 'too_many_keys' THEN 1
         ELSE 0 END, k.i),
--- A refusal by rule (2) is `stale_token` against the key's highest written token. A
--- transaction's changes are counted for the watch (`txn_size`): its puts, and its deletes of a
--- current snapshot.
+-- Rule (2)'s refusal is `stale_token`. `txn_size` counts a transaction's changes for the watch.
 verdict AS (
     SELECT k.i, k.gi, k.key, k.holder, k.has_head, k.current_etag, k.version,
         k.pruned_through, k.current_etag IS NULL AS created, f.i AS failed_i,
@@ -129,7 +104,6 @@ verdict AS (
         CASE f.rule WHEN 'stale_written' THEN f.written_token ELSE f.fence_token END
             AS highest_token
     FROM checked k LEFT JOIN failed f ON f.gi = k.gi),
--- The audit row of each group refused by a rule, naming its first write so refused.
 refused AS (
     INSERT INTO rejections (key, reason, presented_token, highest_token, holder,
         operation, request_id, remote_addr, principal, fencing_key)
@@ -140,34 +114,24 @@ refused AS (
     ORDER BY v.gi
     RETURNING id, key, at, reason, presented_token, highest_token, holder, operation,
         fencing_key),
--- The watch's change of each refusal (`write.refused`, migrations/20261205000000_change_log.sql).
 refusals_noted AS (
     INSERT INTO change_log (kind, key, token, at, owner, reason, audit_id, operation,
         highest_token, fencing_key)
     SELECT 'write.refused', f.key, f.presented_token, f.at, f.holder, f.reason, f.id,
         f.operation, f.highest_token, f.fencing_key
     FROM refused f ORDER BY f.id),
--- The fenced write's check before its body is read, for each request of the batch: fenced.sql,
--- then this (between gate.sql and remember.sql). A stale or unknown token is refused and audited
--- at once by fenced.sql's `refused`, so an upload that can only be refused is never received;
--- an acceptable token changes nothing here, and the write's own statement (put.sql) decides
--- again, under the row lock, once the body is in. Only a refusal is `settled` (and so recorded
--- under the Idempotency-Key). No requests' columns beyond fenced.sql's.
+-- A fenced write's check before its body is read: a stale or unknown token is refused and audited
+-- now, so a doomed upload is never received; an acceptable one changes nothing, and put.sql decides
+-- again under the lock. Only a refusal is settled.
 result AS (
     SELECT v.i, v.outcome, v.highest_token, v.created, f.id AS audit_id,
         NULL::bigint AS version, NULL::timestamptz AS updated_at,
         v.outcome IN ('stale_token', 'unknown_token') AS settled
     FROM verdict v LEFT JOIN refused f ON f.key = v.key),
--- The last part of every changing statement (gate.sql begins it), after the statement's own
--- `result`: one row per request (`i`) that is its answer, with a column `settled` that is false
--- only when the request will be sent again (acquire's lost race for a new key).
---
--- `remembered` stores each answer under its request's Idempotency-Key, in this statement, so the
--- record commits exactly when the change does (or the refusal's audit row). Without ON CONFLICT:
--- a racing record makes the whole statement fail and roll back (see gate.sql). The statement
--- answers, per request, the gate's verdict, the stored fingerprint of a replay, and the answer:
--- the stored one on a replay, this statement's own otherwise (JSON null for a request with no
--- answer of its own: a transaction's ops after its first).
+-- The last part of every changing statement: one answer row per request, `settled` false when it
+-- will be sent again. `remembered` stores each answer under its Idempotency-Key in this statement,
+-- so the record commits exactly with the change; no ON CONFLICT, so a racing record rolls the
+-- statement back (gate.sql). A transaction's ops after its first have JSON null.
 remembered AS (
     INSERT INTO idempotency_records (principal, key, fingerprint, answer)
     SELECT coalesce(r.principal, ''), r.idem, r.fp, to_json(res)

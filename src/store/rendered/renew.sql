@@ -7,35 +7,18 @@ WITH req AS (
     FROM unnest($1::text[], $2::bytea[], $3::text[], $4::bigint[], $5::text[], $6::bigint[],
         $7::bigint[])
     WITH ORDINALITY AS r(idem, fp, principal, key_id, key, token, ttl_ms, i)),
--- The first part of every changing statement after its requests (`req`, which
--- src/store/engine/statement.rs writes from the statement's columns; acquire.sql, renew.sql,
--- end.sql and fenced.sql follow it, and remember.sql ends each): per request (`i`), whether it may run at all
--- (`gate`), and the stored answer of its Idempotency-Key (`prior`). Every change that follows
--- is conditioned on its request's `gate.verdict = 'run'`.
+-- The first part of every changing statement after `req`: per request, whether it may run (`gate`)
+-- and its Idempotency-Key's stored answer (`prior`); every change after it requires `verdict =
+-- 'run'`. A batch never holds two requests for one key or one Idempotency-Key, so each is decided
+-- as if alone.
 --
--- Every statement is over a batch of requests: arrays bound as $1, $2, …, one element per
--- request, unnested into `req` with their position `i`. A batch never holds two requests for one
--- key or one Idempotency-Key (src/store/engine/batch/ defers the second to the next batch), so each
--- request is decided on its own, as if it were alone, and a refusal of one changes nothing for
--- another. Every request's `req` row has `idem` (the Idempotency-Key, NULL when none was sent),
--- `fp` (the request's fingerprint), `principal` (NULL without authentication) and `key_id` (its
--- API key's id, NULL likewise).
+-- Verdicts: `revoked` (the API key was revoked), `replay` (a record exists), `run` (no key, or this
+-- statement took the key's transaction-level advisory lock), `in_progress` (another holds it).
+-- `prior` is a LIMITed subquery so the hot connections' generic plan reads by primary key.
 --
--- Verdicts: `revoked` when the API key was revoked before this statement ran (however early the
--- request's headers came); `run` without an Idempotency-Key; `replay` when the key has a record
--- (remember.sql answers it instead of the change); `run` when this statement takes the key's
--- transaction-level advisory lock, which only one statement at a time can hold; `in_progress`
--- when another statement holds it.
---
--- `prior` looks each request's record up by its primary key, in a subquery of its own (LIMIT
--- keeps the planner from making it a join): the hot connections keep one generic plan for their
--- life, and a join planned while the table was nearly empty read all of it for every batch.
---
--- Race-freedom: two requests with one key never both change something. The lock admits one at a
--- time. A second one that takes the lock after the first committed, but whose snapshot is older
--- than that commit, finds no record in `prior` and runs; its record's INSERT (remember.sql)
--- then meets the first one's row in the primary key, the statement fails with a unique
--- violation and is rolled back whole, and the batch is run again, now seeing the record.
+-- Race-freedom: the lock admits one statement per key at a time. One whose snapshot predates the
+-- first's commit finds no record and runs, but its INSERT (remember.sql) meets the first's row, the
+-- statement rolls back on the unique violation, and the batch runs again.
 prior AS (
     SELECT r.i, p.fingerprint, p.answer
     FROM req r CROSS JOIN LATERAL (
@@ -54,15 +37,11 @@ gate AS (
         ELSE 'in_progress'
     END AS verdict
     FROM req r),
--- Renew, for each request of the batch: one UPDATE whose WHERE requires the request's token to
--- be the key's live lease, on the row `locked` locked first (in key order, as every batched
--- statement locks). The lock yields the row's newest version, so a renewal racing a takeover
--- either lands before it (and the takeover sees a live lease) or sees the new token and changes
--- nothing (no row: lease_lost). The lease must also be live by the database clock read after
--- the lock (clock_timestamp(), not the statement's start): the watch's relay reports an expiry
--- only under a share lock on the row once expires_at passed by that clock, so a renewal that
--- began a moment before the expiry cannot bring back a lease the watchers heard expire. The requests (`req`: key, token, ttl_ms) and gate.sql come first (nothing of a request
--- changes unless its verdict is `run`), remember.sql last.
+-- Renew per request: one UPDATE requiring the token to be the key's live lease, on rows `locked`
+-- locks in key order. The lock yields the newest row, so a renewal racing a takeover lands first or
+-- finds another token (lease_lost). Liveness is checked by clock_timestamp() after the lock: the
+-- relay reports an expiry under a share lock once expires_at passed by that clock, so no renewal
+-- revives a lease watchers heard expire.
 locked AS (
     SELECT r.i, l.key FROM req r JOIN gate g ON g.i = r.i AND g.verdict = 'run'
     JOIN leases l ON l.key = r.key
@@ -75,20 +54,13 @@ changed AS (
         AND l.expires_at > clock_timestamp()
     RETURNING r.i, l.key, l.token, l.owner, l.ttl_ms, l.metadata, l.crash_recovery,
         l.recovery_required, l.acquired_at, l.expires_at, l.ended_at),
--- The answers: the renewed lease, or null (lease_lost).
 result AS (
     SELECT r.i, (SELECT to_json(c) FROM changed c WHERE c.i = r.i) AS lease, true AS settled
     FROM req r),
--- The last part of every changing statement (gate.sql begins it), after the statement's own
--- `result`: one row per request (`i`) that is its answer, with a column `settled` that is false
--- only when the request will be sent again (acquire's lost race for a new key).
---
--- `remembered` stores each answer under its request's Idempotency-Key, in this statement, so the
--- record commits exactly when the change does (or the refusal's audit row). Without ON CONFLICT:
--- a racing record makes the whole statement fail and roll back (see gate.sql). The statement
--- answers, per request, the gate's verdict, the stored fingerprint of a replay, and the answer:
--- the stored one on a replay, this statement's own otherwise (JSON null for a request with no
--- answer of its own: a transaction's ops after its first).
+-- The last part of every changing statement: one answer row per request, `settled` false when it
+-- will be sent again. `remembered` stores each answer under its Idempotency-Key in this statement,
+-- so the record commits exactly with the change; no ON CONFLICT, so a racing record rolls the
+-- statement back (gate.sql). A transaction's ops after its first have JSON null.
 remembered AS (
     INSERT INTO idempotency_records (principal, key, fingerprint, answer)
     SELECT coalesce(r.principal, ''), r.idem, r.fp, to_json(res)

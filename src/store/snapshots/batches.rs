@@ -1,7 +1,4 @@
-//! The snapshot calls' batched statements: the fenced statements (a write, with its body bound
-//! or uploaded; the check before a body; a delete's first statement) and the read, their
-//! requests' columns (assembled by the engine's builder, with the gate and the record of
-//! `idempotency` for the fenced ones), their batch kinds and the dispatchers that gather them.
+//! The snapshot calls' batched statements, their requests' columns and their batch kinds.
 
 use std::sync::LazyLock;
 
@@ -17,38 +14,23 @@ use crate::store::engine::conns::{Conns, Effect};
 use crate::store::engine::statement::{Batched, Column, QueryAs, column};
 use crate::store::idempotency::{self, Change, GatedRow};
 
-/// The fenced statements: each is its requests, the gate, its writes (`sql/writes.sql`, or a
-/// transaction's `sql/txn_writes.sql`), the fencing rules and the refusals' audit rows
-/// (`sql/fenced.sql`), then its own parts, then the record. What each part locks and why the
-/// whole is race-free is written beside it in those files.
+/// The fenced statements; `sql/fenced.sql` holds the rules and their locks.
 pub(crate) struct Fenced {
-    /// The write, its body bound (`sql/put.sql`).
     pub(crate) put: Batched<FencedJob>,
-    /// The write of a body uploaded beforehand into the connection's upload table (a batch of
-    /// one, see `Conns::fetch_one_uploading`) rather than bound (bound NULL, unused); the same
-    /// checks, locks and audit otherwise.
     pub(crate) put_uploaded: Batched<FencedJob>,
-    /// The check before a body is read (`sql/precheck.sql`).
     pub(crate) precheck: Batched<FencedJob>,
-    /// The delete's first statement (`sql/delete.sql`); its versions are removed by a second
-    /// statement in the same transaction (see [`delete`]).
     pub(crate) delete_head: Batched<FencedJob>,
-    /// A transaction's first statement over its ops (`sql/txn.sql`, after the puts and the
-    /// deletes); the versions of the keys it deleted go in a second statement, as a delete's.
     pub(crate) txn: Batched<FencedJob>,
 }
 
-/// In `sql/fenced.sql`, what a lower token is stale against: the key's newest granted token.
 const STALE_BELOW_NEWEST_GRANT: &str = "w.token < c.token OR";
 
-/// If-Match's strong tags as an array (bound as a JSON array, NULL for `*`).
 const TAGS: (&str, &str) = (
     "tags",
     "CASE WHEN r.tags IS NOT NULL THEN ARRAY(SELECT json_array_elements_text(r.tags::json)) END",
 );
 
 impl Fenced {
-    /// The statements, with `stale_below` deciding what a lower token is stale against.
     fn build(stale_below: &'static str) -> Self {
         const WRITES: &str = include_str!("sql/writes.sql");
         const FENCED: &str = include_str!("sql/fenced.sql");
@@ -90,15 +72,12 @@ impl Fenced {
     }
 }
 
-/// The fenced statements the service runs.
 pub(crate) static FENCED: LazyLock<Fenced> =
     LazyLock::new(|| Fenced::build(STALE_BELOW_NEWEST_GRANT));
 
-/// The negative control of the fault tests, compiled only with the `fault-controls` feature:
-/// the fenced statements with the classic fencing bug of checking a token against the highest
-/// token *written* to the key instead of its newest *granted* one, which lets a superseded
-/// holder write until its successor first writes. The history checker must find that; see
-/// `tests/faults`.
+/// The fault tests' negative control (`fault-controls` only): checks a token against the highest
+/// *written* instead of the newest *granted*, so a superseded holder writes until its successor
+/// does. The history checker must find it.
 #[cfg(feature = "fault-controls")]
 static BROKEN: LazyLock<Fenced> = LazyLock::new(|| {
     Fenced::build(
@@ -106,8 +85,6 @@ static BROKEN: LazyLock<Fenced> = LazyLock::new(|| {
     )
 });
 
-/// The fenced statements this process runs (broken, under the negative control, for the check
-/// before a body too, so that the control is not caught early instead).
 pub(super) fn fenced() -> &'static Fenced {
     #[cfg(feature = "fault-controls")]
     if super::fencing_broken() {
@@ -116,51 +93,37 @@ pub(super) fn fenced() -> &'static Fenced {
     &FENCED
 }
 
-/// One fenced request of a batch (a write, a check before a body, a delete): what
-/// [`FencedJob::columns`] binds.
 #[derive(Debug)]
 pub(crate) struct FencedJob {
-    /// The key written; for a transaction's delete_prefix, its fence (the key of no write).
     pub(super) key: Key,
-    /// The lease whose token fences the write: the key itself, or a key whose namespace holds it.
     pub(super) fence: Key,
     pub(super) token: FencingToken,
     pub(super) if_match: Option<EntityTagCondition>,
-    /// Create only: the key must have no current snapshot (a transaction's `if_none_match: "*"`).
     pub(super) if_none_match: bool,
     pub(super) operation: AuditOperation,
     pub(super) op: Op,
-    /// For a write, what it stores.
     pub(super) write: Option<Write>,
     pub(super) ctx: RequestContext,
 }
 
-/// What a fenced request does to its key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Op {
-    /// Stores a version (a check before a body, too).
     Put,
-    /// Removes the current snapshot.
     Delete,
-    /// Removes every current snapshot under the prefix in the fence's namespace, at most `limit`.
     DeletePrefix { prefix: KeyPrefix, limit: i64 },
 }
 
-/// What a fenced write stores, and the versions its key keeps.
 #[derive(Debug)]
 pub(super) struct Write {
     pub(super) body: Bytes,
     pub(super) etag: ETag,
     pub(super) content_type: String,
-    /// Whether the body is uploaded beforehand rather than bound ([`UPLOAD_FROM`]).
     pub(super) uploaded: bool,
     pub(super) keep_versions: i64,
-    /// The version's Snapshot-Metadata, a JSON object.
     pub(super) metadata: Option<Metadata>,
 }
 
 impl FencedJob {
-    /// The requests' columns of every fenced statement.
     fn columns() -> Vec<Column<Self>> {
         vec![
             column!(Self, "key": "text" = |j| {
@@ -181,7 +144,6 @@ impl FencedJob {
                 _ => None,
             }),
             column!(Self, "has_if_match": "boolean" = |j| j.if_match.is_some()),
-            // The strong tags as a JSON array, NULL for `*` (req makes it an array).
             column!(Self, "tags": "text" = |j| {
                 let tags = j.if_match.as_ref().and_then(EntityTagCondition::strong_tags);
                 tags.map(|t| serde_json::Value::from(t).to_string())
@@ -206,7 +168,6 @@ impl FencedJob {
         ]
     }
 
-    /// A delete_prefix's prefix.
     fn prefix(&self) -> Option<&KeyPrefix> {
         match &self.op {
             Op::DeletePrefix { prefix, .. } => Some(prefix),
@@ -214,7 +175,6 @@ impl FencedJob {
         }
     }
 
-    /// The write statement over `jobs`, for a bound or an uploaded body.
     pub(super) fn put<'q>(jobs: &[&'q Self]) -> QueryAs<'q, Indexed<GatedRow<FencedRow>>> {
         let uploaded = jobs
             .iter()
@@ -238,20 +198,14 @@ impl Change for FencedJob {
     }
 }
 
-/// The dispatchers of the snapshot calls' batches ([`super::engine::batch`]); each ends when
-/// this is dropped.
 #[derive(Debug)]
 pub(crate) struct Batches {
-    /// Fenced writes with their body bound.
     pub(crate) put: Batcher<PutBatch>,
-    /// Checks of a fenced write before its body is read.
     pub(crate) precheck: Batcher<PrecheckBatch>,
-    /// Snapshot reads.
     pub(crate) get: Batcher<GetBatch>,
 }
 
 impl Batches {
-    /// Starts the dispatchers on `conns`.
     pub(crate) fn start(conns: &Conns) -> Self {
         Self {
             put: Batcher::start(conns.clone()),
@@ -260,13 +214,11 @@ impl Batches {
         }
     }
 
-    /// The requests waiting in batches to be sent.
     pub(crate) fn queued(&self) -> usize {
         self.put.queued() + self.precheck.queued() + self.get.queued()
     }
 }
 
-/// Fenced writes with their body bound, gathered into batches ([`super::engine::batch`]).
 #[derive(Debug)]
 pub(crate) struct PutBatch;
 
@@ -284,7 +236,6 @@ impl Kind for PutBatch {
     }
 }
 
-/// Checks of fenced writes before their bodies are read, gathered into batches.
 #[derive(Debug)]
 pub(crate) struct PrecheckBatch;
 
@@ -298,7 +249,6 @@ impl Kind for PrecheckBatch {
     }
 }
 
-/// The snapshot read statement over a batch ([`get`]).
 pub(crate) static GET: LazyLock<Batched<GetJob>> = LazyLock::new(|| {
     Batched::builder([
         column!(GetJob, "key": "text" = |j| j.key.as_str()),
@@ -311,14 +261,12 @@ pub(crate) static GET: LazyLock<Batched<GetJob>> = LazyLock::new(|| {
     .build()
 });
 
-/// One read of a batch.
 #[derive(Debug)]
 pub(crate) struct GetJob {
     pub(super) key: Key,
     pub(super) version: Option<Version>,
     pub(super) keep_versions: i64,
     pub(super) with_body: bool,
-    /// The If-None-Match tags, as get.sql takes them.
     pub(super) unless: Option<serde_json::Value>,
 }
 
@@ -328,8 +276,6 @@ impl Job for GetJob {
     }
 }
 
-/// Snapshot reads, gathered into batches ([`super::engine::batch`]). Reads claim nothing: two of one
-/// key share a batch.
 #[derive(Debug)]
 pub(crate) struct GetBatch;
 

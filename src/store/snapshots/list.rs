@@ -1,5 +1,4 @@
-//! Listing the keys that have a snapshot, by prefix, in key order or reversed, each with its
-//! current snapshot's head (`GET /v1/snapshots`, as S3's ListObjectsV2 lists objects).
+//! The keys that have a snapshot, by prefix, with their current heads (as S3's ListObjectsV2).
 
 use sqlx::{FromRow, PgPool};
 
@@ -7,8 +6,7 @@ use super::VersionRow;
 use crate::domain::{Cursor, Key, KeyPrefix, Page, PageLimit, SnapshotMeta};
 use crate::store::{Bounded, Result};
 
-/// A page of snapshot keys in key order (or reversed), after `after` in that order, under
-/// `prefix`.
+/// A page of snapshot keys under `prefix`, after `after`, in key order or reversed.
 #[derive(Debug, Clone)]
 pub struct SnapshotKeysQuery {
     /// Only keys that start with this.
@@ -41,9 +39,7 @@ struct KeyedVersionRow {
     version: VersionRow,
 }
 
-/// Lists the keys with a current snapshot: one plain read (`sql/list.sql`), no lock,
-/// so a page is one committed state; a key written or deleted between two pages is listed by
-/// the state its page saw.
+/// Lists the keys with a current snapshot; each page is one committed state.
 pub async fn list(pool: &PgPool, q: &SnapshotKeysQuery) -> Result<Page<SnapshotMeta>> {
     let rows: Vec<KeyedVersionRow> = sqlx::query_as(STATEMENT)
         .bind(q.prefix.as_str())

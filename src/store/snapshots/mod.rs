@@ -1,10 +1,5 @@
-//! Snapshots (`snapshot_heads`, `snapshot_versions`): fenced writes, deletes and transactions,
-//! and reads.
-//!
-//! The fencing rules (`sql/fenced.sql`) are checked against the fence's lease row and the
-//! written keys' heads while holding their row locks, by the same statement that writes (or
-//! refuses and audits). Grants take the lease row's lock, so a write and a grant, from any
-//! instances, are ordered.
+//! Snapshots. The fencing rules (`sql/fenced.sql`) are checked under the lease row's lock, which
+//! grants take too, so writes and grants are ordered.
 
 mod batches;
 pub mod list;
@@ -33,8 +28,7 @@ pub struct Refusal {
     pub reason: RefusalReason,
     /// The token the writer presented.
     pub presented: FencingToken,
-    /// The fence's newest token (or the key's highest written one, when that refused it), or
-    /// `None` for a fence that never had a lease.
+    /// The fence's newest token (or the key's highest written), `None` for a fence never leased.
     pub highest: Option<FencingToken>,
     /// The id of the audit row.
     pub audit_id: i64,
@@ -53,8 +47,7 @@ pub enum WriteOutcome<T> {
     PreconditionFailed,
 }
 
-/// An accepted write: the new version, and whether it created the snapshot (no current
-/// snapshot existed before it).
+/// An accepted write: the new version, and whether it created the snapshot.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Written {
     /// The stored version's metadata.
@@ -84,16 +77,10 @@ pub struct PutRequest {
     pub metadata: Option<Metadata>,
 }
 
-/// Bodies of this size and more are uploaded before the fenced write instead of being bound
-/// to it. A bound body is copied twice on its way out (into the statement's arguments and into
-/// the connection's send buffer); an uploaded one streams from the request's buffer in small
-/// chunks, so the service holds each body about once, whatever its size and however many
-/// arrive at once. Below this size the extra round trips cost more than the copies.
+/// Bodies this large are uploaded in chunks rather than bound, so the service holds each once.
 pub const UPLOAD_FROM: usize = 512 * 1024;
 
-/// Whether the negative control is on: a build with the `fault-controls` feature (which only
-/// the tests' builds have, through `snapfence-testkit`) run with
-/// `SNAPFENCE_BREAK_FENCING=written-token`. Every other build has no such switch.
+/// Whether the fault tests' negative control is on (`fault-controls` builds only).
 #[cfg(feature = "fault-controls")]
 pub fn fencing_broken() -> bool {
     static BROKEN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -102,7 +89,6 @@ pub fn fencing_broken() -> bool {
     })
 }
 
-/// What a fenced statement did (`result` in `sql/put.sql` and `sql/delete_head.sql`).
 #[derive(Debug, Deserialize)]
 pub(crate) struct FencedRow {
     outcome: String,
@@ -111,7 +97,6 @@ pub(crate) struct FencedRow {
     audit_id: Option<i64>,
     version: Option<i64>,
     updated_at: Option<DateTime<Utc>>,
-    /// False when the write lost the race to create its key's head: it is sent again.
     #[serde(default = "settled")]
     settled: bool,
 }
@@ -121,8 +106,6 @@ fn settled() -> bool {
 }
 
 impl FencedRow {
-    /// Splits the shared part of a fenced statement's answer into an outcome; `accepted` maps the
-    /// row of an accepted change.
     fn outcome<T>(
         self,
         token: FencingToken,
@@ -145,11 +128,8 @@ impl FencedRow {
     }
 }
 
-/// A fenced write: one statement (`FENCED.put`), in the next batch of writes. It checks, writes or
-/// refuses, and audits, all under the key's row lock, and commits before the caller answers. A
-/// body of [`UPLOAD_FROM`] bytes or more is uploaded first, in a short transaction of its own
-/// (`FENCED.put_uploaded`, a batch of one); the upload takes no lock, so the key's row is locked only by
-/// the statement, as for any write.
+/// A fenced write: one batched statement checks, writes or refuses and audits under the key's row
+/// lock. A body of [`UPLOAD_FROM`] or more is uploaded first, taking no lock.
 #[tracing::instrument(level = "debug", skip_all, fields(key = %req.key, token = %req.token, size = req.body.len()))]
 pub async fn put(
     db: &Db,
@@ -214,7 +194,6 @@ pub async fn put(
     }))
 }
 
-/// A fenced request with no body to store (a check before a body, a delete).
 fn bodiless(
     target: &Fenced<'_>,
     if_match: Option<&EntityTagCondition>,
@@ -248,10 +227,7 @@ pub struct Fenced<'a> {
     pub token: FencingToken,
 }
 
-/// The fencing rule for a write whose body has not been read: one statement
-/// (`sql/precheck.sql`), in the next batch of checks, that refuses a stale or unknown token at
-/// once, with its audit row (and its Idempotency-Key's record), and otherwise changes nothing;
-/// the write's own statement checks again once the body is in. `Some` is the refusal.
+/// The fencing rule before the body is read; `Some` is the refusal, already audited.
 #[tracing::instrument(level = "debug", skip_all, fields(key = %target.key, token = %target.token))]
 pub async fn precheck(
     db: &Db,
@@ -271,11 +247,8 @@ pub async fn precheck(
     ))
 }
 
-/// A fenced delete: one short transaction of its own. The first statement (`FENCED.delete_head`, a
-/// batch of one) checks, clears the head or refuses and audits, under the key's row lock, and
-/// records the answer under the Idempotency-Key. The second removes the key's versions; it runs
-/// with a snapshot taken after the lock was granted, so it sees every version committed before,
-/// and no writer can add one until this commits.
+/// A fenced delete in one transaction: the batched check under the row lock, then the versions'
+/// removal, whose snapshot follows that lock.
 #[tracing::instrument(level = "debug", skip_all, fields(key = %target.key, token = %target.token))]
 pub async fn delete(
     pool: &PgPool,
@@ -321,12 +294,10 @@ pub struct Snapshot {
 pub enum Read<'a> {
     /// The head only (a `HEAD`).
     Head,
-    /// The bytes too, unless the version's ETag matches this `If-None-Match` (weakly): the
-    /// answer is then `304`, which sends none.
+    /// The bytes too, unless the ETag weakly matches this `If-None-Match` (then `304`).
     Body(Option<&'a EntityTagCondition>),
 }
 
-/// A version's metadata as the statements read it.
 #[derive(Debug, FromRow)]
 pub(super) struct VersionRow {
     version: i64,
@@ -369,7 +340,6 @@ struct ListedRow {
     version: ListedVersion,
 }
 
-/// A version row of a list, all NULL when the page is empty.
 #[derive(Debug, FromRow)]
 struct ListedVersion {
     version: Option<i64>,
@@ -397,11 +367,7 @@ impl ListedVersion {
     }
 }
 
-/// Reads the current snapshot (`version` = `None`) or one retained version, in the next batch
-/// of reads: only versions of a key that has a current snapshot, within the retention window,
-/// so a version that a later write pruned, or that a delete removed, is gone even if its row
-/// lingers. One statement, so the head and the body it points at are from one committed state.
-/// A body that is not wanted ([`Read`]) is not even read from storage.
+/// Reads the current or a retained version, head and body from one committed state.
 pub async fn get(
     db: &Db,
     key: &Key,
@@ -426,9 +392,7 @@ pub async fn get(
     }))
 }
 
-/// Lists the retained versions (by the same rule as [`get`]), newest first, below the cursor's
-/// version; `None` when the key has no current snapshot. One statement: the lateral join reads
-/// the versions of the head row it joins, from one committed state.
+/// The retained versions newest first below the cursor; `None` without a current snapshot.
 pub async fn versions(
     pool: &PgPool,
     key: &Key,

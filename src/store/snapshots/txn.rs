@@ -1,7 +1,5 @@
-//! Transactions (`POST /v1/txn`): puts, deletes and prefix deletes under one fence, all or
-//! nothing. One statement (`FENCED.txn`) checks every write by the rules of `sql/fenced.sql` and
-//! writes all of them or none; a second removes the deleted keys' versions; both in one short
-//! transaction, which is rolled back and run again if a put lost the race to create its head.
+//! Transactions (`POST /v1/txn`): puts and deletes under one fence, all or nothing, checked by
+//! `sql/fenced.sql`; run again if a put lost the race to create its head.
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
@@ -96,7 +94,6 @@ pub enum TxnOutcome {
     TooManyKeys,
 }
 
-/// The answer of `sql/txn.sql`.
 #[derive(Debug, Deserialize)]
 struct TxnRow {
     outcome: String,
@@ -108,7 +105,6 @@ struct TxnRow {
     settled: bool,
 }
 
-/// One op's result in `sql/txn.sql`'s answer.
 #[derive(Debug, Deserialize)]
 struct OpRow {
     version: Option<i64>,
@@ -171,8 +167,7 @@ pub async fn txn(
     Ok(gated.map(|row| outcome(req, row)))
 }
 
-/// The statement's requests: one per op, the Idempotency-Key on the first alone (its gate
-/// decides the transaction, and its row carries the answer).
+/// One request per op; the Idempotency-Key on the first alone, whose gate decides the transaction.
 fn jobs(
     req: &TxnRequest,
     keep_versions: i64,
@@ -236,7 +231,6 @@ fn jobs(
         .collect()
 }
 
-/// The outcome a transaction's answer says.
 fn outcome(req: &TxnRequest, row: TxnRow) -> TxnOutcome {
     let token = |t: i64| FencingToken::new(t).expect("stored tokens are positive");
     match row.outcome.as_str() {
@@ -264,7 +258,6 @@ fn outcome(req: &TxnRequest, row: TxnRow) -> TxnOutcome {
     }
 }
 
-/// One op's result, from the op and its row of the answer.
 fn result(req: &TxnRequest, op: &TxnOp, r: OpRow) -> TxnResult {
     match op {
         TxnOp::Put {

@@ -1,11 +1,5 @@
-//! The numbered history as this instance reads it: whole epochs (`sql/read.sql`), and a cache
-//! of the epochs its watchers caught up through, shared by all of them.
-//!
-//! Watchers behind the live changes (after a restart, a failover, a burst too large for their
-//! buffer, or from `since=0`) mostly catch up from the same place, so each epoch is read from
-//! the database once between them and handed to the rest from memory. What is not cached is
-//! read on one lane of this instance, paced, so that however many watchers catch up, the reads
-//! keep a bounded share of the database: its time goes to the writes.
+//! The history as this instance reads it: whole epochs, cached for the watchers catching up, with
+//! uncached reads paced so they keep a bounded share of the database.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -22,30 +16,25 @@ use crate::domain::{
 };
 use crate::store::{Bounded, Result};
 
-/// How many changes one read takes: the epochs that begin within this many of its first change
-/// (at least one, read whole), and at most [`EPOCHS`] of them.
+/// Changes one read takes (whole epochs, at most [`EPOCHS`]).
 const PAGE: i64 = 4000;
 const EPOCHS: i64 = 32;
-/// How many changes the cache holds (about 250 bytes each), the least recently used epochs
-/// leaving first; an epoch larger than that is kept alone.
+/// Changes cached (~250 bytes each), least recently used out first; a larger epoch is kept alone.
 const CACHED: usize = 16_384;
 
-/// One epoch: ids `first_id..=last_id`, and its changes in id order.
 pub(super) struct Epoch {
     pub first_id: i64,
     pub last_id: i64,
     pub changes: Vec<Arc<ChangeEvent>>,
 }
 
-/// What one read from the database gave: whole epochs in order, and whether the last of them
-/// is the newest.
 pub(super) struct Read {
     pub epochs: Vec<Arc<Epoch>>,
     pub complete: bool,
 }
 
 impl Read {
-    /// The epochs of `rows` (in the order of `sql/read.sql`, which `sql/turn.sql` keeps too).
+    /// The epochs of `rows`, in `sql/read.sql` order.
     pub fn from_rows(rows: impl IntoIterator<Item = ReadRow>) -> Self {
         let mut read = Read {
             epochs: Vec::new(),
@@ -71,13 +60,10 @@ impl Read {
     }
 }
 
-/// The history of this instance's watchers.
 pub(super) struct History {
     pool: PgPool,
     cache: Mutex<Cache>,
-    /// The watchers' reads from the database: one at a time, each followed by twice its time
-    /// without one, so that catching up keeps one connection busy a third of the time at most,
-    /// however many watchers do.
+    /// At most a third of a connection: each read is followed by twice its time idle.
     lane: Semaphore,
 }
 
@@ -90,8 +76,7 @@ impl History {
         }
     }
 
-    /// The whole epochs after `after` from the database, [`PAGE`] changes' worth: what the
-    /// reader of new changes reads (not cached: the watchers that follow it have them).
+    /// The whole epochs after `after`, for the reader (uncached).
     pub async fn read(&self, after: i64) -> Result<Read> {
         let rows: Vec<ReadRow> = sqlx::query_as(include_str!("sql/read.sql"))
             .bind(after)
@@ -103,15 +88,13 @@ impl History {
         Ok(Read::from_rows(rows))
     }
 
-    /// For a watcher catching up from `after`: the cached epochs from there on, or else the next
-    /// ones from the database (through the lane, then cached). Empty when no epoch is newer.
+    /// Cached epochs after `after`, else the next from the database; empty when none is newer.
     pub async fn catch_up(&self, after: i64) -> Result<Vec<Arc<Epoch>>> {
         let cached = self.cached_from(after);
         if !cached.is_empty() {
             return Ok(cached);
         }
         let _lane = self.lane.acquire().await.expect("never closed");
-        // Another watcher may have read them while this one waited.
         let cached = self.cached_from(after);
         if !cached.is_empty() {
             return Ok(cached);
@@ -119,8 +102,7 @@ impl History {
         let started = Instant::now();
         let read = self.read(after).await?;
         {
-            // Not the first epoch when `after` is inside it: only its changes after `after` were
-            // read, and the cache holds whole epochs.
+            // The first epoch was read only after `after`; the cache holds whole epochs.
             let mut cache = self.cache.lock().expect("never poisoned");
             for epoch in read.epochs.iter().filter(|e| e.first_id > after) {
                 cache.put(epoch.clone());
@@ -132,8 +114,6 @@ impl History {
         Ok(read.epochs)
     }
 
-    /// The cached epochs that follow each other from the one holding `after + 1`, [`PAGE`]
-    /// changes' worth (at least one epoch).
     fn cached_from(&self, after: i64) -> Vec<Arc<Epoch>> {
         let mut cache = self.cache.lock().expect("never poisoned");
         let mut epochs = Vec::new();
@@ -149,7 +129,6 @@ impl History {
     }
 }
 
-/// The epochs by first id, each with when it was last used.
 #[derive(Default)]
 struct Cache {
     epochs: BTreeMap<i64, (Arc<Epoch>, u64)>,
@@ -158,7 +137,6 @@ struct Cache {
 }
 
 impl Cache {
-    /// The epoch holding id `id`, if cached.
     fn get(&mut self, id: i64) -> Option<Arc<Epoch>> {
         self.clock += 1;
         let (_, (epoch, used)) = self.epochs.range_mut(..=id).next_back()?;
@@ -189,8 +167,6 @@ impl Cache {
     }
 }
 
-/// A row of `sql/read.sql` (and of `sql/turn.sql`'s epoch): an epoch read, and one of its
-/// changes (none for an epoch with none).
 pub(super) struct ReadRow {
     first_id: i64,
     last_id: i64,
@@ -210,7 +186,6 @@ impl<'r> FromRow<'r, PgRow> for ReadRow {
     }
 }
 
-/// A change as read, with its id.
 #[derive(FromRow)]
 struct ChangeRow {
     id: i64,
@@ -234,7 +209,6 @@ struct ChangeRow {
 
 impl ChangeRow {
     fn into_event(self) -> ChangeEvent {
-        // A refusal's row keeps the fence's holder in `owner`; the event names it for what it is.
         let refused = self.kind == "write.refused";
         let owner = self
             .owner

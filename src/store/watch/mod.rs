@@ -1,21 +1,7 @@
-//! Watch (contract v1.1, "Watch"): the history of changes, numbered in one order for the whole
-//! service, and this instance's share of delivering it.
-//!
-//! Three parts, each written up where it lives:
-//! - The changing statements write what they did into `change_log` themselves, in their own
-//!   transaction, once (`migrations/20261205000000_change_log.sql`): nothing is moved or
-//!   renumbered afterwards, and a renewal writes nothing.
-//! - One instance on the database is the relay (`relay.rs`): it gives the committed changes
-//!   their ids by recording an epoch, a snapshot, every few milliseconds while changes come;
-//!   it reports expiries; it drops the history older than the retention; and it notifies
-//!   `snapfence_changes` at each epoch.
-//! - Every instance reads each new epoch once (`reader.rs`), on that notification (or every
-//!   second, should one be missed while its listening connection was down), and hands its
-//!   changes to its watchers; the relay's own instance reads none: its turn returns the epoch's
-//!   changes, which it hands on as they are. A watcher first catches up from the tables
-//!   (through the epochs the instance's watchers share, `history.rs`), then follows the live
-//!   changes, and catches up again if it fell behind: it sees every change after its starting
-//!   id once, in id order ([`Watch`]).
+//! Watch (contract v1.1): the changing statements write `change_log` rows in their own transaction;
+//! one instance, the relay (`relay.rs`), numbers them in epochs; every instance reads each epoch
+//! once (`reader.rs`) and hands it to its watchers, which catch up from the tables first
+//! (`history.rs`): each change after the start once, in id order.
 
 mod history;
 mod reader;
@@ -34,68 +20,44 @@ use super::{Bounded, Db, Result, Tasks};
 use crate::domain::{ChangeEvent, ChangeId, KeyPrefix};
 use history::{Epoch, History};
 
-/// The channel the relay notifies at each epoch.
 const CHANNEL: &str = "snapfence_changes";
-/// The longest an instance goes without reading new changes from the database, whatever it was
-/// told or handed (a notification is lost while its listening connection is down).
 const READ_EVERY: Duration = Duration::from_secs(1);
-/// The pause before listening again after the listening connection failed.
 const RELISTEN_AFTER: Duration = Duration::from_millis(250);
-/// How many changes this instance's watchers may fall behind the newest before each catches
-/// up from the table instead.
 const LIVE_BUFFER: usize = 4096;
 
-/// The relay's statements over a set of leases, by name: for the test that their generic plans,
-/// made while the tables are empty, read those leases by key alone. They run on ordinary
-/// connections, which keep a generic plan once it looks no costlier than planning each call.
+/// The relay's statements over a set of leases, for the test that their generic plans read by key.
 #[doc(hidden)]
 pub fn relay_statements() -> [(&'static str, &'static str); 2] {
     [("expire", relay::EXPIRE), ("pending", relay::PENDING)]
 }
 
-/// The relay's turn ($1 the holder's name, $2 whether it holds the role, $3 the role's length
-/// in milliseconds): for the test that a connection plans it once, not at every turn.
+/// The relay's turn, for the test that a connection plans it once.
 #[doc(hidden)]
 pub fn relay_turn() -> &'static str {
     relay::TURN
 }
 
-/// The history of changes and this instance's watchers. Cheap to clone; its tasks stop when
-/// the last clone is dropped.
+/// The history and this instance's watchers. Cheap to clone; its tasks stop with the last clone.
 #[derive(Debug, Clone)]
 pub struct Changes {
     inner: Arc<Inner>,
     _tasks: Arc<Tasks>,
 }
 
-/// What the relay, the reader and the watchers of this instance share.
 struct Inner {
     pool: PgPool,
-    /// This instance's name as the relay's holder: unique per process.
     name: String,
-    /// How long changes are kept.
     retention: Duration,
-    /// Every new change, in id order, as this instance read it.
     live: broadcast::Sender<Arc<ChangeEvent>>,
-    /// Woken by each notification of new changes.
     fresh: Notify,
-    /// Set when the instance shuts down: every watch ends.
     stopping: watch::Sender<bool>,
-    /// The history as this instance reads it, and the epochs its watchers caught up through.
     history: History,
-    /// The last id of the newest epoch the reader has begun to hand on (set before it does):
-    /// a watcher subscribed to `live` receives every change above it, so one that has read
-    /// the history up to it has caught up.
+    /// The newest epoch's last id the reader has begun to hand on: a subscriber that read up to it
+    /// has caught up.
     handed: AtomicI64,
-    /// The epochs this instance's relay made, in order, for the reader to hand on without
-    /// reading them back (`relay.rs`): in one instance, the reader reads nothing.
     relayed: Mutex<VecDeque<Arc<Epoch>>>,
-    /// Whether this instance's relay has a turn in flight, whose epoch comes through
-    /// `relayed`: the reader does not read it meanwhile.
     turning: AtomicBool,
-    /// The newest last id notified on [`CHANNEL`].
     told: AtomicI64,
-    /// Set when notifications may have been missed (listening again): the reader reads.
     missed: AtomicBool,
 }
 
@@ -110,15 +72,14 @@ impl std::fmt::Debug for Inner {
 /// Where a watch starts.
 #[derive(Debug)]
 pub enum Opened {
-    /// The watch: every change after its starting id.
+    /// Every change after the starting id.
     Watching(Watch),
-    /// The starting id is older than the retained history, which now starts after `horizon`.
+    /// The starting id is older than the retained history.
     Compacted {
         /// The highest id pruned.
         horizon: ChangeId,
     },
-    /// The starting id is above every id given so far (`newest`): it names no change, and a
-    /// watch from it would skip the changes up to it unseen.
+    /// The starting id names no change yet; a watch from it would skip changes unseen.
     Future {
         /// The newest id given.
         newest: ChangeId,
@@ -126,8 +87,7 @@ pub enum Opened {
 }
 
 impl Changes {
-    /// Starts this instance's relay (taking the role when no one holds it) and its reader of new
-    /// changes, keeping `retention` of history. Must be called within a Tokio runtime.
+    /// Starts the relay (taking the role if free) and the reader; needs a Tokio runtime.
     pub fn start(db: &Db, retention: Duration) -> Self {
         let inner = Arc::new(Inner {
             pool: (**db).clone(),
@@ -154,8 +114,7 @@ impl Changes {
         }
     }
 
-    /// Ends every watch of this instance, now and from now on: called when the instance shuts
-    /// down, which waits for the requests in flight, and a watch would never end by itself.
+    /// Ends every watch, now and from now on: for shutdown.
     pub fn stop(&self) {
         self.inner.stopping.send_replace(true);
     }
@@ -165,12 +124,9 @@ impl Changes {
         self.inner.live.receiver_count()
     }
 
-    /// A watch of the keys under `prefix`, from the change after `since` (or from now), unless
-    /// `since` is older than the retained history or above the newest id given. `since` 0 is
-    /// the oldest change kept, whatever was pruned.
+    /// A watch of `prefix` after `since` (or from now); `since` 0 is the oldest kept.
     pub async fn watch(&self, prefix: &KeyPrefix, since: Option<ChangeId>) -> Result<Opened> {
-        // Following before reading: a change that the read misses is one that committed after
-        // it, and the reader hands it to this watch.
+        // Subscribe before reading: a change the read misses committed after it and comes live.
         let live = self.inner.live.subscribe();
         let pool = &self.inner.pool;
         let Some(since) = since else {
@@ -179,9 +135,7 @@ impl Changes {
         };
         let top = Top::read(pool).await?;
         let from = match since.get() {
-            // The newest id is read from the epochs, which every instance's ids come from: an id
-            // a client was sent is never above it. (A change committed but not yet numbered has
-            // no id yet, so nothing can name it.)
+            // Every id a client was sent comes from an epoch, so none is above the newest epoch's.
             since if since > top.top => {
                 return Ok(Opened::Future {
                     newest: ChangeId::from_stored(top.top),
@@ -198,7 +152,6 @@ impl Changes {
         Ok(self.opened(prefix, live, from))
     }
 
-    /// The watch of `prefix` after id `from`, following `live`.
     fn opened(
         &self,
         prefix: &KeyPrefix,
@@ -217,16 +170,13 @@ impl Changes {
     }
 }
 
-/// One watcher's changes: every change of its keys after its starting id, once each, in id
-/// order.
+/// One watcher's changes: each change of its keys after its starting id, once, in id order.
 pub struct Watch {
     inner: Arc<Inner>,
     live: broadcast::Receiver<Arc<ChangeEvent>>,
     stopping: watch::Receiver<bool>,
     prefix: String,
-    /// The id of the last change this watch passed (delivered, or not of its keys).
     last: i64,
-    /// Whether the table has been read up to the live changes.
     caught_up: bool,
     backlog: VecDeque<Arc<ChangeEvent>>,
 }
@@ -241,13 +191,12 @@ impl std::fmt::Debug for Watch {
 }
 
 impl Watch {
-    /// The change id this watch has passed: where a client that resumes now would resume.
+    /// Where a client that resumes now would resume.
     pub fn position(&self) -> ChangeId {
         ChangeId::from_stored(self.last)
     }
 
-    /// The next change; `None` once the instance shuts down, `Err` when the database cannot be
-    /// read (the watcher then resumes from its last change).
+    /// The next change; `None` at shutdown, `Err` when the database cannot be read.
     pub async fn next(&mut self) -> Option<Result<Arc<ChangeEvent>>> {
         loop {
             if *self.stopping.borrow() {
@@ -269,8 +218,7 @@ impl Watch {
                     _ = self.stopping.changed() => return None,
                 };
                 if epochs.is_empty() {
-                    // Read to the newest epoch, but this instance's reader has not begun to
-                    // hand on changes: it is starting, and soon will.
+                    // The reader is starting and will hand on soon.
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
                 for epoch in epochs {
@@ -297,7 +245,6 @@ impl Watch {
                         }
                     }
                     Ok(_) => {}
-                    // Fell behind the buffer: the changes it missed are in the table.
                     Err(broadcast::error::RecvError::Lagged(_)) => self.caught_up = false,
                     Err(broadcast::error::RecvError::Closed) => return None,
                 },
@@ -307,7 +254,6 @@ impl Watch {
     }
 }
 
-/// Where the history stands (`sql/top.sql`).
 #[derive(FromRow)]
 struct Top {
     top: i64,
@@ -323,17 +269,12 @@ impl Top {
     }
 }
 
-/// How long a watch without `since` waits for the relay to number the changes committed before
-/// it opened. Past it (no relay: one died and the role has not passed yet), it starts after the
-/// newest id given, and may deliver some of them.
+/// How long a watch without `since` waits for the relay to number earlier changes.
 const OPENING_WAIT: Duration = Duration::from_secs(1);
-/// How often it looks for the relay's epoch meanwhile (the relay turns every 10 to 50 ms).
 const OPENING_POLL: Duration = Duration::from_millis(5);
 
-/// Where a watch without `since` starts (`sql/opening.sql`): after every change committed before
-/// it opened, as etcd's watch starts at the store's revision. The newest id given is not
-/// enough: a change answered to its client may not have its id yet (the relay numbers it within
-/// a turn), and would be delivered.
+/// Where a watch without `since` starts: after every change committed before it opened, like etcd's
+/// revision. The newest id is not enough, since an answered change may not be numbered yet.
 #[derive(FromRow)]
 struct Opening {
     snap: String,
@@ -349,10 +290,8 @@ impl Opening {
             .await
     }
 
-    /// The id to start after: the newest given when the opening snapshot saw no change without
-    /// an id, else the last of the first epoch that holds them all (`sql/covering.sql`). That
-    /// epoch may also hold changes committed while the watch was opening, before its answer:
-    /// they are left out with it, as concurrent with the opening.
+    /// The id to start after: the newest given, or the last of the first epoch holding every
+    /// unnumbered change seen.
     async fn start(self, pool: &PgPool) -> Result<i64> {
         if !self.pending {
             return Ok(self.top);

@@ -1,7 +1,5 @@
-//! The reader: every instance hears of each new epoch on [`CHANNEL`] (`listen`) and hands its
-//! changes to its watchers (`fan_out`), from its own relay's turns as they were made, or read from
-//! the database when another instance relays, a turn's outcome was lost, or a notification may
-//! have been missed.
+//! The reader: hears of each epoch on [`CHANNEL`] and hands its changes to the watchers, from its
+//! own relay's turns or from the database.
 
 use std::sync::Weak;
 use std::sync::atomic::Ordering;
@@ -13,9 +11,7 @@ use super::history::Epoch;
 use super::{CHANNEL, Inner, READ_EVERY, RELISTEN_AFTER, Top};
 use crate::store::{StoreError, listening_pool};
 
-/// Listens on [`CHANNEL`] on a connection of its own and wakes the reader at each notification
-/// (noting the epoch's last id it names), and once each time it listens again, telling it to
-/// read (a notification may have come while it did not).
+/// Listens on [`CHANNEL`] and wakes the reader at each notification and reconnect.
 pub(super) async fn listen(inner: Weak<Inner>) {
     let Some(own) = inner.upgrade().map(|i| listening_pool(&i.pool)) else {
         return;
@@ -37,9 +33,7 @@ pub(super) async fn listen(inner: Weak<Inner>) {
                     }
                     None => return Ok(()),
                 }
-                // `None`: the connection was lost, and notifications with it.
                 match listener.try_recv().await? {
-                    // A payload that is not an id (none is sent) makes the reader read.
                     Some(note) => told = note.payload().parse().ok(),
                     None => return Ok::<(), sqlx::Error>(()),
                 }
@@ -56,10 +50,7 @@ pub(super) async fn listen(inner: Weak<Inner>) {
     }
 }
 
-/// Hands on the new changes, in id order, when woken: the epochs this instance's relay made, as
-/// it made them, and others read from the database when a notification names an epoch the
-/// reader does not have (another instance relays, or a turn's outcome was lost), when one may
-/// have been missed, and at least every [`READ_EVERY`].
+/// Hands on new changes in id order when woken.
 pub(super) async fn fan_out(inner: Weak<Inner>) {
     let mut last: Option<i64> = None;
     let mut read_at: Option<Instant> = None;
@@ -71,7 +62,7 @@ pub(super) async fn fan_out(inner: Weak<Inner>) {
             let mut after = match last {
                 Some(after) => after,
                 None => {
-                    // Nothing up to the newest id is handed on: watchers read it themselves.
+                    // Watchers read everything up to the newest id themselves.
                     let top = Top::read(&i.pool).await?.top;
                     i.handed.store(top, Ordering::Release);
                     top
@@ -102,24 +93,21 @@ pub(super) async fn fan_out(inner: Weak<Inner>) {
         if let Err(e) = read_all.await {
             tracing::warn!(error = %e, "cannot read new changes; trying again");
         }
-        // Holds the instance's state for at most READ_EVERY once the last handle is gone.
         let _ = tokio::time::timeout(READ_EVERY, i.fresh.notified()).await;
     }
 }
 
 impl Inner {
-    /// Hands `epoch`'s changes after `after` to this instance's watchers; its last id.
     fn hand_on(&self, epoch: &Epoch, after: i64) -> i64 {
         self.handed.store(epoch.last_id, Ordering::Release);
         for change in epoch.changes.iter().filter(|c| c.id.get() > after) {
-            // No watcher: nothing to hand on.
             let _ = self.live.send(change.clone());
         }
         epoch.last_id
     }
 
-    /// Hands on the epochs this instance's relay made that follow `after`; the last id handed
-    /// on, and whether an epoch is missing before one of them (read from the database).
+    /// Hands on this relay's epochs after `after`; the last id, and whether one is missing before
+    /// them.
     fn hand_on_relayed(&self, mut after: i64) -> (i64, bool) {
         let relayed: Vec<_> = self
             .relayed

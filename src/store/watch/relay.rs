@@ -1,9 +1,5 @@
-//! The relay: one instance on the database gives the committed changes their ids, an epoch at a
-//! time, reports expiries (`sql/expire.sql`) and drops old history (`sql/prune.sql`). The role
-//! is a lease by the database clock in `change_relay`, kept by the same statement that records
-//! an epoch (`sql/turn.sql`), so an instance that was paused and lost it numbers nothing; and
-//! two relays could not number the same changes anyway, since their epochs would start at the
-//! same id.
+//! The relay: one instance numbers committed changes in epochs, reports expiries and prunes; its
+//! role is a lease by the database clock, kept by the statement that records an epoch.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
@@ -21,64 +17,40 @@ use super::history::{Epoch, Read, ReadRow};
 use crate::domain::ChangeKind;
 use crate::store::{Bounded, Result};
 
-/// One turn: keep or take the role, number what committed since the last epoch.
 pub(super) const TURN: &str = include_str!("sql/turn.sql");
-/// The report of due expiries.
 pub(super) const EXPIRE: &str = include_str!("sql/expire.sql");
-/// The leases of a report that are still to expire.
 pub(super) const PENDING: &str = include_str!("sql/pending.sql");
 
-/// How often the relay looks for new changes and due expiries while there were none at its
-/// last turn: the delay a watcher sees of the first change after a quiet spell, well inside
-/// the contract's second for expiries.
+/// How often an idle relay looks for changes and due expiries: the delay after a quiet spell.
 const RELAY_TICK: Duration = Duration::from_millis(50);
-/// How soon it looks again after a turn that numbered or reported something: under a steady
-/// stream of changes, the delay a watcher sees.
 const BUSY_TICK: Duration = Duration::from_millis(10);
-/// How long the relay role lasts without being kept (database clock): how long the changes stop
-/// when a relay dies, before another instance takes over.
+/// How long the role lasts unkept: the pause in changes when a relay dies.
 const ROLE_MS: i64 = 3000;
-/// How often the relay keeps its role while it has nothing else to do.
 const KEEP_EVERY: Duration = Duration::from_secs(1);
-/// How often an instance that is not the relay tries to take the role.
 const CLAIM_EVERY: Duration = Duration::from_secs(1);
-/// How often the relay drops history older than the retention (or as often as the retention
-/// itself, when that is shorter), and how many epochs at a time.
+/// How often the relay prunes (at most the retention), and how many epochs at a time.
 const PRUNE_EVERY: Duration = Duration::from_secs(10);
 const PRUNE_EPOCHS: i64 = 1000;
-/// The most expiries one report takes on (its share locks make acquires of those keys wait until
-/// it commits): more are left for the next turn, 10 ms later, so that a burst of expiries never
-/// makes one long statement, nor a turn long enough to lose the role.
+/// The most expiries one report takes: its share locks hold up acquires.
 const EXPIRE_BATCH: usize = 500;
-/// How long a relay transaction may take before the relay gives it up (and rereads the
-/// leases' expiry times, since it cannot tell what it committed).
 const RELAY_BOUND: Duration = Duration::from_secs(5);
 
-/// The relay's own state, while it holds the role.
 struct Relay {
-    /// The live leases by expiry time (database clock), soonest first.
     expiries: BinaryHeap<Reverse<(DateTime<Utc>, String, i64)>>,
-    /// The database clock less this host's, at the last transaction.
     offset: chrono::TimeDelta,
-    /// Whether `expiries` may have missed something (a transaction whose outcome is unknown):
-    /// reread at the next transaction.
     stale: bool,
     kept: Instant,
     pruned: Instant,
-    /// Whether the last turn numbered or reported something: then the next goes straight to
-    /// work, since under a steady stream of changes a check for them would always say yes.
     busy: bool,
 }
 
 impl Relay {
-    /// Whether an expiry is due by the database clock, as this host estimates it.
     fn expiry_due(&self) -> bool {
         self.expiries
             .peek()
             .is_some_and(|Reverse((at, _, _))| *at <= Utc::now() + self.offset)
     }
 
-    /// Takes out the leases whose expiry has passed at `clock`, [`EXPIRE_BATCH`] at most.
     fn take_due(&mut self, clock: DateTime<Utc>) -> (Vec<String>, Vec<i64>) {
         let (mut keys, mut tokens) = (Vec::new(), Vec::new());
         while let Some(Reverse((at, _, _))) = self.expiries.peek() {
@@ -101,7 +73,6 @@ impl Relay {
     }
 }
 
-/// A lease whose expiry is still to be reported.
 #[derive(FromRow)]
 struct PendingExpiry {
     key: String,
@@ -109,8 +80,6 @@ struct PendingExpiry {
     expires_at: DateTime<Utc>,
 }
 
-/// A row of a turn the relay took with the role (`sql/turn.sql`): the database clock and, when
-/// the turn made an epoch, the epoch and one of its changes.
 struct TurnRow {
     clock: DateTime<Utc>,
     epoch: Option<ReadRow>,
@@ -126,7 +95,6 @@ impl<'r> FromRow<'r, PgRow> for TurnRow {
     }
 }
 
-/// The grants of `epoch`, whose expiries the relay expects.
 fn grants(epoch: &Epoch) -> impl Iterator<Item = PendingExpiry> + '_ {
     epoch.changes.iter().filter_map(|c| {
         let expires_at = c.data.expires_at?;
@@ -138,9 +106,7 @@ fn grants(epoch: &Epoch) -> impl Iterator<Item = PendingExpiry> + '_ {
     })
 }
 
-/// While the relay's turn is in flight: the epoch it makes comes to the reader through
-/// `Inner::relayed` rather than from the database. Ended (and the reader woken) when dropped,
-/// however the turn ended.
+/// While a turn is in flight its epoch reaches the reader through `Inner::relayed`.
 struct Turning<'a>(&'a Inner);
 
 impl<'a> Turning<'a> {
@@ -157,7 +123,6 @@ impl Drop for Turning<'_> {
     }
 }
 
-/// Holds, or tries to take, the relay role, and does the relay's work while it holds it.
 pub(super) async fn relay(inner: Weak<Inner>) {
     let mut role: Option<Relay> = None;
     let mut last_claim: Option<Instant> = None;
@@ -193,9 +158,7 @@ pub(super) async fn relay(inner: Weak<Inner>) {
     }
 }
 
-/// One turn of the relay: keeps (or takes) the role and records an epoch of the changes
-/// committed since the last, in one statement; then now and then prunes, and reports the due
-/// expiries. How long to pause before the next turn.
+/// One turn: keep or take the role and record an epoch, then prune and report; the pause after.
 async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<Duration> {
     if let Some(r) = role.as_ref() {
         let idle = !r.stale
@@ -207,7 +170,6 @@ async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<Duration> {
             return Ok(RELAY_TICK);
         }
     }
-    // Until the turn's outcome is known, which grants' expiries to expect is not known either.
     let whole = role.as_ref().is_some_and(|r| !r.stale);
     if let Some(r) = role.as_mut() {
         r.stale = true;
@@ -229,7 +191,6 @@ async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<Duration> {
         }
         return Ok(RELAY_TICK);
     };
-    // A turn makes one epoch at most.
     let epoch = Read::from_rows(rows.into_iter().filter_map(|r| r.epoch))
         .epochs
         .pop();
@@ -241,15 +202,12 @@ async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<Duration> {
     }
     drop(turning);
     let relay = match role {
-        // Kept, and nothing missed before: whole once this turn's grants are added.
         Some(r) if whole => r,
         _ => {
             if role.is_none() {
                 tracing::info!("this instance relays changes");
             }
-            // Read after the turn: every unreported lease granted before this read is in it,
-            // and every later grant comes in a later epoch (one read and an epoch may both
-            // bring a lease; expire.sql reports it once).
+            // Leases granted before this read are in it, later ones in later epochs.
             let live: Vec<PendingExpiry> = sqlx::query_as(include_str!("sql/live.sql"))
                 .fetch_all(&i.pool)
                 .bounded(&i.pool)
@@ -290,10 +248,7 @@ async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<Duration> {
     Ok(if relay.busy { BUSY_TICK } else { RELAY_TICK })
 }
 
-/// Reports the leases whose expiry passed by `clock` (`sql/expire.sql`), in a statement of its
-/// own (its share locks last one statement), and keeps expecting the ones that are not over
-/// after all (renewed meanwhile, or skipped while a hot statement held them). Whether it
-/// reported any (their events wait for the next epoch).
+/// Reports expiries due by `clock` and keeps expecting those renewed or skipped.
 async fn report_expiries(pool: &PgPool, relay: &mut Relay, clock: DateTime<Utc>) -> Result<bool> {
     let (keys, tokens) = relay.take_due(clock);
     if keys.is_empty() {
@@ -306,8 +261,6 @@ async fn report_expiries(pool: &PgPool, relay: &mut Relay, clock: DateTime<Utc>)
         .bounded(pool)
         .await?
         .rows_affected();
-    // Each lease reported is over, so when all were (the rule under load), none is left to
-    // expect, and the second statement would find nothing.
     let distinct = keys.iter().zip(&tokens).collect::<HashSet<_>>().len();
     if usize::try_from(reported).is_ok_and(|r| r == distinct) {
         return Ok(true);
@@ -322,8 +275,6 @@ async fn report_expiries(pool: &PgPool, relay: &mut Relay, clock: DateTime<Utc>)
     Ok(reported > 0)
 }
 
-/// Whether any change committed since the last epoch (`sql/waiting.sql`): the relay's check
-/// while it has nothing else to do.
 async fn changes_waiting(pool: &PgPool) -> Result<bool> {
     sqlx::query_scalar(include_str!("sql/waiting.sql"))
         .fetch_one(pool)

@@ -1,7 +1,4 @@
-//! The dispatcher of one kind of batch: gathers the requests into batches in arrival order
-//! (never two with one claim in a batch), sends each when no batch of its kind is in flight, when
-//! it is full, or when the one in flight has stalled, and answers each request from its row.
-//! The rules are in the parent module's documentation.
+//! The dispatcher of one kind of batch; the rules are in the parent module's documentation.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,21 +13,16 @@ use super::{
 };
 use crate::store::engine::conns::Conns;
 
-/// How long a kind's batches typically take (an exponentially weighted mean, in microseconds),
-/// which sets when one counts as stalled. A fixed bound of a millisecond, below what a batch
-/// and its commit take under load, made almost every batch go beside the one before it: four
-/// small statements in flight instead of one large one, and a third fewer writes a second
-/// (bench/README.md, "Batches that wait for the one before").
+/// A kind's typical batch time (an exponentially weighted mean, µs), which sets the stall bound. A
+/// fixed millisecond put four small statements in flight instead of one large one, a third fewer
+/// writes a second.
 #[derive(Debug, Default)]
 struct Pace(AtomicU64);
 
 impl Pace {
-    /// Counts a batch that took `took`.
     fn record(&self, took: std::time::Duration) {
-        // A stalled batch counts as the bound: one lock wait of seconds would otherwise make
-        // every batch after it wait that long before going beside the one in flight.
+        // A stalled batch counts as the bound, so one long lock wait does not stretch the next.
         let took = u64::try_from(took.min(self.stall_bound()).as_micros()).unwrap_or(u64::MAX);
-        // Lost updates between two batches ending at once only blur the mean.
         let mean = self.0.load(Ordering::Relaxed);
         let mean = if mean == 0 {
             took
@@ -40,23 +32,19 @@ impl Pace {
         self.0.store(mean, Ordering::Relaxed);
     }
 
-    /// How long a batch in flight may take before the next one goes beside it.
     fn stall_bound(&self) -> std::time::Duration {
         let typical = std::time::Duration::from_micros(self.0.load(Ordering::Relaxed));
         (typical * STALL_FACTOR).max(STALLED)
     }
 }
 
-/// A batch being gathered: its requests, and what they claim.
 struct Open<K: Kind> {
     jobs: Vec<Pending<K>>,
     claimed: HashSet<String>,
     bytes: usize,
 }
 
-/// The requests held back from the batches so far (a claim in use, or a full batch), oldest
-/// first, and what they claim: a newer request that shares a claim with one of them is held
-/// back behind it, so one key's requests are sent in their order.
+/// Requests held back, oldest first, so a key's requests keep their order.
 struct Later<K: Kind> {
     queue: VecDeque<Pending<K>>,
     claims: HashSet<String>,
@@ -89,9 +77,7 @@ impl<K: Kind> Open<K> {
         self.jobs.len() >= MAX_REQUESTS || self.bytes >= MAX_BYTES
     }
 
-    /// Takes `p` into the batch, or into `later` when it shares a claim with a request in the
-    /// batch, in a batch in flight (`busy`) or held back before it, or would make the batch too
-    /// large. A request whose caller gave up is dropped.
+    /// Takes `p` into the batch, or into `later` when its claim is busy or the batch full.
     fn offer(&mut self, p: Pending<K>, later: &mut Later<K>, busy: &Mutex<HashSet<String>>) {
         if p.state.load(Ordering::Acquire) == GIVEN_UP {
             return;
@@ -120,7 +106,6 @@ impl<K: Kind> Open<K> {
         self.jobs.push(p);
     }
 
-    /// Offers every request of `later` again, oldest first.
     fn offer_all(&mut self, later: Later<K>, busy: &Mutex<HashSet<String>>) -> Later<K> {
         let mut again = Later::new();
         for p in later.queue {
@@ -130,13 +115,11 @@ impl<K: Kind> Open<K> {
     }
 }
 
-/// The dispatcher of one kind: gathers batches in arrival order and runs each on a free slot.
 pub(super) async fn dispatch<K: Kind>(
     conns: Conns,
     mut requests: mpsc::UnboundedReceiver<Pending<K>>,
 ) {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
-    // The claims of the batches in flight, and a wake-up each time one of them ends.
     let busy = Arc::new(Mutex::new(HashSet::new()));
     let ended = Arc::new(Notify::new());
     let pace = Arc::new(Pace::default());
@@ -154,8 +137,6 @@ pub(super) async fn dispatch<K: Kind>(
                 }
             }
             if batch.jobs.is_empty() {
-                // Nothing to send: wait for a request, or for a batch in flight to end and
-                // free the claims the held-back requests wait on.
                 if !open && later.queue.is_empty() {
                     return;
                 }
@@ -170,9 +151,6 @@ pub(super) async fn dispatch<K: Kind>(
                 }
                 continue;
             }
-            // A batch goes when no batch of its kind is in flight, when it is full, or when the
-            // batch in flight has stalled (a slow statement, or one waiting on a lock, holds no
-            // one else up for longer than twice a typical batch), on a free slot.
             let stalled = last_sent + pace.stall_bound();
             let in_flight = slots.available_permits() < IN_FLIGHT;
             if !in_flight || batch.full() || !open || Instant::now() >= stalled {
@@ -217,8 +195,6 @@ pub(super) async fn dispatch<K: Kind>(
     }
 }
 
-/// A batch in flight: its slot and its claims, both given back (and the dispatcher woken) when
-/// it ends, however it ends.
 struct Flight {
     claims: HashSet<String>,
     busy: Arc<Mutex<HashSet<String>>>,
@@ -236,13 +212,11 @@ impl Drop for Flight {
                 busy.remove(c);
             }
         }
-        // The slot is free before the dispatcher wakes to look at it.
         drop(self.slot.take());
         self.ended.notify_one();
     }
 }
 
-/// Runs one batch on its slot and answers each of its requests.
 async fn run<K: Kind>(conns: Conns, jobs: Vec<Pending<K>>, flight: Flight) {
     let mut jobs: Vec<Pending<K>> = jobs.into_iter().filter(|p| p.leave(SENT)).collect();
     if jobs.is_empty() {
@@ -258,8 +232,7 @@ async fn run<K: Kind>(conns: Conns, jobs: Vec<Pending<K>>, flight: Flight) {
         .fetch_batch(K::EFFECT, deadline, || K::query(&refs))
         .await;
     drop(refs);
-    // The claims are given back before the answers go, so that a caller's next request for
-    // the same key never waits behind its own answered one.
+    // Claims go back before answers, so a caller's next request never waits behind its own.
     drop(flight);
     match answer {
         Ok(rows) => {

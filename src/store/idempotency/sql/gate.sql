@@ -1,32 +1,15 @@
--- The first part of every changing statement after its requests (`req`, which
--- src/store/engine/statement.rs writes from the statement's columns; acquire.sql, renew.sql,
--- end.sql and fenced.sql follow it, and remember.sql ends each): per request (`i`), whether it may run at all
--- (`gate`), and the stored answer of its Idempotency-Key (`prior`). Every change that follows
--- is conditioned on its request's `gate.verdict = 'run'`.
+-- The first part of every changing statement after `req`: per request, whether it may run (`gate`)
+-- and its Idempotency-Key's stored answer (`prior`); every change after it requires `verdict =
+-- 'run'`. A batch never holds two requests for one key or one Idempotency-Key, so each is decided
+-- as if alone.
 --
--- Every statement is over a batch of requests: arrays bound as $1, $2, …, one element per
--- request, unnested into `req` with their position `i`. A batch never holds two requests for one
--- key or one Idempotency-Key (src/store/engine/batch/ defers the second to the next batch), so each
--- request is decided on its own, as if it were alone, and a refusal of one changes nothing for
--- another. Every request's `req` row has `idem` (the Idempotency-Key, NULL when none was sent),
--- `fp` (the request's fingerprint), `principal` (NULL without authentication) and `key_id` (its
--- API key's id, NULL likewise).
+-- Verdicts: `revoked` (the API key was revoked), `replay` (a record exists), `run` (no key, or this
+-- statement took the key's transaction-level advisory lock), `in_progress` (another holds it).
+-- `prior` is a LIMITed subquery so the hot connections' generic plan reads by primary key.
 --
--- Verdicts: `revoked` when the API key was revoked before this statement ran (however early the
--- request's headers came); `run` without an Idempotency-Key; `replay` when the key has a record
--- (remember.sql answers it instead of the change); `run` when this statement takes the key's
--- transaction-level advisory lock, which only one statement at a time can hold; `in_progress`
--- when another statement holds it.
---
--- `prior` looks each request's record up by its primary key, in a subquery of its own (LIMIT
--- keeps the planner from making it a join): the hot connections keep one generic plan for their
--- life, and a join planned while the table was nearly empty read all of it for every batch.
---
--- Race-freedom: two requests with one key never both change something. The lock admits one at a
--- time. A second one that takes the lock after the first committed, but whose snapshot is older
--- than that commit, finds no record in `prior` and runs; its record's INSERT (remember.sql)
--- then meets the first one's row in the primary key, the statement fails with a unique
--- violation and is rolled back whole, and the batch is run again, now seeing the record.
+-- Race-freedom: the lock admits one statement per key at a time. One whose snapshot predates the
+-- first's commit finds no record and runs, but its INSERT (remember.sql) meets the first's row, the
+-- statement rolls back on the unique violation, and the batch runs again.
 prior AS (
     SELECT r.i, p.fingerprint, p.answer
     FROM req r CROSS JOIN LATERAL (

@@ -1,8 +1,6 @@
--- Retention of the Idempotency-Key records: up to $2 of those older than $1 ms, oldest first.
--- `SKIP LOCKED` lets several instances prune at once without waiting on each other, and a small
--- batch keeps the statement short. A request with the key of a record being deleted sees the
--- record and replays it, or, once the delete has committed, runs as a new request; an INSERT of
--- its new record waits for the delete to end, and then meets no row.
+-- Deletes up to $2 Idempotency-Key records older than $1 ms, oldest first. SKIP LOCKED lets
+-- instances prune at once; a request meeting a record being deleted replays it, or runs anew once
+-- the delete commits (its INSERT waits for the delete).
 DELETE FROM idempotency_records WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM idempotency_records
     WHERE at < now() - $1 * interval '1 millisecond'

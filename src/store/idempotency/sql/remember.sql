@@ -1,13 +1,7 @@
--- The last part of every changing statement (gate.sql begins it), after the statement's own
--- `result`: one row per request (`i`) that is its answer, with a column `settled` that is false
--- only when the request will be sent again (acquire's lost race for a new key).
---
--- `remembered` stores each answer under its request's Idempotency-Key, in this statement, so the
--- record commits exactly when the change does (or the refusal's audit row). Without ON CONFLICT:
--- a racing record makes the whole statement fail and roll back (see gate.sql). The statement
--- answers, per request, the gate's verdict, the stored fingerprint of a replay, and the answer:
--- the stored one on a replay, this statement's own otherwise (JSON null for a request with no
--- answer of its own: a transaction's ops after its first).
+-- The last part of every changing statement: one answer row per request, `settled` false when it
+-- will be sent again. `remembered` stores each answer under its Idempotency-Key in this statement,
+-- so the record commits exactly with the change; no ON CONFLICT, so a racing record rolls the
+-- statement back (gate.sql). A transaction's ops after its first have JSON null.
 remembered AS (
     INSERT INTO idempotency_records (principal, key, fingerprint, answer)
     SELECT coalesce(r.principal, ''), r.idem, r.fp, to_json(res)

@@ -1,2 +1,1 @@
--- Every API key, live and revoked, oldest first. A plain read.
 SELECT id, name, scope, prefix, created_at, revoked_at FROM api_keys ORDER BY id

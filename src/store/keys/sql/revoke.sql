@@ -1,4 +1,3 @@
--- Revokes the live key of a name: one UPDATE, so two revocations of one key cannot both report
--- it. txid_current() is the change the instances confirm. Parameters: $1 name.
+-- Revokes name $1's live key in one UPDATE, so two revocations cannot both report it.
 UPDATE api_keys SET revoked_at = now() WHERE name = $1 AND revoked_at IS NULL
 RETURNING txid_current()

@@ -1,27 +1,13 @@
--- Acquire, for each request of the batch: one statement decides (`decision`) on the key's lease
--- row locked FOR NO KEY UPDATE (`cur`), then exactly one of `granted` (an existing row, updated
--- in place) and `inserted` (the key's first grant) runs; a replaced recovery record is written
--- to `recoveries` by the same statement (`reconciled`), so the grant and its audit row commit
--- together.
+-- Acquire, per request of the batch: `decision` decides on the key's lease row locked FOR NO KEY
+-- UPDATE (`cur`), then `granted` (existing row) or `inserted` (first grant) runs; a replaced or
+-- kept recovery record goes to `recoveries` in the same statement. A reconciling grant (v1.2) keeps
+-- the record in the row's `kept_*` columns.
 --
--- v1.2, `reconciling`: a grant over a retained record keeps it (the row's `kept_*` columns, see
--- migrations/20261204200000_reconciling.sql) instead of replacing it, and its `recoveries` row
--- (operation `reconciling`) names the reconciling holder; the record leaves only by that holder's
--- confirmation (reconciled.sql) or a later `reconciled: true` grant. `rec_*` is the key's
--- record as it stands: the kept one if the row keeps one, else the newest lease's own.
---
--- Race-freedom: on an existing key, every acquire, renew, release and write of that key waits
--- for the row lock, so `decision` sees the state the last of them left. On a new key there is no
--- row to lock: concurrent first acquires all try the INSERT, the primary key lets one win, and
--- the losers' ON CONFLICT DO NOTHING yields no row; their verdict is `insert` with no lease, and
--- the request is sent again, now against the winner's row. Tokens are drawn only once the row
--- is locked (or inserted), so per key they increase in grant order; they are drawn from the
--- sequence only after `secured` has secured it on the server's timeline, so a promoted standby
--- never repeats a token. Rows are locked, and new keys inserted, in key order, the order
--- every batched statement locks in, so two batches never wait on each other in a cycle.
---
--- The requests (`req`: src/store/leases/mod.rs names their columns) and gate.sql come first (a request's gate verdict must be `run` for anything of
--- it to change) and remember.sql last; `settled` is false when the request is sent again.
+-- Race-freedom: every acquire, renew, release and write of a key waits for its row lock, so
+-- `decision` sees the last one's state. Concurrent first acquires race on the INSERT; the primary
+-- key lets one win and the losers are sent again. Tokens are drawn after the lock, so per key they
+-- rise in grant order, and after `secured`, so a promoted standby never repeats one. Rows are
+-- locked in key order, as in every batched statement, so batches never wait in a cycle.
 cur AS (
     SELECT r.i, l.key, l.token, l.owner, l.ttl_ms, l.metadata, l.crash_recovery,
         l.recovery_required, l.acquired_at, l.expires_at, l.ended_at,
@@ -37,36 +23,17 @@ cur AS (
         CASE WHEN l.kept_token IS NULL THEN l.metadata ELSE l.kept_metadata END AS rec_metadata
     FROM req r JOIN gate g ON g.i = r.i AND g.verdict = 'run' JOIN leases l ON l.key = r.key
     ORDER BY l.key FOR NO KEY UPDATE OF l),
--- `decision` is each request's one row that every later part reads, with what they need of its
--- request and of the key's row carried along, so that no part joins `req`, `gate` or `cur` again
--- (each such join built a hash table per batch: most of a batch's cost was the statement's shape,
--- bench/README.md, fifth pass).
+-- `decision` carries what later parts need, so none joins `req`, `gate` or `cur` again (each join
+-- cost a hash table per batch).
 --
--- Waiting acquire (v1.1): a free key goes to the first live waiter of its queue
--- (migrations/20261204000000_lease_waiters.sql). Any other acquire finds it `held`: one that does
--- not wait (`waiter` NULL) while anyone live waits, a waiter while a live one queued before it.
--- `waiters` counts those, only on a key its row leaves free (`v` NULL), and is what the refusal
--- says: the rule GET's `waiters` (status.sql) counts by, so a plain acquire is granted exactly
--- when GET shows the key free with none. With no one queued this is one probe of an empty index
--- range. Race-free: every acquire of the key holds its row lock (`cur`) while it decides, so two
--- waiters never both pass; a waiter that committed its row after this statement's snapshot came
--- after this request and is behind it. A subquery with a volatile function is not pulled up, so
--- `waiters` is counted once and the verdict and the answer agree.
+-- A free key goes to the first live waiter of its queue; any other acquire finds it `held`, and
+-- `waiters` counts the earlier live waiters by GET's rule (status.sql). Race-free: every acquire
+-- holds the row lock while it decides, so two waiters never both pass; a volatile subquery is not
+-- pulled up, so `waiters` is counted once.
 --
--- A grant's token is drawn here, once: a CTE with a volatile function is evaluated once. Drawn
--- in `granted`'s SET instead, a token would be drawn again (and one thrown away) whenever the
--- row had been changed by a commit after this statement's snapshot and before `cur`'s lock (the
--- relay's share lock while it reports an expiry, a holder's last write): the UPDATE then
--- recomputes its new row from the newest version. `secured` is next_fencing_token()'s guard
--- (migrations/20261202000003_token_timeline.sql) run once for the batch rather than once a
--- token; every row of `decision` is joined with it, so every nextval comes after it; and no
--- statement runs across a change of timeline (a promotion ends every session).
---
--- `current` holds what the answer is made of and no more (it is also what an Idempotency-Key's
--- record stores): the key's lease, its state and recovery reason, and the record a reconciling
--- lease keeps, except for `held`, whose answer names the holder and the state alone, and, on a
--- free key that goes to live waiters queued before the request, how many (`waiters`). A grant
--- over no record reads none of it, so it has none.
+-- The token is drawn here, once: drawn in `granted`'s SET it would be drawn again when the UPDATE
+-- rechecks a row changed after the snapshot. `secured` is next_fencing_token()'s timeline guard,
+-- once per batch and before every nextval.
 secured AS (
     SELECT secure_token_timeline()),
 decision AS (
@@ -118,8 +85,7 @@ granted AS (
         metadata = d.metadata::json, crash_recovery = d.crash_recovery, recovery_required = false,
         acquired_at = now(), expires_at = now() + d.ttl_ms * interval '1 millisecond',
         end_reason = NULL, ended_at = NULL,
-        -- v1.2: a reconciling grant keeps the key's record (`keeps`); any other grant here was
-        -- either over no record or `reconciled: true`, which replaces it.
+        -- A reconciling grant keeps the record; any other grant replaces it.
         kept_reason = CASE WHEN d.keeps THEN d.recovery_reason END,
         kept_owner = CASE WHEN d.keeps THEN d.rec_owner END,
         kept_token = CASE WHEN d.keeps THEN d.rec_token END,
@@ -136,8 +102,6 @@ inserted AS (
     ORDER BY d.key
     ON CONFLICT (key) DO NOTHING
     RETURNING key, token),
--- The new leases, as `granted` wrote them (the row it updated is the one `cur` locked) and as
--- `inserted` did.
 new_lease AS (
     SELECT d.i, d.key, coalesce(d.token, n.token) AS token, d.owner, d.ttl_ms,
         d.metadata::json AS metadata, d.crash_recovery, false AS recovery_required,
@@ -154,17 +118,11 @@ reconciled AS (
         d.rec_ended_at, d.rec_metadata, d.owner, d.token, d.request_id, d.remote_addr,
         d.principal, CASE WHEN d.keeps THEN 'reconciling' ELSE 'reconcile' END
     FROM decision d WHERE d.verdict = 'grant' AND d.recovery_reason IS NOT NULL),
--- The watch's changes of the grants (migrations/20261205000000_change_log.sql), each drawing its
--- seq after the row lock: the expiry of an unended lease a grant replaced, unless the relay
--- reported it (`expired`); the reconciliation of a record a grant replaced (not of one a
--- reconciling grant keeps: that comes at its confirmation, reconciled.sql); the grant.
---
--- `expired` marks the report in expiry_reports, a key's row updated in place when this
--- statement's snapshot sees one (a report committed since is met again at its newest version:
--- READ COMMITTED rechecks `token < ...` there, and leaves it), upserted otherwise. Not an upsert
--- for every key: it locks the report row even when it changes nothing, a WAL record per grant
--- over an expiry the relay already reported, which is most of them. The relay's report of the
--- same lease holds a share lock on the lease row (watch/sql/expire.sql) that `cur` waited for.
+-- The watch's changes of the grants, each drawing its seq after the row lock: the expiry of an
+-- unreported replaced lease, a replaced record's reconciliation, and the grant. `expired` updates
+-- the report row when this snapshot sees one (READ COMMITTED rechecks `token < ...` on a newer
+-- one), else inserts: an upsert would lock and log a row per grant. The relay's report holds a
+-- share lock on the lease row that `cur` waited for.
 expired_update AS (
     UPDATE expiry_reports x SET token = d.cur_token
     FROM decision d
@@ -194,10 +152,8 @@ granted_noted AS (
     ) AS e (rank, kind, token, at, owner, expires_at, reason, record_token)
     WHERE e.kind IS NOT NULL
     ORDER BY n.key, e.rank),
--- The answers: the verdict, the new lease, and the row as it was found (`current`). A waiter's
--- `held` that is not its last try is not settled: it waits on (`req.waiter`, `req.last_try`).
--- `clock` is the statement's now(), so that a waiter sleeps until the holder's expires_at by the
--- database clock.
+-- The answers; a waiter's `held` before its last try is not settled. `clock` is the database's
+-- now(), for the waiter's sleep.
 result AS (
     SELECT d.i, d.verdict,
         CASE WHEN n.i IS NOT NULL THEN json_build_object(
@@ -212,9 +168,7 @@ result AS (
             AS settled,
         now() AS clock
     FROM decision d LEFT JOIN new_lease n ON n.i = d.i),
--- A waiter leaves the queue with its final answer, in the statement that gives it (a trigger on
--- lease_waiters wakes the waiters behind it). Deletes nothing for a request that
--- does not wait.
+-- A waiter leaves the queue with its final answer (a trigger wakes the next).
 dequeued AS (
     DELETE FROM lease_waiters w USING result res JOIN req r ON r.i = res.i
     WHERE w.id = r.waiter AND res.settled),

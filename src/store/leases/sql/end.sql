@@ -1,8 +1,6 @@
--- Release, abandon or require-recovery, for each request of the batch (its `ending`:
--- 'released', 'abandoned' or 'recovery_required'): one UPDATE with renew.sql's live-lease
--- condition, on rows locked in key order as there, and race-free for the same reason. Release
--- and abandon end the lease now; require-recovery leaves it live and marks it, so that its end
--- leaves a recovery record. The requests (`req`: key, token, ending) and gate.sql come first, remember.sql last.
+-- Release, abandon or require-recovery per request (`ending`): one UPDATE with renew.sql's
+-- live-lease condition on rows locked in key order, race-free for the same reason. Require-recovery
+-- leaves the lease live, marked to leave a record when it ends.
 locked AS (
     SELECT r.i, l.key, l.recovery_required FROM req r JOIN gate g ON g.i = r.i AND g.verdict = 'run'
     JOIN leases l ON l.key = r.key
@@ -17,8 +15,6 @@ changed AS (
         AND l.expires_at > clock_timestamp()
     RETURNING r.i, l.key, l.token, l.owner, l.ttl_ms, l.metadata, l.crash_recovery,
         l.recovery_required, l.acquired_at, l.expires_at, l.ended_at),
--- The watch's changes (migrations/20261205000000_change_log.sql): the release or abandon, or a
--- require-recovery that was not already marked.
 ended_noted AS (
     INSERT INTO change_log (kind, key, token, at, owner)
     SELECT CASE WHEN r.ending = 'recovery_required' THEN 'lease.recovery_required'
@@ -27,7 +23,6 @@ ended_noted AS (
     FROM changed c JOIN req r ON r.i = c.i JOIN locked k ON k.i = c.i
     WHERE r.ending <> 'recovery_required' OR NOT k.recovery_required
     ORDER BY c.key),
--- The answers: the lease as changed, or null (lease_lost).
 result AS (
     SELECT r.i, (SELECT to_json(c) FROM changed c WHERE c.i = r.i) AS lease, true AS settled
     FROM req r),

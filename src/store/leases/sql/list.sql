@@ -1,9 +1,5 @@
--- A page of keys: a keyset scan of the primary key index over [$1, $2) after the cursor $3, so a
--- page costs the same on the first and the millionth key; optionally only keys in state $4. Each
--- key's `waiters` is status.sql's.
--- A plain read, no lock.
--- Parameters: $1 prefix, $2 its upper bound, $3 the cursor's key ('' for the first page),
--- $4 state or NULL, $5 page size + 1.
+-- A page of keys: a keyset scan over [$1, $2) after cursor $3, optionally in state $4, $5 rows;
+-- `waiters` as status.sql. No lock.
 SELECT l.key, l.token, l.owner, l.ttl_ms, l.metadata, l.crash_recovery, l.recovery_required,
     l.acquired_at, l.expires_at, l.ended_at,
     l.kept_owner, l.kept_token, l.kept_acquired_at, l.kept_ended_at, l.kept_metadata,

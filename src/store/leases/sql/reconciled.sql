@@ -1,15 +1,8 @@
--- Confirm a reconciliation (v1.2), for each request of the batch: the holder of the key's live
--- lease says the leftovers of the record its reconciling grant kept no longer conflict, so the
--- record leaves the row (`kept_*` cleared, migrations/20261204200000_reconciling.sql) and moves
--- to the audit log (`confirmed`, operation `reconciled`), and the lease goes on unchanged. One
--- UPDATE with renew.sql's live-lease condition, on the rows `locked` locked first in key order
--- (the order every batched statement locks in): the lock yields the row's newest version, so
--- the record read in `locked` is the one the UPDATE clears, a confirmation racing a takeover
--- either lands first or finds another token (no row: lease_lost, nothing changed), and one
--- racing its own lease's expiry report is lease_lost once the report is in. A second
--- confirmation of the same lease finds no record kept: it changes no value, writes no audit row
--- and notes no change, and answers the lease (confirming is idempotent, as a retry without an
--- Idempotency-Key needs). The requests (`req`: key, token, request_id, remote_addr) and gate.sql come first, remember.sql last.
+-- Confirms a reconciliation (v1.2): the live holder says the kept record's leftovers no longer
+-- conflict, so the record moves from the row to the audit log and the lease goes on. Renew.sql's
+-- live-lease condition on rows `locked` locks in key order: a confirmation racing a takeover lands
+-- first or finds another token (lease_lost). A second confirmation finds no record and changes
+-- nothing, so it is idempotent.
 locked AS (
     SELECT r.i, l.key, l.kept_reason, l.kept_owner, l.kept_token, l.kept_acquired_at,
         l.kept_ended_at, l.kept_metadata
@@ -33,13 +26,10 @@ confirmed AS (
         r.principal, 'reconciled', r.token
     FROM changed c JOIN locked k ON k.i = c.i JOIN req r ON r.i = c.i
     WHERE k.kept_token IS NOT NULL),
--- The watch's change of a confirmation that dropped a kept record
--- (migrations/20261205000000_change_log.sql).
 reconciled_noted AS (
     INSERT INTO change_log (kind, key, token, at, owner, reason, record_token)
     SELECT 'lease.reconciled', c.key, c.token, now(), c.owner, k.kept_reason, k.kept_token
     FROM changed c JOIN locked k ON k.i = c.i WHERE k.kept_token IS NOT NULL ORDER BY c.key),
--- The answers: the lease, or null (lease_lost).
 result AS (
     SELECT r.i, (SELECT to_json(c) FROM changed c WHERE c.i = r.i) AS lease, true AS settled
     FROM req r),

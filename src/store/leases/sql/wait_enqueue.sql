@@ -1,18 +1,10 @@
--- Waiting acquires take their places at the end of their keys' queues, a batch at a time: $1 the
--- keys, in the order the requests arrived at this instance, $2 this instance's id (the objid of
--- its liveness lock), $3 and $4 each request's principal ('' without authentication) and
--- Idempotency-Key (NULL when none was sent), $5 each request's owner (kept beside its place in
--- lease_waiter_owners, for sql/waiters_list.sql). Answers each request's (`i`) waiter id, its place in
--- the queue: ids are drawn in the batch's order (nextval in the target list runs after the
--- ORDER BY), so waiters that reach one instance one after the other are queued in that order.
--- The id is NULL when a waiter with the same Idempotency-Key of the same principal is already
--- queued (the unique index lease_waiters_idem, 20261205200000_waiter_idempotency.sql): that
--- request is still running, and this one takes no place.
+-- Waiting acquires take places at the end of their keys' queues: $1 keys in arrival order, $2
+-- instance id, $3/$4 principal and Idempotency-Key, $5 owner. Ids are drawn in batch order (nextval
+-- runs after ORDER BY); NULL when the same principal's Idempotency-Key already waits
+-- (lease_waiters_idem).
 --
--- One autocommit statement: the rows are visible to every acquire that starts after it commits,
--- and each waiter's first try (acquire.sql with its `waiter`) runs only after that, so a release that
--- commits after a waiter's first try saw the key held finds the row and wakes it (the trigger on
--- leases), and one that committed before is seen by that try.
+-- Autocommit, and each waiter's first try runs after it, so a release committing after that try
+-- finds the row and wakes it, and one before is seen by the try.
 WITH r AS (
     SELECT q.i, q.key, q.principal, q.idem, q.owner,
         nextval(pg_get_serial_sequence('lease_waiters', 'id')) AS id

@@ -1,6 +1,5 @@
--- An instance says it is alive and answering ($1 its id, $2 its --waiter-stall-bound in
--- milliseconds), by the database clock: see 20261205200001_waiter_instances_stall.sql. Rows of
--- instances silent for a day (long gone) are dropped on the way.
+-- Instance $1 says it is alive, by the database clock, for $2 ms; rows silent for a day are
+-- dropped.
 WITH gone AS (
     DELETE FROM waiter_instances WHERE seen_at < clock_timestamp() - interval '1 day')
 INSERT INTO waiter_instances (instance, seen_at, stale_after)

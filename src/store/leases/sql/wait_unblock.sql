@@ -1,7 +1,5 @@
--- Frees an Idempotency-Key ($1 principal, $2 key) from a place that no request holds: one of a
--- dead instance (waiter_instance_alive), or one of this instance ($3) that none of its requests
--- holds ($4 the ids it holds: a leave not sent yet, or that failed). Run when an enqueue found the
--- key's place taken; how many it freed (then the enqueue is tried again).
+-- Frees Idempotency-Key ($1 principal, $2 key) from an unheld place (a dead instance's, or this
+-- instance $3's not among held ids $4); how many were freed.
 DELETE FROM lease_waiters
 WHERE principal = $1 AND idem = $2
     AND ((instance <> $3 AND NOT waiter_instance_alive(instance))

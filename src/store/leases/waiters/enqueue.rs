@@ -1,12 +1,10 @@
-//! Taking places in the keys' queues: the waiters that arrive together on an instance, as one
-//! statement (`../sql/wait_enqueue.sql`), in arrival order.
+//! Taking places in the keys' queues, a batch of arrivals as one statement, in arrival order.
 
 use crate::domain::Key;
 use crate::store::engine::batch::{Indexed, Job, Kind, column};
 use crate::store::engine::conns::Effect;
 use crate::store::engine::statement::QueryAs;
 
-/// A waiter taking its place in its key's queue, in a batch of [`EnqueueBatch`].
 #[derive(Debug)]
 pub(super) struct Enqueue {
     pub key: Key,
@@ -18,26 +16,20 @@ pub(super) struct Enqueue {
     pub owner: String,
 }
 
-/// A place claims nothing: places of one key share a batch, each a row of its own.
 impl Job for Enqueue {
     fn key(&self) -> &Key {
         &self.key
     }
 }
 
-/// The statement that queues waiters, one place each (`sql/wait_enqueue.sql`).
 pub(crate) const ENQUEUE: &str = include_str!("../sql/wait_enqueue.sql");
 
-/// A waiter's place: its id in `lease_waiters`; none when its Idempotency-Key holds a place
-/// already.
 #[derive(Debug, sqlx::FromRow)]
 pub(super) struct Queued {
     pub id: Option<i64>,
 }
 
-/// The places taken by waiters that arrive together, as one statement
-/// (`sql/wait_enqueue.sql`). Places of one key may share a batch: each is a row of its own, in
-/// the batch's order.
+/// One row per place, so places of one key share a batch.
 #[derive(Debug)]
 pub(super) struct EnqueueBatch;
 
@@ -46,7 +38,6 @@ impl Kind for EnqueueBatch {
     type Row = Queued;
     const EFFECT: Effect = Effect::Changes;
 
-    /// Arrival order: the batch's order is the queue's.
     fn order(_job: &Enqueue) -> &str {
         ""
     }

@@ -1,5 +1,4 @@
-//! This instance's side of the keys' queues: the places its requests hold, whom to wake when a
-//! key may be free, and taking a place out of `lease_waiters` when its request lets go of it.
+//! This instance's side of the queues: the places its requests hold, and whom to wake.
 
 use std::sync::Arc;
 
@@ -10,12 +9,10 @@ use super::{Inner, STALE_AFTER, SWEEP_EVERY};
 use crate::store::{Bounded, Result};
 
 impl Inner {
-    /// Whether the waiter `id` was passed over (and forgets it).
     pub(super) fn take_passed_over(&self, id: i64) -> bool {
         self.passed_over.lock().expect("never poisoned").remove(&id)
     }
 
-    /// Notes that the waiters `ids` were passed over, and wakes each for its last try.
     pub(super) fn passed_over(&self, ids: Vec<i64>) {
         if ids.is_empty() {
             return;
@@ -34,14 +31,11 @@ impl Inner {
         }
     }
 
-    /// The ids of the places this instance's requests hold.
     pub(super) fn held(&self) -> Vec<i64> {
         let queues = self.queues.lock().expect("never poisoned");
         queues.values().flat_map(|q| q.keys().copied()).collect()
     }
 
-    /// Frees the Idempotency-Key `idem` of `principal` from a place no request holds
-    /// (`sql/wait_unblock.sql`); how many places it freed.
     pub(super) async fn unblock(&self, principal: &str, idem: &str, instance: i32) -> Result<u64> {
         let held = self.held();
         Ok(sqlx::query(include_str!("../sql/wait_unblock.sql"))
@@ -55,7 +49,6 @@ impl Inner {
             .rows_affected())
     }
 
-    /// Whether `place` is this instance's first waiter of its key.
     pub(super) fn first_here(&self, place: &Place) -> bool {
         let queues = self.queues.lock().expect("never poisoned");
         queues
@@ -64,14 +57,11 @@ impl Inner {
             .is_some_and(|&first| first == place.id)
     }
 
-    /// Notes that a row of this instance may be in a queue with no request holding it: the
-    /// sweep runs until it is surely old enough to be taken out.
     pub(super) fn left_behind(&self) {
         let until = Instant::now() + STALE_AFTER + 2 * SWEEP_EVERY;
         *self.stale_until.lock().expect("never poisoned") = Some(until);
     }
 
-    /// Wakes this instance's first waiter of `key`, if it has one.
     pub(super) fn wake(&self, key: &str) {
         let queues = self.queues.lock().expect("never poisoned");
         if let Some(first) = queues.get(key).and_then(|q| q.values().next()) {
@@ -79,7 +69,6 @@ impl Inner {
         }
     }
 
-    /// Wakes this instance's first waiter of every key.
     pub(super) fn wake_all(&self) {
         let queues = self.queues.lock().expect("never poisoned");
         for first in queues.values().filter_map(|q| q.values().next()) {
@@ -88,9 +77,7 @@ impl Inner {
     }
 }
 
-/// A waiter's place in its key's queue, here and in `lease_waiters`. Dropped with its request
-/// (answered, failed, or its client gone): the next waiter here is woken, and the row is
-/// deleted unless the statement that answered already did.
+/// A waiter's place; dropped with its request, it leaves the queue and wakes the next waiter here.
 pub(super) struct Place {
     pub inner: Arc<Inner>,
     pub key: String,
@@ -143,8 +130,6 @@ impl Drop for Place {
                 .bounded(pool)
                 .await;
             if let Err(e) = left {
-                // The sweep deletes it later; until then it only makes later waiters wait
-                // behind a place no one holds while this instance lives.
                 tracing::warn!(error = %e, waiter = id, "could not take a waiter out of its queue");
                 inner.left_behind();
             }

@@ -1,6 +1,5 @@
-//! The waiting queue's background tasks on each instance: listening for wake-ups on a
-//! connection that also holds the instance's liveness lock, the heartbeat that says the
-//! instance answers, and the sweep of the places of instances that do not.
+//! The queue's background tasks: listening (holding the liveness lock), the heartbeat, and the
+//! sweep.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -11,11 +10,8 @@ use tokio::time::Instant;
 use super::{CHANNEL, Inner, SWEEP_EVERY};
 use crate::store::{Bounded, Result, listening_pool};
 
-/// The pause before listening again after the listening connection failed.
 const RELISTEN_AFTER: Duration = Duration::from_millis(250);
 
-/// Listens for wake-ups on a connection of its own, which also holds this instance's liveness
-/// lock; on any failure says so and starts again.
 pub(super) async fn listen(inner: std::sync::Weak<Inner>) {
     let Some(pool) = inner.upgrade().map(|i| i.pool.clone()) else {
         return;
@@ -41,8 +37,7 @@ pub(super) async fn listen(inner: std::sync::Weak<Inner>) {
                 .bind(instance)
                 .execute(&mut listener)
                 .await?;
-            // A first word of life before any waiter of this instance is queued: one that froze
-            // before its first heartbeat would otherwise be judged by its lock alone.
+            // A first heartbeat, so an instance frozen early is not judged by its lock alone.
             sqlx::query(include_str!("../sql/wait_heartbeat.sql"))
                 .bind(instance)
                 .bind(bound)
@@ -51,12 +46,10 @@ pub(super) async fn listen(inner: std::sync::Weak<Inner>) {
             match inner.upgrade() {
                 Some(i) => {
                     i.listening.send_replace(true);
-                    // A release may have come while no one listened.
                     i.wake_all();
                 }
                 None => return Ok(()),
             }
-            // `None`: the connection was lost, and notifications with it.
             while let Some(n) = listener.try_recv().await? {
                 match inner.upgrade() {
                     Some(i) => i.wake(n.payload()),
@@ -78,13 +71,8 @@ pub(super) async fn listen(inner: std::sync::Weak<Inner>) {
     }
 }
 
-/// How often an instance says it is alive (`sql/wait_heartbeat.sql`): four times within the
-/// default `--waiter-stall-bound`.
 const HEARTBEAT_EVERY: Duration = Duration::from_millis(250);
 
-/// Says this instance is alive every [`HEARTBEAT_EVERY`] (at most a quarter of its stall bound),
-/// once it has an id: while it does not (frozen, or its database calls stall), its waiters are
-/// passed over once its bound has passed.
 pub(super) async fn heartbeat(inner: std::sync::Weak<Inner>) {
     let every = inner
         .upgrade()
@@ -113,8 +101,7 @@ pub(super) async fn heartbeat(inner: std::sync::Weak<Inner>) {
     }
 }
 
-/// Twice a second, while this instance has waiters (or may have left a row behind), deletes the
-/// rows that no one waits in any more (`sql/wait_sweep.sql`).
+/// Twice a second while there are waiters, deletes rows no one waits in.
 pub(super) async fn sweep(inner: std::sync::Weak<Inner>) {
     let mut tick = tokio::time::interval(SWEEP_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

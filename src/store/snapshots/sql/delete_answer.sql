@@ -1,4 +1,3 @@
--- The answer of a fenced delete (after delete.sql).
 result AS (
     SELECT v.i, v.outcome, v.highest_token, v.created, f.id AS audit_id,
         NULL::bigint AS version, NULL::timestamptz AS updated_at, true AS settled

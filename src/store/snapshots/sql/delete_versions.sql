@@ -1,5 +1,3 @@
--- The fenced delete's second statement, run only when delete.sql accepted the delete, in
--- its transaction. Its snapshot is taken after that statement's row lock was granted, so it sees
--- every version committed before; no writer can add one until the transaction commits.
--- Parameters: $1 the keys (a delete's one, or those a transaction deleted).
+-- The fenced delete's second statement ($1 keys), in its transaction: its snapshot follows the head
+-- lock, so it sees every version and none can be added before commit.
 DELETE FROM snapshot_versions WHERE key = ANY($1)

@@ -1,18 +1,13 @@
--- The fencing rules, in this one place, for every write `w` (writes.sql for single requests,
--- txn_writes.sql for a transaction), and the audit row of each refused group, written by the
--- same statement so that it commits with the verdict. A write of key `key` under lease `fence`
--- with token `token` is accepted only if (1) the token is the fence's newest and that lease was
--- not given up, and (2) the token is at least the highest that wrote the key, under any fence.
--- `{{stale_below}}` is rule (1)'s lower bound; only the fault tests' negative control fills it
--- otherwise.
+-- The fencing rules, in this one place, for every write (writes.sql, txn_writes.sql), with the
+-- audit row of each refused group in the same statement. A write under lease `fence` with `token`
+-- is accepted only if (1) the token is the fence's newest and not given up, and (2) it is at least
+-- the highest that wrote the key. `{{stale_below}}` is rule (1)'s bound, changed only by the fault
+-- tests' negative control.
 --
--- Locks, under READ COMMITTED with any number of instances: `cur` takes the fences' lease rows
--- FOR NO KEY UPDATE in key order, the lock every grant and ending takes, so no grant can slip
--- between the verdict and the commit; only then (its one-time filter reads all of `cur`) does
--- `heads` lock the written keys' heads in key order. Every statement takes lease rows before
--- heads, so two never wait on each other in a circle. A key with no head yet is created by
--- the part that follows with ON CONFLICT DO NOTHING: one that lost that race is not settled
--- and runs again, then finding the head.
+-- Locks: `cur` takes the fences' lease rows FOR NO KEY UPDATE in key order, as every grant and
+-- ending does, so no grant slips between verdict and commit; only then does `heads` lock the heads
+-- in key order. Lease rows always before heads, so no cycle. A missing head is inserted ON CONFLICT
+-- DO NOTHING; the loser runs again.
 cur AS (
     SELECT w.i, l.key, l.token, l.owner, l.end_reason
     FROM w JOIN gate g ON g.i = w.gi AND g.verdict = 'run' JOIN leases l ON l.key = w.fence
@@ -38,16 +33,14 @@ checked AS (
         ELSE 'accepted'
     END AS rule
     FROM w JOIN gate g ON g.i = w.gi LEFT JOIN cur c ON c.i = w.i LEFT JOIN heads h ON h.i = w.i),
--- A group (a request, or a transaction's writes) is decided by its first failing write, a
--- rule's refusal before a bound's before a precondition's: all of a group is written, or none.
+-- A group (a request, or a transaction) is decided by its first failing write: all of it is
+-- written, or none.
 failed AS (
     SELECT DISTINCT ON (k.gi) k.*
     FROM checked k WHERE k.rule <> 'accepted'
     ORDER BY k.gi, CASE k.rule WHEN 'precondition_failed' THEN 2 WHEN 'too_many_keys' THEN 1
         ELSE 0 END, k.i),
--- A refusal by rule (2) is `stale_token` against the key's highest written token. A
--- transaction's changes are counted for the watch (`txn_size`): its puts, and its deletes of a
--- current snapshot.
+-- Rule (2)'s refusal is `stale_token`. `txn_size` counts a transaction's changes for the watch.
 verdict AS (
     SELECT k.i, k.gi, k.key, k.holder, k.has_head, k.current_etag, k.version,
         k.pruned_through, k.current_etag IS NULL AS created, f.i AS failed_i,
@@ -58,7 +51,6 @@ verdict AS (
         CASE f.rule WHEN 'stale_written' THEN f.written_token ELSE f.fence_token END
             AS highest_token
     FROM checked k LEFT JOIN failed f ON f.gi = k.gi),
--- The audit row of each group refused by a rule, naming its first write so refused.
 refused AS (
     INSERT INTO rejections (key, reason, presented_token, highest_token, holder,
         operation, request_id, remote_addr, principal, fencing_key)
@@ -69,7 +61,6 @@ refused AS (
     ORDER BY v.gi
     RETURNING id, key, at, reason, presented_token, highest_token, holder, operation,
         fencing_key),
--- The watch's change of each refusal (`write.refused`, migrations/20261205000000_change_log.sql).
 refusals_noted AS (
     INSERT INTO change_log (kind, key, token, at, owner, reason, audit_id, operation,
         highest_token, fencing_key)

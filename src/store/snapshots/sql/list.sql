@@ -1,11 +1,5 @@
--- A page of the keys that have a current snapshot, each with that snapshot's head (as
--- versions.sql lists a version): a keyset scan of the heads' primary key over [$1, $2) after
--- the cursor $3 (before it, with $5 'desc', scanning the index backwards), skipping keys whose
--- snapshot was deleted, with a probe of snapshot_versions' primary key for each key listed (a
--- subquery of its own, so that the planner keeps the index order). One statement, so each head
--- and its version come from one committed state; no lock.
--- Parameters: $1 prefix, $2 its upper bound, $3 the cursor's key (NULL for the first page),
--- $4 page size + 1, $5 'asc' or 'desc'.
+-- A page of keys with a current snapshot and its head: a keyset scan over [$1, $2) after cursor $3
+-- ($5 'asc' or 'desc'), $4 rows, probing versions per key. One committed state; no lock.
 SELECT h.key, v.* FROM (
     (SELECT key, version FROM snapshot_heads
     WHERE $5 = 'asc' AND key >= $1 AND key < $2 AND key > coalesce($3, '') AND etag IS NOT NULL

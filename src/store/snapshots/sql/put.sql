@@ -1,12 +1,7 @@
--- The fenced write of each request of the batch, after fenced.sql: one statement, so the checks,
--- the writes (or the refusals and their audit rows) and the pruning commit together.
---
--- `{{body}}` is the request's bound body (`w.body`), or for a body uploaded beforehand (a batch
--- of one) the connection's upload table's; `w.keep` is the versions each key keeps. `put_old`
--- bumps each accepted key's version on the head `heads` locked (versions are gapless however
--- many writers race), or `put_new` creates the head of a key never written; `stored` inserts
--- the bodies; `pruned` drops, in one DELETE, the versions that fall out of the retention window above the
--- head's `pruned_through` (migrations/20261208000000_versions_pruned_through.sql).
+-- Fenced writes after fenced.sql, in one statement so checks, writes or refusals, and pruning
+-- commit together. `{{body}}` is the bound body or the connection's upload table. `put_old` bumps
+-- the version on the locked head (gapless under any race), `put_new` creates a head; `pruned` drops
+-- versions out of the window above `pruned_through`.
 put_old AS (
     UPDATE snapshot_heads h SET version = h.version + 1, etag = w.etag,
         pruned_through = greatest(h.pruned_through, h.version + 1 - w.keep),
@@ -36,7 +31,6 @@ stored AS (
         h.metadata::json
     FROM written h
     RETURNING key, version, updated_at),
--- The watch's change of each write (migrations/20261205000000_change_log.sql).
 written_noted AS (
     INSERT INTO change_log (kind, key, token, at, version, etag, fencing_key, txn_size)
     SELECT 'snapshot.written', h.key, h.token, now(), h.version, h.etag, h.fence, h.txn_size

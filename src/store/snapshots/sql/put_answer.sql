@@ -1,5 +1,4 @@
--- The answer of each fenced write of a batch (after put.sql). A write that lost the race to
--- create its key's head is not settled: it is sent again, and then finds the head.
+-- Answers per write; one that lost the race to create its head is not settled and runs again.
 result AS (
     SELECT v.i, v.outcome, v.highest_token, v.created, f.id AS audit_id,
         s.version, s.updated_at, v.outcome <> 'accepted' OR s.version IS NOT NULL AS settled

@@ -1,8 +1,5 @@
--- A transaction's answer, after fenced.sql, put.sql and delete.sql: all of it was written, or
--- none (fenced.sql decides the transaction as one group). One answer, on the first request's
--- row: the outcome, what refused it (the audit row; the op whose precondition failed), each op's
--- result in order, and the keys whose versions the transaction's second statement removes. Not
--- settled when a put lost the race to create its key's head: the transaction runs again.
+-- A transaction's one answer after fenced, put and delete: all written or none. Not settled when a
+-- put lost the race to create its head.
 op_results AS (
     SELECT r.i, CASE r.op
         WHEN 'put' THEN json_build_object('key', r.key, 'version', s.version, 'etag', r.etag,

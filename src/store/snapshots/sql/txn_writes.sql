@@ -1,10 +1,7 @@
--- A transaction's writes (`w`, which fenced.sql checks), all decided by the first request's gate
--- (`gi` 1): each op; a delete_prefix as a write of no key, so that the fence is checked even when
--- it matches nothing; and a delete of each current snapshot it matches in the fence's namespace,
--- at most `prefix_limit` + 1 over all of them (one more than allowed refuses the transaction:
--- `over_limit`). The request rows are numbered from 1; a prefix's matches from 1,000,000 times
--- its op's number, so that a refusal names the first key in op order. Matches are read, not
--- locked, here: fenced.sql locks their heads, in key order, after the fence.
+-- A transaction's writes, all decided by the first request's gate: each op, a delete_prefix as a
+-- keyless write (so its fence is checked), and each matching snapshot up to `prefix_limit` + 1
+-- (`over_limit`). Matches are numbered from 1,000,000 × op so refusals name the first key in op
+-- order; fenced.sql locks their heads after the fence.
 expanded AS (
     SELECT p.i AS prefix_i, m.key, p.i * 1000000 + row_number() OVER (PARTITION BY p.i ORDER BY m.key) AS n
     FROM req p CROSS JOIN LATERAL (

@@ -1,8 +1,5 @@
--- The retained versions of a key (by get.sql's rule), newest first, below the cursor's version.
--- One statement: the lateral join reads the versions of the head row it joins, from one
--- committed state; no lock. `has_snapshot` tells a key without a current snapshot (no rows
--- beyond the head's) from an empty page.
--- Parameters: $1 key, $2 versions kept, $3 cursor version or NULL, $4 page size + 1.
+-- Key $1's retained versions ($2 kept) newest first below cursor $3, $4 rows, from one committed
+-- state. `has_snapshot` tells a key without a snapshot from an empty page.
 SELECT h.etag IS NOT NULL AS has_snapshot,
     v.version, v.token, v.etag, v.size, v.content_type, v.updated_at,
     coalesce(v.fencing_key, v.key) AS fencing_key, v.metadata

@@ -1,5 +1,4 @@
--- The writes of a batch of fenced requests (`w`, which fenced.sql checks): one per request, each
--- decided by its own gate row (`gi`) and named in the audit log by its key (`subject`).
+-- A batch's fenced writes: one per request, decided by its own gate row.
 w AS (
     SELECT r.*, r.i AS gi, r.key AS subject, false AS over_limit,
         false AS in_txn

@@ -1,10 +1,6 @@
--- Of the leases ($1 keys, $2 tokens) the relay looked at, the ones that are still to expire:
--- renewed since, skipped while a hot statement held them, or not yet past expires_at by the
--- database clock. Run after expire.sql, as a statement of its own, so that it sees what a
--- renewal that committed meanwhile wrote. A key granted again is not listed: its grant's event
--- brings the new lease.
--- Each lease and its report looked up by key (LATERAL, LIMIT: an index probe each, whatever the
--- planner guesses of a young table; joined, its generic plan read all of leases).
+-- Of the leases the relay looked at, those still to expire (renewed, skipped, or not yet due), as a
+-- separate statement that sees renewals committed meanwhile. LATERAL and LIMIT keep each an index
+-- probe.
 SELECT l.key, l.token, l.expires_at
 FROM unnest($1::text[], $2::bigint[]) AS d (key, token)
 CROSS JOIN LATERAL (

@@ -1,8 +1,5 @@
--- The relay drops up to $2 epochs made more than $1 milliseconds ago, oldest first, with their
--- changes (every change visible in the newest dropped epoch's snapshot belongs to it or an
--- older one), and moves the horizon past them: a watch resumed from before it is answered 410
--- compacted. The newest epoch's row stays even when its changes go: the next epoch starts from
--- its snapshot and its last id.
+-- Drops up to $2 epochs older than $1 ms with their changes and moves the horizon past them. The
+-- newest epoch's row stays: the next starts from it.
 WITH cut AS (
     SELECT first_id, last_id, snap FROM change_epochs
     WHERE made_at < clock_timestamp() - $1 * interval '1 millisecond'

@@ -1,12 +1,7 @@
--- The changes after id $1, in id order, from whole epochs: as many as begin within $2 changes of
--- the first (at least one) and at most $3 of them. Whole epochs, since an epoch's changes are
--- ranked by seq only once all of them are read (epoch_changes() is unordered): reading a large
--- epoch in pages read it whole for each page, and a relay behind the load (large epochs) then
--- made the readers read each change many times over, which kept it behind. Every epoch read
--- gives at least one row (with no change when it has none after $1), so that the reader knows
--- how far it has read; `newest` is the newest epoch's last id, so that it knows whether it has
--- read everything. A change's id is its rank by seq in its epoch; a transaction's changes share
--- its xid, and take the id of its first as `txn`.
+-- Changes after id $1 in id order, in whole epochs (ids are ranks by seq, known only once an epoch
+-- is read whole): those beginning within $2 changes, at most $3 epochs. Each epoch gives at least
+-- one row so the reader knows how far it read; `newest` says whether it read all. A transaction's
+-- changes take its first id as `txn`.
 WITH e AS (
     SELECT first_id, last_id, after_snap, snap FROM (
         SELECT first_id, last_id, after_snap, snap,

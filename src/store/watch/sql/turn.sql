@@ -1,25 +1,15 @@
--- One turn of the relay, in one statement: keeps the role ($2 = true: only while its time has
--- not run out by the database clock, so a relay that was paused past it keeps nothing) or takes
--- it ($2 = false: only when the holder's time ran out); $1 is the instance's name, $3 how long
--- the role lasts, in milliseconds. The role's row lock makes two takers, or a taker and a late
--- keeper, take turns; the loser finds the row changed, gets no row, and numbers nothing.
+-- One relay turn: keeps the role ($2 true, only while its time lasts by the database clock) or
+-- takes it ($2 false, only when expired); $1 the name, $3 the term in ms. The row lock serialises
+-- takers and late keepers; the loser numbers nothing.
 --
--- With the role, the changes committed since the newest epoch's snapshot, as this statement's
--- snapshot sees them, become an epoch with the next ids (migrations/20261205000000_change_log.sql),
--- and the instances are told (`snapfence_changes`, with the new last id); nothing is written
--- when there are none. Two relays could not number the same changes even so: both would insert
--- the same first_id, and the primary key lets one commit. Returns the database clock and, if an
--- epoch was made, its changes with their ids (one row each), in the columns of read.sql: the
--- relay's own instance hands them to its watchers without reading them again (their ids are
--- their rank by seq, as read.sql gives them), and the relay expects the grants' expiries.
+-- With the role, changes committed since the newest epoch become an epoch with the next ids, and
+-- `snapfence_changes` is notified. Two relays could not number the same changes anyway: the primary
+-- key on first_id lets one commit. Returns the clock and the epoch's changes as read.sql does.
 WITH role AS (
     UPDATE change_relay SET holder = $1, expires_at = now() + $3 * interval '1 millisecond'
     WHERE CASE WHEN $2 THEN holder = $1 AND expires_at > now() ELSE expires_at <= now() END
     RETURNING now() AS clock),
--- The role as one row (it is at most one, the table's): what follows reads this, so that a
--- generic plan, which cannot tell how many rows the UPDATE's condition keeps, does not guess
--- hundreds, look dearer than planning each call, and have the turn planned at every call
--- (bench/README.md, seventh pass).
+-- The role as one row, so the generic plan does not guess many rows and replan at every call.
 held AS (
     SELECT clock FROM role LIMIT 1),
 prev AS (
