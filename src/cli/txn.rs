@@ -4,14 +4,15 @@ use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
 
 use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
 use clap::Args;
 use serde::Deserialize;
 
 use super::output::fields;
 use super::snapshot::meta_fields;
 use super::{Ctx, Exit, parse};
-use crate::domain::{EntityTagCondition, FencingToken, Key, KeyPrefix, Metadata};
-use snapfence_client::{TxnAnswer, TxnOp, TxnOpResult};
+use crate::domain::{EntityTagCondition, FencingToken, Key, TxnAnswer, TxnOpBody, TxnOpResult};
+use snapfence_client::TxnOp;
 
 /// The arguments of `snapfence txn`.
 #[derive(Debug, Args)]
@@ -30,37 +31,13 @@ pub struct TxnArgs {
     pub file: Option<PathBuf>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
-enum OpLine {
-    Put {
-        key: Key,
-        #[serde(default)]
-        body: Option<String>,
-        #[serde(default)]
-        text: Option<String>,
-        #[serde(default)]
-        content_type: Option<String>,
-        #[serde(default)]
-        metadata: Option<Metadata>,
-        #[serde(default)]
-        if_match: Option<String>,
-        #[serde(default)]
-        if_none_match: Option<String>,
-    },
-    Delete {
-        key: Key,
-    },
-    DeletePrefix {
-        prefix: KeyPrefix,
-    },
-}
-
+/// The whole-document forms of the input; an op is read in the contract's form
+/// ([`TxnOpBody`]) once a `text` is turned into its `body`.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 enum Document {
-    Ops { ops: Vec<OpLine> },
-    List(Vec<OpLine>),
+    Ops { ops: Vec<serde_json::Value> },
+    List(Vec<serde_json::Value>),
 }
 
 /// Runs `snapfence txn`.
@@ -105,7 +82,7 @@ fn read(file: Option<&PathBuf>) -> Result<String, String> {
 }
 
 fn ops_of(text: &str) -> Result<Vec<TxnOp>, String> {
-    let lines: Vec<OpLine> = match serde_json::from_str::<Document>(text) {
+    let lines: Vec<serde_json::Value> = match serde_json::from_str::<Document>(text) {
         Ok(Document::Ops { ops } | Document::List(ops)) => ops,
         Err(_) => text
             .lines()
@@ -128,43 +105,45 @@ fn ops_of(text: &str) -> Result<Vec<TxnOp>, String> {
         .collect()
 }
 
-fn op_of(op: OpLine) -> Result<TxnOp, String> {
+fn op_of(mut op: serde_json::Value) -> Result<TxnOp, String> {
+    if let Some(o) = op.as_object_mut() {
+        if let Some(text) = o.remove("text") {
+            if o.contains_key("body") {
+                return Err("a put gives `body` (base64) or `text`, one of them".into());
+            }
+            let text = text.as_str().ok_or("`text` must be a string")?;
+            o.insert("body".into(), STANDARD.encode(text).into());
+        }
+    }
+    let op: TxnOpBody = serde_json::from_value(op).map_err(|e| e.to_string())?;
     Ok(match op {
-        OpLine::Put {
+        TxnOpBody::Put {
             key,
             body,
-            text,
             content_type,
             metadata,
             if_match,
             if_none_match,
-        } => {
-            let body = match (body, text) {
-                (Some(b), None) => base64::engine::general_purpose::STANDARD
-                    .decode(b.as_bytes())
-                    .map_err(|e| format!("body is not base64 ({e}); give `text` for plain text"))?,
-                (None, Some(t)) => t.into_bytes(),
-                _ => return Err("a put gives `body` (base64) or `text`, one of them".into()),
-            };
-            let create_only = match if_none_match.as_deref() {
+        } => TxnOp::Put {
+            key,
+            body: STANDARD
+                .decode(body.as_bytes())
+                .map_err(|e| format!("body is not base64 ({e}); give `text` for plain text"))?
+                .into(),
+            content_type,
+            metadata,
+            if_match: if_match
+                .map(|m| EntityTagCondition::parse(&m))
+                .transpose()
+                .map_err(|e| format!("if_match: {e}"))?,
+            create_only: match if_none_match.as_deref() {
                 None => false,
                 Some("*") => true,
                 Some(other) => return Err(format!("if_none_match is {other:?}; only \"*\"")),
-            };
-            TxnOp::Put {
-                key,
-                body: body.into(),
-                content_type,
-                metadata,
-                if_match: if_match
-                    .map(|m| EntityTagCondition::parse(&m))
-                    .transpose()
-                    .map_err(|e| format!("if_match: {e}"))?,
-                create_only,
-            }
-        }
-        OpLine::Delete { key } => TxnOp::Delete { key },
-        OpLine::DeletePrefix { prefix } => TxnOp::DeletePrefix { prefix },
+            },
+        },
+        TxnOpBody::Delete { key } => TxnOp::Delete { key },
+        TxnOpBody::DeletePrefix { prefix } => TxnOp::DeletePrefix { prefix },
     })
 }
 

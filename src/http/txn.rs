@@ -8,14 +8,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use base64::Engine;
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 
 use super::Routes;
 use super::error::ApiError;
 use super::extract::{
     BodyLimit, Context, FencingTokenHeader, content_length, fencing_key, json_body, read_limited,
 };
-use crate::domain::{EntityTagCondition, FencingToken, Key, KeyPrefix, Metadata, SnapshotMeta};
+use crate::domain::{
+    EntityTagCondition, FencingToken, Key, KeyPrefix, TxnAnswer, TxnBody, TxnOpBody, TxnOpResult,
+};
 use crate::state::AppState;
 use crate::store::snapshots::txn::{self, TxnOp, TxnOutcome, TxnRequest, TxnResult};
 
@@ -23,60 +24,6 @@ const TXN_TOO_LARGE: &str = "Send fewer or smaller puts, or raise the server's -
 
 pub(super) fn routes() -> Routes {
     Routes::new().route("/v1/txn", post(run))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TxnBody {
-    ops: Vec<OpBody>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
-enum OpBody {
-    Put {
-        key: Key,
-        body: String,
-        #[serde(default)]
-        content_type: Option<String>,
-        #[serde(default)]
-        metadata: Option<Metadata>,
-        #[serde(default)]
-        if_match: Option<String>,
-        #[serde(default)]
-        if_none_match: Option<String>,
-    },
-    Delete {
-        key: Key,
-    },
-    DeletePrefix {
-        prefix: String,
-    },
-}
-
-#[derive(Debug, Serialize)]
-struct TxnAnswer {
-    token: FencingToken,
-    fencing_key: Key,
-    results: Vec<OpAnswer>,
-}
-
-#[derive(Debug, Serialize)]
-#[serde(untagged)]
-enum OpAnswer {
-    Put {
-        #[serde(flatten)]
-        meta: SnapshotMeta,
-        created: bool,
-    },
-    Delete {
-        key: Key,
-        deleted: bool,
-    },
-    DeletePrefix {
-        prefix: String,
-        deleted: i64,
-    },
 }
 
 async fn run(
@@ -136,16 +83,16 @@ async fn run(
     })
 }
 
-fn answer(result: TxnResult) -> OpAnswer {
+fn answer(result: TxnResult) -> TxnOpResult {
     match result {
-        TxnResult::Put(written) => OpAnswer::Put {
+        TxnResult::Put(written) => TxnOpResult::Put {
             meta: written.meta,
             created: written.created,
         },
-        TxnResult::Delete { key, deleted } => OpAnswer::Delete { key, deleted },
-        TxnResult::DeletePrefix { prefix, deleted } => OpAnswer::DeletePrefix {
+        TxnResult::Delete { key, deleted } => TxnOpResult::Delete { key, deleted },
+        TxnResult::DeletePrefix { prefix, deleted } => TxnOpResult::DeletePrefix {
             prefix: prefix.as_str().to_owned(),
-            deleted,
+            deleted: deleted.unsigned_abs(),
         },
     }
 }
@@ -172,7 +119,7 @@ fn checked(
     let mut ops = Vec::with_capacity(body.ops.len());
     for (n, op) in body.ops.into_iter().enumerate() {
         let op = match op {
-            OpBody::Put {
+            TxnOpBody::Put {
                 key,
                 body,
                 content_type,
@@ -226,10 +173,8 @@ fn checked(
                     if_none_match,
                 }
             }
-            OpBody::Delete { key } => TxnOp::Delete { key },
-            OpBody::DeletePrefix { prefix } => TxnOp::DeletePrefix {
-                prefix: KeyPrefix::parse(prefix).map_err(|e| invalid(n, e.to_string()))?,
-            },
+            TxnOpBody::Delete { key } => TxnOp::Delete { key },
+            TxnOpBody::DeletePrefix { prefix } => TxnOp::DeletePrefix { prefix },
         };
         match &op {
             TxnOp::Put { key, .. } | TxnOp::Delete { key } if !key.in_namespace_of(&fence) => {

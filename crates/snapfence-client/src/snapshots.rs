@@ -9,7 +9,8 @@ use reqwest::header;
 use reqwest::{Method, RequestBuilder, StatusCode};
 use snapfence_types::headers::{FENCING_KEY, FENCING_TOKEN, SNAPSHOT_METADATA, SNAPSHOT_VERSION};
 use snapfence_types::{
-    ETag, EntityTagCondition, FencingToken, Key, Metadata, Page, SnapshotMeta, Version,
+    ETag, EntityTagCondition, FencingToken, Key, Metadata, Page, SnapshotMeta, TxnBody, TxnOpBody,
+    Version,
 };
 
 use crate::retry::CallKind;
@@ -117,7 +118,9 @@ impl Client {
     /// then. Sent with an Idempotency-Key and retried like any change, so it is done once.
     pub async fn txn(&self, fence: &Key, token: FencingToken, ops: &[TxnOp]) -> Result<TxnAnswer> {
         let encoded = segment(fence)?;
-        let body = serde_json::json!({ "ops": ops.iter().map(op_json).collect::<Vec<_>>() });
+        let body = TxnBody {
+            ops: ops.iter().map(op_body).collect(),
+        };
         let answer = self
             .send(
                 CallKind::Change,
@@ -304,8 +307,8 @@ fn head_of(key: &Key, answer: &Answer, path: &str) -> Result<SnapshotHead> {
     })
 }
 
-/// An op as the contract's JSON.
-fn op_json(op: &TxnOp) -> serde_json::Value {
+/// An op as the contract's body has it.
+fn op_body(op: &TxnOp) -> TxnOpBody {
     use base64::Engine;
     match op {
         TxnOp::Put {
@@ -315,30 +318,18 @@ fn op_json(op: &TxnOp) -> serde_json::Value {
             metadata,
             if_match,
             create_only,
-        } => {
-            let mut o = serde_json::json!({
-                "op": "put",
-                "key": key,
-                "body": base64::engine::general_purpose::STANDARD.encode(body),
-            });
-            if let Some(ct) = content_type {
-                o["content_type"] = ct.clone().into();
-            }
-            if let Some(m) = metadata {
-                o["metadata"] = m.as_json().clone();
-            }
-            if let Some(c) = if_match {
-                o["if_match"] = c.to_string().into();
-            }
-            if *create_only {
-                o["if_none_match"] = "*".into();
-            }
-            o
-        }
-        TxnOp::Delete { key } => serde_json::json!({"op": "delete", "key": key}),
-        TxnOp::DeletePrefix { prefix } => {
-            serde_json::json!({"op": "delete_prefix", "prefix": prefix.as_str()})
-        }
+        } => TxnOpBody::Put {
+            key: key.clone(),
+            body: base64::engine::general_purpose::STANDARD.encode(body),
+            content_type: content_type.clone(),
+            metadata: metadata.clone(),
+            if_match: if_match.as_ref().map(ToString::to_string),
+            if_none_match: create_only.then(|| "*".to_owned()),
+        },
+        TxnOp::Delete { key } => TxnOpBody::Delete { key: key.clone() },
+        TxnOp::DeletePrefix { prefix } => TxnOpBody::DeletePrefix {
+            prefix: prefix.clone(),
+        },
     }
 }
 

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use snapfence_types::{
     Cursor, ETag, EntityTagCondition, FencingToken, Key, KeyPrefix, LeaseState, Metadata,
-    PageLimit, SnapshotMeta, Version, rfc3339_millis,
+    PageLimit, Version, rfc3339_millis,
 };
 
 /// The size and position of a page.
@@ -164,45 +164,6 @@ impl TxnOp {
             create_only: false,
         }
     }
-}
-
-/// A committed transaction's answer.
-#[derive(Debug, Clone, PartialEq, serde::Deserialize, Serialize)]
-pub struct TxnAnswer {
-    /// The token that fenced it.
-    pub token: FencingToken,
-    /// The lease whose namespace held its keys.
-    pub fencing_key: Key,
-    /// Each op's result, in order.
-    pub results: Vec<TxnOpResult>,
-}
-
-/// What one op of a committed transaction did.
-#[derive(Debug, Clone, PartialEq, serde::Deserialize, Serialize)]
-#[serde(untagged)]
-pub enum TxnOpResult {
-    /// A put: the version written, and whether it created the snapshot.
-    Put {
-        /// The version written.
-        #[serde(flatten)]
-        meta: SnapshotMeta,
-        /// Whether the key had no current snapshot.
-        created: bool,
-    },
-    /// A prefix delete: how many snapshots it removed.
-    DeletePrefix {
-        /// The prefix.
-        prefix: String,
-        /// How many.
-        deleted: u64,
-    },
-    /// A delete: whether the key had a current snapshot.
-    Delete {
-        /// The key.
-        key: Key,
-        /// Whether it had one.
-        deleted: bool,
-    },
 }
 
 /// An accepted write: the new version's metadata, and whether it created the snapshot.

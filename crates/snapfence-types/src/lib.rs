@@ -27,7 +27,10 @@ pub use values::{
     json_integer, json_integer_opt,
 };
 pub use watch::{ChangeData, ChangeEvent, ChangeId, ChangeKind, ChangeReason};
-pub use wire::{AcquireRequest, Grant, Health, Holder, MAX_WAIT_MS, Page, RenewRequest};
+pub use wire::{
+    AcquireRequest, Grant, Health, Holder, MAX_WAIT_MS, Page, RenewRequest, TxnAnswer, TxnBody,
+    TxnOpBody, TxnOpResult,
+};
 
 /// Times in JSON: RFC 3339 in UTC with milliseconds, e.g. `2026-12-02T13:05:00.123Z`.
 pub mod rfc3339_millis {
