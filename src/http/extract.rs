@@ -247,16 +247,9 @@ pub fn fencing_key(headers: &HeaderMap) -> Result<Option<Key>, ApiError> {
     let Some(raw) = single_header(headers, &FENCING_KEY)? else {
         return Ok(None);
     };
-    let bad = || {
-        ApiError::InvalidRequest(format!(
-            "the Fencing-Key header {raw:?} is not a percent-encoded key; encode it as a key in a path is (jobs%2F42)"
-        ))
-    };
-    well_escaped(raw).map_err(|_| bad())?;
-    let decoded = percent_encoding::percent_decode_str(raw)
-        .decode_utf8()
-        .map_err(|_| bad())?;
-    Ok(Some(Key::parse(decoded.into_owned())?))
+    Key::from_segment(raw)
+        .map(Some)
+        .map_err(|e| ApiError::InvalidRequest(format!("the Fencing-Key header: {e}")))
 }
 
 /// The optional `Fencing-Key` header of a fenced write (v1.3): the lease that fences it.

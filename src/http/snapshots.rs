@@ -60,14 +60,8 @@ pub(super) fn fence_of(key: &Key, header: Option<Key>) -> Result<Key, ApiError> 
     }
 }
 
-pub(super) fn key_header(key: &Key) -> HeaderValue {
-    const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-        .remove(b'-')
-        .remove(b'.')
-        .remove(b'_')
-        .remove(b'~');
-    let encoded = percent_encoding::utf8_percent_encode(key.as_str(), SEGMENT).to_string();
-    HeaderValue::from_str(&encoded).expect("a percent-encoded key is visible ASCII")
+fn key_header(key: &Key) -> HeaderValue {
+    HeaderValue::from_str(&key.to_segment()).expect("a percent-encoded key is visible ASCII")
 }
 
 fn metadata_header(metadata: &Metadata) -> HeaderValue {

@@ -277,10 +277,7 @@ fn head_of(key: &Key, answer: &Answer, path: &str) -> Result<SnapshotHead> {
         None => None,
         Some(v) => {
             let text = v.to_str().map_err(|e| protocol("Fencing-Key", &e))?;
-            let decoded = percent_encoding::percent_decode_str(text)
-                .decode_utf8()
-                .map_err(|e| protocol("Fencing-Key", &e))?;
-            Some(Key::parse(decoded.into_owned()).map_err(|e| protocol("Fencing-Key", &e))?)
+            Some(Key::from_segment(text).map_err(|e| protocol("Fencing-Key", &e))?)
         }
     };
     let metadata = match answer.headers.get(SNAPSHOT_METADATA) {

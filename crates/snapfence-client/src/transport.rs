@@ -138,8 +138,7 @@ async fn attempt_once(request: RequestBuilder) -> reqwest::Result<Answer> {
     })
 }
 
-/// Percent-encodes a key as one path segment: everything but RFC 3986's unreserved characters.
-/// `.` and `..` are refused: URL parsers (WHATWG, and so reqwest) resolve them as dot segments,
+/// A key as one path segment ([`Key::to_segment`]). `.` and `..` are refused: URL parsers (WHATWG, and so reqwest) resolve them as dot segments,
 /// also when percent-encoded, so no URL can name such a key.
 pub(crate) fn segment(key: &Key) -> Result<String> {
     if matches!(key.as_str(), "." | "..") {
@@ -147,16 +146,7 @@ pub(crate) fn segment(key: &Key) -> Result<String> {
             "key {key:?} cannot be sent in a URL path, where it means a directory; choose another key"
         )));
     }
-    Ok(key
-        .as_str()
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                char::from(b).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect())
+    Ok(key.to_segment())
 }
 
 /// The text of header `name` of an answer that must carry it.

@@ -53,6 +53,38 @@ impl Key {
         &self.0
     }
 
+    /// The key as one URL path segment, and so as a `Fencing-Key` header: every byte but RFC
+    /// 3986's unreserved characters percent-encoded (`jobs/42` is `jobs%2F42`).
+    pub fn to_segment(&self) -> String {
+        const UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+            .remove(b'-')
+            .remove(b'.')
+            .remove(b'_')
+            .remove(b'~');
+        percent_encoding::utf8_percent_encode(&self.0, UNRESERVED).to_string()
+    }
+
+    /// A key sent as one percent-encoded segment: every `%` begins two hex digits, and the
+    /// decoded bytes are UTF-8 and a valid key.
+    pub fn from_segment(raw: &str) -> Result<Self, InvalidInput> {
+        let malformed = || {
+            InvalidInput::new(format!(
+                "{raw:?} is not a percent-encoded key; encode it as a key in a path is (jobs%2F42)"
+            ))
+        };
+        let escapes_whole = raw
+            .split('%')
+            .skip(1)
+            .all(|rest| rest.bytes().take(2).filter(u8::is_ascii_hexdigit).count() == 2);
+        if !escapes_whole {
+            return Err(malformed());
+        }
+        let decoded = percent_encoding::percent_decode_str(raw)
+            .decode_utf8()
+            .map_err(|_| malformed())?;
+        Self::parse(decoded.into_owned())
+    }
+
     /// Whether this key is in the namespace of `fence` (v1.3): `fence` itself, or a key that
     /// begins with `fence/`.
     pub fn in_namespace_of(&self, fence: &Key) -> bool {
@@ -156,6 +188,19 @@ mod tests {
         assert!(Key::parse("jobs/42").is_ok());
         assert!(Key::parse("é".repeat(256)).is_ok());
         assert!(Key::parse("a".repeat(512)).is_ok());
+    }
+
+    #[test]
+    fn a_key_reads_back_from_its_segment_and_a_malformed_one_is_refused() {
+        for raw in ["jobs/42", "a b%é", "v1.2~x_y-z", "𝄞/x"] {
+            let key = Key::parse(raw).unwrap();
+            assert_eq!(Key::from_segment(&key.to_segment()).unwrap(), key);
+        }
+        assert_eq!(Key::parse("jobs/42").unwrap().to_segment(), "jobs%2F42");
+        assert_eq!(Key::parse("a b%é").unwrap().to_segment(), "a%20b%25%C3%A9");
+        for bad in ["jobs%2", "%FF", "%zz", "", "%00"] {
+            assert!(Key::from_segment(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
