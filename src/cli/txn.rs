@@ -11,8 +11,7 @@ use serde::Deserialize;
 use super::output::fields;
 use super::snapshot::meta_fields;
 use super::{Ctx, Exit, parse};
-use crate::domain::{EntityTagCondition, FencingToken, Key, TxnAnswer, TxnOpBody, TxnOpResult};
-use snapfence_client::TxnOp;
+use crate::domain::{FencingToken, Key, TxnAnswer, TxnOp, TxnOpBody, TxnOpResult};
 
 /// The arguments of `snapfence txn`.
 #[derive(Debug, Args)]
@@ -116,35 +115,7 @@ fn op_of(mut op: serde_json::Value) -> Result<TxnOp, String> {
         }
     }
     let op: TxnOpBody = serde_json::from_value(op).map_err(|e| e.to_string())?;
-    Ok(match op {
-        TxnOpBody::Put {
-            key,
-            body,
-            content_type,
-            metadata,
-            if_match,
-            if_none_match,
-        } => TxnOp::Put {
-            key,
-            body: STANDARD
-                .decode(body.as_bytes())
-                .map_err(|e| format!("body is not base64 ({e}); give `text` for plain text"))?
-                .into(),
-            content_type,
-            metadata,
-            if_match: if_match
-                .map(|m| EntityTagCondition::parse(&m))
-                .transpose()
-                .map_err(|e| format!("if_match: {e}"))?,
-            create_only: match if_none_match.as_deref() {
-                None => false,
-                Some("*") => true,
-                Some(other) => return Err(format!("if_none_match is {other:?}; only \"*\"")),
-            },
-        },
-        TxnOpBody::Delete { key } => TxnOp::Delete { key },
-        TxnOpBody::DeletePrefix { prefix } => TxnOp::DeletePrefix { prefix },
-    })
+    TxnOp::try_from(op).map_err(|e| e.to_string())
 }
 
 fn table(answer: &TxnAnswer) -> String {

@@ -6,19 +6,15 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use base64::Engine;
-use bytes::Bytes;
 
 use super::Routes;
 use super::error::ApiError;
 use super::extract::{
     BodyLimit, Context, FencingTokenHeader, content_length, fencing_key, json_body, read_limited,
 };
-use crate::domain::{
-    EntityTagCondition, FencingToken, Key, KeyPrefix, TxnAnswer, TxnBody, TxnOpBody, TxnOpResult,
-};
+use crate::domain::{FencingToken, Key, KeyPrefix, TxnAnswer, TxnBody, TxnOp};
 use crate::state::AppState;
-use crate::store::snapshots::txn::{self, TxnOp, TxnOutcome, TxnRequest, TxnResult};
+use crate::store::snapshots::txn::{self, TxnOutcome, TxnRequest};
 
 const TXN_TOO_LARGE: &str = "Send fewer or smaller puts, or raise the server's --max-snapshot-bytes (the bound of a transaction's body too)";
 
@@ -67,7 +63,7 @@ async fn run(
         TxnOutcome::Committed(results) => Ok(Json(TxnAnswer {
             token: req.token,
             fencing_key: req.fence.clone(),
-            results: results.into_iter().map(answer).collect(),
+            results,
         })
         .into_response()),
         TxnOutcome::Refused(refusal) => Err(ApiError::Refused {
@@ -81,20 +77,6 @@ async fn run(
             "the prefix deletes of this transaction match more than {prefix_limit} snapshots; delete in pages (list the keys with GET /v1/snapshots?prefix=…&limit=…, then delete them in several transactions)"
         ))),
     })
-}
-
-fn answer(result: TxnResult) -> TxnOpResult {
-    match result {
-        TxnResult::Put(written) => TxnOpResult::Put {
-            meta: written.meta,
-            created: written.created,
-        },
-        TxnResult::Delete { key, deleted } => TxnOpResult::Delete { key, deleted },
-        TxnResult::DeletePrefix { prefix, deleted } => TxnOpResult::DeletePrefix {
-            prefix: prefix.as_str().to_owned(),
-            deleted: deleted.unsigned_abs(),
-        },
-    }
 }
 
 /// The body checked: 1..=`max_ops` ops in the fence's namespace, each key once.
@@ -118,64 +100,7 @@ fn checked(
     };
     let mut ops = Vec::with_capacity(body.ops.len());
     for (n, op) in body.ops.into_iter().enumerate() {
-        let op = match op {
-            TxnOpBody::Put {
-                key,
-                body,
-                content_type,
-                metadata,
-                if_match,
-                if_none_match,
-            } => {
-                let bytes = base64::engine::general_purpose::STANDARD
-                    .decode(body.as_bytes())
-                    .map_err(|e| invalid(n, format!("body is not base64 ({e})")))?;
-                let content_type =
-                    content_type.unwrap_or_else(|| "application/octet-stream".to_owned());
-                if content_type.is_empty()
-                    || !content_type
-                        .bytes()
-                        .all(|b| b == b' ' || b.is_ascii_graphic())
-                {
-                    return Err(invalid(
-                        n,
-                        "content_type must be visible ASCII, e.g. application/json".into(),
-                    ));
-                }
-                let if_match = if_match
-                    .map(|m| EntityTagCondition::parse(&m))
-                    .transpose()
-                    .map_err(|e| invalid(n, format!("if_match: {e}")))?;
-                let if_none_match = match if_none_match.as_deref() {
-                    None => false,
-                    Some("*") => true,
-                    Some(other) => {
-                        return Err(invalid(
-                            n,
-                            format!(
-                                "if_none_match is {other:?}; only \"*\" (create only) is supported"
-                            ),
-                        ));
-                    }
-                };
-                if if_match.is_some() && if_none_match {
-                    return Err(invalid(
-                        n,
-                        "send if_match or if_none_match, not both".into(),
-                    ));
-                }
-                TxnOp::Put {
-                    key,
-                    body: Bytes::from(bytes),
-                    content_type,
-                    metadata,
-                    if_match,
-                    if_none_match,
-                }
-            }
-            TxnOpBody::Delete { key } => TxnOp::Delete { key },
-            TxnOpBody::DeletePrefix { prefix } => TxnOp::DeletePrefix { prefix },
-        };
+        let op = TxnOp::try_from(op).map_err(|e| invalid(n, e.to_string()))?;
         match &op {
             TxnOp::Put { key, .. } | TxnOp::Delete { key } if !key.in_namespace_of(&fence) => {
                 return Err(invalid(n, outside(&format!("key {key:?}"))));

@@ -125,7 +125,7 @@ use self::retry::OnRetry;
 pub use self::retry::RetryPolicy;
 pub use self::types::{
     AuditFilter, LeaseFilter, ListOrder, PageRequest, PutOptions, Snapshot, SnapshotFilter,
-    SnapshotHead, TxnOp, Written,
+    SnapshotHead, Written,
 };
 pub use self::watch::{Watch, WatchOptions};
 /// The contract's vocabulary, re-exported so that a user of the client needs no second crate.

@@ -119,7 +119,7 @@ impl Client {
     pub async fn txn(&self, fence: &Key, token: FencingToken, ops: &[TxnOp]) -> Result<TxnAnswer> {
         let encoded = segment(fence)?;
         let body = TxnBody {
-            ops: ops.iter().map(op_body).collect(),
+            ops: ops.iter().map(TxnOpBody::from).collect(),
         };
         let answer = self
             .send(
@@ -302,32 +302,6 @@ fn head_of(key: &Key, answer: &Answer, path: &str) -> Result<SnapshotHead> {
         fencing_key,
         metadata,
     })
-}
-
-/// An op as the contract's body has it.
-fn op_body(op: &TxnOp) -> TxnOpBody {
-    use base64::Engine;
-    match op {
-        TxnOp::Put {
-            key,
-            body,
-            content_type,
-            metadata,
-            if_match,
-            create_only,
-        } => TxnOpBody::Put {
-            key: key.clone(),
-            body: base64::engine::general_purpose::STANDARD.encode(body),
-            content_type: content_type.clone(),
-            metadata: metadata.clone(),
-            if_match: if_match.as_ref().map(ToString::to_string),
-            if_none_match: create_only.then(|| "*".to_owned()),
-        },
-        TxnOp::Delete { key } => TxnOpBody::Delete { key: key.clone() },
-        TxnOp::DeletePrefix { prefix } => TxnOpBody::DeletePrefix {
-            prefix: prefix.clone(),
-        },
-    }
 }
 
 fn snapshot_of(key: &Key, answer: Answer, path: &str) -> Result<Snapshot> {

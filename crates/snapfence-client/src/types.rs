@@ -122,50 +122,6 @@ pub struct PutOptions {
     pub metadata: Option<Metadata>,
 }
 
-/// One op of a transaction (v1.3 `POST /v1/txn`).
-#[derive(Debug, Clone, PartialEq)]
-pub enum TxnOp {
-    /// Writes a version of `key`.
-    Put {
-        /// The key, in the fence's namespace.
-        key: Key,
-        /// The body.
-        body: Bytes,
-        /// Its content type; `application/octet-stream` when `None`.
-        content_type: Option<String>,
-        /// Stored with the version.
-        metadata: Option<Metadata>,
-        /// Only if the current ETag matches.
-        if_match: Option<EntityTagCondition>,
-        /// Only if the key has no current snapshot (`if_none_match: "*"`).
-        create_only: bool,
-    },
-    /// Removes the current snapshot of `key`, if any.
-    Delete {
-        /// The key, in the fence's namespace.
-        key: Key,
-    },
-    /// Removes every current snapshot under `prefix` (in the fence's namespace).
-    DeletePrefix {
-        /// The prefix.
-        prefix: KeyPrefix,
-    },
-}
-
-impl TxnOp {
-    /// A put of `body` to `key`, with no precondition.
-    pub fn put(key: Key, body: impl Into<Bytes>) -> Self {
-        Self::Put {
-            key,
-            body: body.into(),
-            content_type: None,
-            metadata: None,
-            if_match: None,
-            create_only: false,
-        }
-    }
-}
-
 /// An accepted write: the new version's metadata, and whether it created the snapshot.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Written {

@@ -13,6 +13,7 @@ mod error;
 pub mod headers;
 mod lease;
 mod snapshot;
+mod txn;
 mod values;
 mod watch;
 mod wire;
@@ -21,16 +22,14 @@ pub use audit::{AuditId, AuditOperation, Recovery, RefusalReason, Rejection};
 pub use error::{ErrorCode, Problem, RefusalFields};
 pub use lease::{KeyStatus, Lease, LeaseState, RecoveryReason, RecoveryRecord, Waiter};
 pub use snapshot::{ETag, EntityTagCondition, SnapshotMeta};
+pub use txn::{DEFAULT_CONTENT_TYPE, TxnAnswer, TxnBody, TxnOp, TxnOpBody, TxnOpResult};
 pub use values::{
     Cursor, FencingToken, IdempotencyKey, Key, KeyPrefix, MAX_IDEMPOTENCY_KEY_LEN, MAX_KEY_BYTES,
     MAX_METADATA_BYTES, MAX_OWNER_BYTES, Metadata, Owner, PageLimit, TtlBounds, TtlMs, Version,
     json_integer, json_integer_opt,
 };
 pub use watch::{ChangeData, ChangeEvent, ChangeId, ChangeKind, ChangeReason};
-pub use wire::{
-    AcquireRequest, Grant, Health, Holder, MAX_WAIT_MS, Page, RenewRequest, TxnAnswer, TxnBody,
-    TxnOpBody, TxnOpResult,
-};
+pub use wire::{AcquireRequest, Grant, Health, Holder, MAX_WAIT_MS, Page, RenewRequest};
 
 /// Times in JSON: RFC 3339 in UTC with milliseconds, e.g. `2026-12-02T13:05:00.123Z`.
 pub mod rfc3339_millis {

@@ -7,8 +7,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Cursor, FencingToken, Key, KeyPrefix, Lease, Metadata, Owner, PageLimit, RecoveryRecord,
-    SnapshotMeta, rfc3339_millis,
+    Cursor, FencingToken, Lease, Metadata, Owner, PageLimit, RecoveryRecord, rfc3339_millis,
 };
 
 /// The body of an acquire. `AcquireRequest::new(owner, ttl)` asks for a plain lease; the
@@ -228,87 +227,4 @@ impl From<&Lease> for Holder {
             metadata: l.metadata.as_ref().map(|m| m.as_json().clone()),
         }
     }
-}
-
-/// One op of a transaction as `POST /v1/txn` takes it (v1.3); the server reads it with unknown
-/// fields refused, and checks the rest (base64, preconditions, the namespace) itself.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
-pub enum TxnOpBody {
-    /// Writes a version of `key`.
-    Put {
-        /// The key.
-        key: Key,
-        /// The body, base64 (standard alphabet, padded).
-        body: String,
-        /// Its content type; `application/octet-stream` when absent.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        content_type: Option<String>,
-        /// Stored with the version.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        metadata: Option<Metadata>,
-        /// Only if the current ETag matches.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        if_match: Option<String>,
-        /// `*`: only if the key has no current snapshot.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        if_none_match: Option<String>,
-    },
-    /// Removes the current snapshot of `key`, if any.
-    Delete {
-        /// The key.
-        key: Key,
-    },
-    /// Removes every current snapshot under `prefix` in the fence's namespace.
-    DeletePrefix {
-        /// The prefix.
-        prefix: KeyPrefix,
-    },
-}
-
-/// The body of `POST /v1/txn` (v1.3).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TxnBody {
-    /// The ops, in order.
-    pub ops: Vec<TxnOpBody>,
-}
-
-/// A committed transaction's answer.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TxnAnswer {
-    /// The token that fenced it.
-    pub token: FencingToken,
-    /// The lease whose namespace held its keys.
-    pub fencing_key: Key,
-    /// Each op's result, in order.
-    pub results: Vec<TxnOpResult>,
-}
-
-/// What one op of a committed transaction did.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum TxnOpResult {
-    /// A put: the version written, and whether it created the snapshot.
-    Put {
-        /// The version written.
-        #[serde(flatten)]
-        meta: SnapshotMeta,
-        /// Whether the key had no current snapshot.
-        created: bool,
-    },
-    /// A prefix delete: how many snapshots it removed.
-    DeletePrefix {
-        /// The prefix.
-        prefix: String,
-        /// How many.
-        deleted: u64,
-    },
-    /// A delete: whether the key had a current snapshot.
-    Delete {
-        /// The key.
-        key: Key,
-        /// Whether it had one.
-        deleted: bool,
-    },
 }

@@ -1,16 +1,15 @@
 //! Transactions (`POST /v1/txn`): puts and deletes under one fence, all or nothing, checked by
 //! `sql/fenced.sql`; run again if a put lost the race to create its head.
 
-use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use sqlx::PgPool;
 
+use super::Refusal;
 use super::batches::{FencedJob, Op, Write, fenced};
-use super::{Refusal, Written};
 use crate::domain::{
-    AuditOperation, ETag, EntityTagCondition, FencingToken, Key, KeyPrefix, Metadata,
-    RefusalReason, SnapshotMeta, Version,
+    AuditOperation, DEFAULT_CONTENT_TYPE, ETag, FencingToken, Key, RefusalReason, SnapshotMeta,
+    TxnOp, TxnOpResult, Version,
 };
 use crate::store::engine::batch::Indexed;
 use crate::store::idempotency::{self, Gated, GatedRow};
@@ -27,62 +26,11 @@ pub struct TxnRequest {
     pub ops: Vec<TxnOp>,
 }
 
-/// One op of a transaction.
-#[derive(Debug, Clone)]
-pub enum TxnOp {
-    /// Stores a version of `key`.
-    Put {
-        /// The key.
-        key: Key,
-        /// The body.
-        body: Bytes,
-        /// The content type to store.
-        content_type: String,
-        /// The version's metadata.
-        metadata: Option<Metadata>,
-        /// Only if the current ETag matches.
-        if_match: Option<EntityTagCondition>,
-        /// Only if the key has no current snapshot.
-        if_none_match: bool,
-    },
-    /// Removes the current snapshot of `key`, if any.
-    Delete {
-        /// The key.
-        key: Key,
-    },
-    /// Removes every current snapshot under `prefix` in the fence's namespace.
-    DeletePrefix {
-        /// The prefix.
-        prefix: KeyPrefix,
-    },
-}
-
-/// What one op did.
-#[derive(Debug, Clone, PartialEq)]
-pub enum TxnResult {
-    /// The version a put stored.
-    Put(Written),
-    /// Whether a delete removed a current snapshot.
-    Delete {
-        /// The key.
-        key: Key,
-        /// Whether it had a current snapshot.
-        deleted: bool,
-    },
-    /// How many snapshots a prefix delete removed.
-    DeletePrefix {
-        /// The prefix.
-        prefix: KeyPrefix,
-        /// How many.
-        deleted: i64,
-    },
-}
-
 /// How a transaction ended; nothing was written unless it committed.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TxnOutcome {
     /// Every op was done; their results in order.
-    Committed(Vec<TxnResult>),
+    Committed(Vec<TxnOpResult>),
     /// A fencing rule refused it; the refusal is recorded.
     Refused(Refusal),
     /// The precondition of this op (from 0) did not hold.
@@ -164,7 +112,7 @@ pub async fn txn(
             gated => break gated,
         }
     };
-    Ok(gated.map(|row| outcome(req, row)))
+    Ok(gated.map(|row| outcome(req, &jobs, row)))
 }
 
 /// One request per op; the Idempotency-Key on the first alone, whose gate decides the transaction.
@@ -189,20 +137,22 @@ fn jobs(
                     content_type,
                     metadata,
                     if_match,
-                    if_none_match,
+                    create_only,
                 } => (
                     key.clone(),
                     Op::Put,
                     Some(Write {
                         body: body.clone(),
                         etag: ETag::of(body),
-                        content_type: content_type.clone(),
+                        content_type: content_type
+                            .clone()
+                            .unwrap_or_else(|| DEFAULT_CONTENT_TYPE.to_owned()),
                         uploaded: false,
                         keep_versions,
                         metadata: metadata.clone(),
                     }),
                     if_match.clone(),
-                    *if_none_match,
+                    *create_only,
                 ),
                 TxnOp::Delete { key } => (key.clone(), Op::Delete, None, None, false),
                 TxnOp::DeletePrefix { prefix } => (
@@ -231,7 +181,7 @@ fn jobs(
         .collect()
 }
 
-fn outcome(req: &TxnRequest, row: TxnRow) -> TxnOutcome {
+fn outcome(req: &TxnRequest, jobs: &[FencedJob], row: TxnRow) -> TxnOutcome {
     let token = |t: i64| FencingToken::new(t).expect("stored tokens are positive");
     match row.outcome.as_str() {
         "accepted" => {
@@ -239,8 +189,9 @@ fn outcome(req: &TxnRequest, row: TxnRow) -> TxnOutcome {
             TxnOutcome::Committed(
                 req.ops
                     .iter()
+                    .zip(jobs)
                     .zip(results)
-                    .map(|(op, r)| result(req, op, r))
+                    .map(|((op, job), r)| result(req, op, job, r))
                     .collect(),
             )
         }
@@ -258,35 +209,31 @@ fn outcome(req: &TxnRequest, row: TxnRow) -> TxnOutcome {
     }
 }
 
-fn result(req: &TxnRequest, op: &TxnOp, r: OpRow) -> TxnResult {
-    match op {
-        TxnOp::Put {
-            key,
-            body,
-            content_type,
-            metadata,
-            ..
-        } => TxnResult::Put(Written {
+/// One op's result, from its job (what it wrote) and its row of the answer.
+fn result(req: &TxnRequest, op: &TxnOp, job: &FencedJob, r: OpRow) -> TxnOpResult {
+    match (op, &job.write) {
+        (TxnOp::Put { key, metadata, .. }, Some(write)) => TxnOpResult::Put {
             created: r.created.unwrap_or(true),
             meta: SnapshotMeta {
                 key: Some(key.clone()),
                 version: Version::from_stored(r.version.expect("a put's version")),
                 token: req.token,
-                etag: ETag::of(body),
-                size: body.len() as i64,
-                content_type: content_type.clone(),
+                etag: write.etag.clone(),
+                size: write.body.len() as i64,
+                content_type: write.content_type.clone(),
                 updated_at: r.updated_at.expect("a put's time"),
                 fencing_key: Some(req.fence.clone()),
                 metadata: metadata.clone(),
             },
-        }),
-        TxnOp::Delete { key } => TxnResult::Delete {
+        },
+        (TxnOp::Delete { key }, _) => TxnOpResult::Delete {
             key: key.clone(),
             deleted: r.deleted.and_then(|d| d.as_bool()).unwrap_or(false),
         },
-        TxnOp::DeletePrefix { prefix } => TxnResult::DeletePrefix {
-            prefix: prefix.clone(),
-            deleted: r.deleted.and_then(|d| d.as_i64()).unwrap_or(0),
+        (TxnOp::DeletePrefix { prefix }, _) => TxnOpResult::DeletePrefix {
+            prefix: prefix.as_str().to_owned(),
+            deleted: r.deleted.and_then(|d| d.as_u64()).unwrap_or(0),
         },
+        (TxnOp::Put { .. }, None) => unreachable!("a put's job writes"),
     }
 }
