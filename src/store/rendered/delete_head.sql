@@ -48,9 +48,7 @@ gate AS (
     FROM req r),
 -- A batch's fenced writes: one per request, decided by its own gate row.
 w AS (
-    SELECT r.*, r.i AS gi, r.key AS subject, false AS over_limit,
-        false AS in_txn
-    FROM req r),
+    SELECT r.*, r.i AS gi, r.key AS subject, false AS over_limit FROM req r),
 -- The fencing rules, in this one place, for every write (writes.sql, txn_writes.sql), with the
 -- audit row of each refused group in the same statement. A write under lease `fence` with `token`
 -- is accepted only if (1) the token is the fence's newest and not given up, and (2) it is at least
@@ -71,7 +69,8 @@ heads AS (
     WHERE (SELECT count(*) FROM cur) >= 0
     ORDER BY h.key FOR NO KEY UPDATE OF h),
 checked AS (
-    SELECT w.i, w.gi, w.key, w.op, w.in_txn, c.token AS fence_token, c.owner AS holder, h.written_token,
+    SELECT w.i, w.gi, w.key, w.op, w.operation = 'txn' AS in_txn, c.token AS fence_token,
+        c.owner AS holder, h.written_token,
         h.key IS NOT NULL AS has_head, h.etag AS current_etag, coalesce(h.version, 0) AS version,
         coalesce(h.pruned_through, 0) AS pruned_through, CASE
         WHEN g.verdict <> 'run' THEN g.verdict

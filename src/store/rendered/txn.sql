@@ -64,12 +64,12 @@ w AS (
     SELECT r.i, 1::bigint AS gi, r.op, r.key, coalesce(r.key, r.prefix) AS subject, r.fence,
         r.token, r.has_if_match, r.tags, r.if_none_match, r.operation, r.request_id,
         r.remote_addr, r.principal, r.etag, r.size, r.content_type, r.keep, r.metadata, r.body,
-        b.over_limit, true AS in_txn
+        b.over_limit
     FROM req r CROSS JOIN bound b
     UNION ALL
     SELECT x.n, 1, 'delete', x.key, x.key, r.fence, r.token, false, NULL, false, r.operation,
         r.request_id, r.remote_addr, r.principal, NULL, NULL, NULL, r.keep, NULL, NULL,
-        b.over_limit, true
+        b.over_limit
     FROM expanded x JOIN req r ON r.i = x.prefix_i CROSS JOIN bound b),
 -- The fencing rules, in this one place, for every write (writes.sql, txn_writes.sql), with the
 -- audit row of each refused group in the same statement. A write under lease `fence` with `token`
@@ -91,7 +91,8 @@ heads AS (
     WHERE (SELECT count(*) FROM cur) >= 0
     ORDER BY h.key FOR NO KEY UPDATE OF h),
 checked AS (
-    SELECT w.i, w.gi, w.key, w.op, w.in_txn, c.token AS fence_token, c.owner AS holder, h.written_token,
+    SELECT w.i, w.gi, w.key, w.op, w.operation = 'txn' AS in_txn, c.token AS fence_token,
+        c.owner AS holder, h.written_token,
         h.key IS NOT NULL AS has_head, h.etag AS current_etag, coalesce(h.version, 0) AS version,
         coalesce(h.pruned_through, 0) AS pruned_through, CASE
         WHEN g.verdict <> 'run' THEN g.verdict
@@ -197,12 +198,11 @@ deleted_noted AS (
 -- put lost the race to create its head.
 op_results AS (
     SELECT r.i, CASE r.op
-        WHEN 'put' THEN json_build_object('key', r.key, 'version', s.version, 'etag', r.etag,
-            'size', r.size, 'content_type', r.content_type, 'updated_at', s.updated_at,
+        WHEN 'put' THEN json_build_object('version', s.version, 'updated_at', s.updated_at,
             'created', v.created)
-        WHEN 'delete' THEN json_build_object('key', r.key, 'deleted',
+        WHEN 'delete' THEN json_build_object('deleted',
             EXISTS (SELECT FROM cleared d WHERE d.key = r.key AND d.current_etag IS NOT NULL))
-        ELSE json_build_object('prefix', r.prefix, 'deleted',
+        ELSE json_build_object('deleted',
             (SELECT count(*) FROM expanded x JOIN cleared d ON d.key = x.key WHERE x.prefix_i = r.i))
     END AS result
     FROM req r JOIN verdict v ON v.i = r.i LEFT JOIN stored s ON s.key = r.key),

@@ -18,7 +18,8 @@ heads AS (
     WHERE (SELECT count(*) FROM cur) >= 0
     ORDER BY h.key FOR NO KEY UPDATE OF h),
 checked AS (
-    SELECT w.i, w.gi, w.key, w.op, w.in_txn, c.token AS fence_token, c.owner AS holder, h.written_token,
+    SELECT w.i, w.gi, w.key, w.op, w.operation = 'txn' AS in_txn, c.token AS fence_token,
+        c.owner AS holder, h.written_token,
         h.key IS NOT NULL AS has_head, h.etag AS current_etag, coalesce(h.version, 0) AS version,
         coalesce(h.pruned_through, 0) AS pruned_through, CASE
         WHEN g.verdict <> 'run' THEN g.verdict

@@ -2,12 +2,11 @@
 -- put lost the race to create its head.
 op_results AS (
     SELECT r.i, CASE r.op
-        WHEN 'put' THEN json_build_object('key', r.key, 'version', s.version, 'etag', r.etag,
-            'size', r.size, 'content_type', r.content_type, 'updated_at', s.updated_at,
+        WHEN 'put' THEN json_build_object('version', s.version, 'updated_at', s.updated_at,
             'created', v.created)
-        WHEN 'delete' THEN json_build_object('key', r.key, 'deleted',
+        WHEN 'delete' THEN json_build_object('deleted',
             EXISTS (SELECT FROM cleared d WHERE d.key = r.key AND d.current_etag IS NOT NULL))
-        ELSE json_build_object('prefix', r.prefix, 'deleted',
+        ELSE json_build_object('deleted',
             (SELECT count(*) FROM expanded x JOIN cleared d ON d.key = x.key WHERE x.prefix_i = r.i))
     END AS result
     FROM req r JOIN verdict v ON v.i = r.i LEFT JOIN stored s ON s.key = r.key),

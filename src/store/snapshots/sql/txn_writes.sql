@@ -16,10 +16,10 @@ w AS (
     SELECT r.i, 1::bigint AS gi, r.op, r.key, coalesce(r.key, r.prefix) AS subject, r.fence,
         r.token, r.has_if_match, r.tags, r.if_none_match, r.operation, r.request_id,
         r.remote_addr, r.principal, r.etag, r.size, r.content_type, r.keep, r.metadata, r.body,
-        b.over_limit, true AS in_txn
+        b.over_limit
     FROM req r CROSS JOIN bound b
     UNION ALL
     SELECT x.n, 1, 'delete', x.key, x.key, r.fence, r.token, false, NULL, false, r.operation,
         r.request_id, r.remote_addr, r.principal, NULL, NULL, NULL, r.keep, NULL, NULL,
-        b.over_limit, true
+        b.over_limit
     FROM expanded x JOIN req r ON r.i = x.prefix_i CROSS JOIN bound b),
