@@ -1336,3 +1336,30 @@ async fn a_transactions_changes_share_its_id_and_size_and_name_their_fence() {
     assert!(single.data.get("txn_size").is_none(), "{:?}", single.data);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_watch_resumed_inside_a_transaction_still_names_its_first_change() {
+    let app = TestApp::spawn().await;
+    let t = token(&app.acquire("th", "w", 30000).await);
+    let ops = json!({"ops": [
+        {"op": "put", "key": "th/a", "body": "MQ=="},
+        {"op": "put", "key": "th/b", "body": "Mg=="},
+    ]});
+    let r = app
+        .request(Method::POST, "/v1/txn")
+        .header("Fencing-Key", "th")
+        .header("Fencing-Token", t.to_string())
+        .json(&ops)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let mut whole = Stream::open(&app.http, &app.instance.base, "?prefix=th/&since=0", None).await;
+    let first = whole.next().await;
+    let mut resumed = Stream::open(&app.http, &app.instance.base, "?prefix=th/", Some(first.id)).await;
+    let second = resumed.next().await;
+    assert_eq!(second.data["key"], "th/b");
+    assert_eq!(second.data["txn"], first.id, "the first change's id, though it was not resent");
+    assert_eq!(second.data["txn_size"], 2);
+    app.stop().await;
+}

@@ -1,7 +1,7 @@
 //! The history as this instance reads it: whole epochs, cached for the watchers catching up, with
 //! uncached reads paced so they keep a bounded share of the database.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
@@ -34,30 +34,57 @@ pub(super) struct Read {
 }
 
 impl Read {
-    /// The epochs of `rows`, in `sql/read.sql` order.
-    pub fn from_rows(rows: impl IntoIterator<Item = ReadRow>) -> Self {
+    /// The epochs of `rows`, in `sql/read.sql` order, with the changes after `after`. Each
+    /// epoch comes whole, so that a transaction's changes all take the id of its first (`txn`).
+    pub fn from_rows(rows: impl IntoIterator<Item = ReadRow>, after: i64) -> Self {
         let mut read = Read {
             epochs: Vec::new(),
             complete: true,
         };
-        let mut epoch: Option<Epoch> = None;
+        let mut epoch: Option<(Epoch, Vec<ChangeRow>)> = None;
         for row in rows {
-            if epoch.as_ref().is_none_or(|e| e.last_id != row.last_id) {
-                read.epochs.extend(epoch.take().map(Arc::new));
-                epoch = Some(Epoch {
-                    first_id: row.first_id,
-                    last_id: row.last_id,
-                    changes: Vec::new(),
-                });
+            if epoch.as_ref().is_none_or(|(e, _)| e.last_id != row.last_id) {
+                read.epochs
+                    .extend(epoch.take().map(|e| Arc::new(numbered(e, after))));
+                epoch = Some((
+                    Epoch {
+                        first_id: row.first_id,
+                        last_id: row.last_id,
+                        changes: Vec::new(),
+                    },
+                    Vec::new(),
+                ));
             }
             read.complete = row.newest.is_none_or(|newest| row.last_id >= newest);
-            if let (Some(e), Some(change)) = (epoch.as_mut(), row.change) {
-                e.changes.push(Arc::new(change.into_event()));
+            if let (Some((_, changes)), Some(change)) = (epoch.as_mut(), row.change) {
+                changes.push(change);
             }
         }
-        read.epochs.extend(epoch.map(Arc::new));
+        read.epochs
+            .extend(epoch.map(|e| Arc::new(numbered(e, after))));
         read
     }
+}
+
+/// An epoch with its changes after `after` as events, each of a transaction with the id of the
+/// transaction's first change, which shares its xid.
+fn numbered((mut epoch, rows): (Epoch, Vec<ChangeRow>), after: i64) -> Epoch {
+    let mut firsts: HashMap<&str, i64> = HashMap::new();
+    for row in rows.iter().filter(|r| r.txn_size.is_some()) {
+        let first = firsts.entry(row.xid.as_str()).or_insert(row.id);
+        *first = (*first).min(row.id);
+    }
+    let txns: Vec<Option<i64>> = rows
+        .iter()
+        .map(|r| r.txn_size.and(firsts.get(r.xid.as_str()).copied()))
+        .collect();
+    epoch.changes = rows
+        .into_iter()
+        .zip(txns)
+        .filter(|(row, _)| row.id > after)
+        .map(|(row, txn)| Arc::new(row.into_event(txn)))
+        .collect();
+    epoch
 }
 
 pub(super) struct History {
@@ -85,7 +112,7 @@ impl History {
             .fetch_all(&self.pool)
             .bounded(&self.pool)
             .await?;
-        Ok(Read::from_rows(rows))
+        Ok(Read::from_rows(rows, after))
     }
 
     /// Cached epochs after `after`, else the next from the database; empty when none is newer.
@@ -203,12 +230,12 @@ struct ChangeRow {
     highest_token: Option<i64>,
     record_token: Option<i64>,
     fencing_key: Option<String>,
-    txn: Option<i64>,
     txn_size: Option<i32>,
+    xid: String,
 }
 
 impl ChangeRow {
-    fn into_event(self) -> ChangeEvent {
+    fn into_event(self, txn: Option<i64>) -> ChangeEvent {
         let refused = self.kind == "write.refused";
         let owner = self
             .owner
@@ -245,7 +272,7 @@ impl ChangeRow {
                 fencing_key: self
                     .fencing_key
                     .map(|k| Key::parse(k).expect("stored keys are valid")),
-                txn: self.txn.map(ChangeId::from_stored),
+                txn: txn.map(ChangeId::from_stored),
                 txn_size: self.txn_size.map(|n| n.unsigned_abs()),
             },
         }

@@ -191,7 +191,7 @@ async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<Duration> {
         }
         return Ok(RELAY_TICK);
     };
-    let epoch = Read::from_rows(rows.into_iter().filter_map(|r| r.epoch))
+    let epoch = Read::from_rows(rows.into_iter().filter_map(|r| r.epoch), 0)
         .epochs
         .pop();
     if let Some(epoch) = &epoch {

@@ -31,10 +31,8 @@ told AS (
 SELECT r.clock, (SELECT count(*) FROM told) AS told, m.first_id, m.last_id,
     m.last_id AS newest, x.id, x.kind, x.key, x.token, x.at, x.owner, x.expires_at, x.version,
     x.etag, x.reason, x.audit_id, x.operation, x.highest_token, x.record_token, x.fencing_key,
-    x.txn, x.txn_size
+    x.txn_size, x.xid::text AS xid
 FROM held r LEFT JOIN made m ON true LEFT JOIN LATERAL (
-    SELECT n.*, CASE WHEN n.txn_size IS NOT NULL
-        THEN min(n.id) OVER (PARTITION BY n.xid, n.txn_size IS NOT NULL) END AS txn
-    FROM (SELECT m.first_id - 1 + row_number() OVER (ORDER BY f.seq) AS id, f.*
-        FROM fresh f) n) x ON true
+    SELECT m.first_id - 1 + row_number() OVER (ORDER BY f.seq) AS id, f.*
+    FROM fresh f) x ON true
 ORDER BY x.id
