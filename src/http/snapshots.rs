@@ -18,10 +18,12 @@ use super::extract::{
     IfMatch, IfNoneMatch, KeyPath, KeyVersionPath, PageParams, SNAPSHOT_METADATA, SNAPSHOT_VERSION,
     SnapshotMetadataHeader, content_length, key_page, read_limited,
 };
-use crate::domain::{ETag, EntityTagCondition, Key, Metadata, Page, SnapshotMeta, Version};
+use crate::domain::{
+    ETag, EntityTagCondition, Key, ListOrder, Metadata, Page, SnapshotMeta, Version,
+};
 use crate::state::AppState;
 use crate::store::idempotency::Gated;
-use crate::store::snapshots::list::{self, ListOrder, SnapshotKeysQuery};
+use crate::store::snapshots::list::{self, SnapshotKeysQuery};
 use crate::store::snapshots::{self, Fenced, PutRequest, Read, Snapshot, WriteOutcome, Written};
 
 const SNAPSHOT_TOO_LARGE: &str =
@@ -339,7 +341,7 @@ pub struct ListParams {
     #[serde(default)]
     start_after: Option<String>,
     #[serde(default)]
-    order: Option<String>,
+    order: ListOrder,
     #[serde(default)]
     include: Option<String>,
 }
@@ -349,15 +351,6 @@ async fn list(
     ApiQuery(params): ApiQuery<ListParams>,
 ) -> Result<Response, ApiError> {
     let (prefix, limit, after) = key_page(params.prefix, params.limit, params.cursor.as_deref())?;
-    let order = match params.order.as_deref() {
-        None | Some("asc") => ListOrder::Asc,
-        Some("desc") => ListOrder::Desc,
-        Some(other) => {
-            return Err(ApiError::InvalidRequest(format!(
-                "order {other:?} is not `asc` or `desc`"
-            )));
-        }
-    };
     let with_metadata = match params.include.as_deref() {
         None | Some("") => false,
         Some("metadata") => true,
@@ -377,13 +370,11 @@ async fn list(
         prefix,
         limit,
         after,
-        order,
+        order: params.order,
     };
-    let mut page = list::list(&state.db, &q).await?;
+    let page = list::list(&state.db, &q).await?;
     if !with_metadata {
-        for item in &mut page.items {
-            item.metadata = None;
-        }
+        // Without `include=metadata` an item has no `metadata` member at all.
         let mut json = serde_json::to_value(&page).expect("a page serializes");
         if let Some(items) = json["items"].as_array_mut() {
             for item in items {

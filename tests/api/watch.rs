@@ -1356,10 +1356,14 @@ async fn a_watch_resumed_inside_a_transaction_still_names_its_first_change() {
     assert_eq!(r.status(), StatusCode::OK);
     let mut whole = Stream::open(&app.http, &app.instance.base, "?prefix=th/&since=0", None).await;
     let first = whole.next().await;
-    let mut resumed = Stream::open(&app.http, &app.instance.base, "?prefix=th/", Some(first.id)).await;
+    let mut resumed =
+        Stream::open(&app.http, &app.instance.base, "?prefix=th/", Some(first.id)).await;
     let second = resumed.next().await;
     assert_eq!(second.data["key"], "th/b");
-    assert_eq!(second.data["txn"], first.id, "the first change's id, though it was not resent");
+    assert_eq!(
+        second.data["txn"], first.id,
+        "the first change's id, though it was not resent"
+    );
     assert_eq!(second.data["txn_size"], 2);
     app.stop().await;
 }

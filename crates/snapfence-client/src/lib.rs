@@ -124,8 +124,8 @@ pub use self::keeper::{KeeperOptions, LeaseKeeper, LostReason};
 use self::retry::OnRetry;
 pub use self::retry::RetryPolicy;
 pub use self::types::{
-    AuditFilter, LeaseFilter, ListOrder, PageRequest, PutOptions, Snapshot, SnapshotFilter,
-    SnapshotHead, Written,
+    AuditFilter, LeaseFilter, PageRequest, PutOptions, Snapshot, SnapshotFilter, SnapshotHead,
+    Written,
 };
 pub use self::watch::{Watch, WatchOptions};
 /// The contract's vocabulary, re-exported so that a user of the client needs no second crate.

@@ -7,8 +7,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use snapfence_types::{
-    Cursor, ETag, EntityTagCondition, FencingToken, Key, KeyPrefix, LeaseState, Metadata,
-    PageLimit, Version, rfc3339_millis,
+    Cursor, ETag, EntityTagCondition, FencingToken, Key, KeyPrefix, LeaseState, ListOrder,
+    Metadata, PageLimit, Version, rfc3339_millis,
 };
 
 /// The size and position of a page.
@@ -62,16 +62,6 @@ pub struct SnapshotFilter {
 
 fn include_metadata<S: serde::Serializer>(_: &bool, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str("metadata")
-}
-
-/// The order of a snapshot listing (v1.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ListOrder {
-    /// Byte order of the keys' UTF-8.
-    Asc,
-    /// Reversed.
-    Desc,
 }
 
 /// Which rows an audit log lists. `R` is the log's reason: [`RefusalReason`](snapfence_types::RefusalReason) for rejections,

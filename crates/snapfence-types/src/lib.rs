@@ -21,7 +21,7 @@ mod wire;
 pub use audit::{AuditId, AuditOperation, Recovery, RefusalReason, Rejection};
 pub use error::{ErrorCode, Problem, RefusalFields};
 pub use lease::{KeyStatus, Lease, LeaseState, RecoveryReason, RecoveryRecord, Waiter};
-pub use snapshot::{ETag, EntityTagCondition, SnapshotMeta};
+pub use snapshot::{ETag, EntityTagCondition, ListOrder, SnapshotMeta};
 pub use txn::{DEFAULT_CONTENT_TYPE, TxnAnswer, TxnBody, TxnOp, TxnOpBody, TxnOpResult};
 pub use values::{
     Cursor, FencingToken, IdempotencyKey, Key, KeyPrefix, MAX_IDEMPOTENCY_KEY_LEN, MAX_KEY_BYTES,

@@ -186,6 +186,27 @@ impl From<&ETag> for EntityTagCondition {
     }
 }
 
+/// The order of a listing of snapshot keys (v1.3 `order`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ListOrder {
+    /// Byte order of the keys' UTF-8.
+    #[default]
+    Asc,
+    /// Reversed.
+    Desc,
+}
+
+impl ListOrder {
+    /// The contract's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Asc => "asc",
+            Self::Desc => "desc",
+        }
+    }
+}
+
 /// One stored version of a snapshot, without its body.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SnapshotMeta {

@@ -3,7 +3,7 @@
 use sqlx::{FromRow, PgPool};
 
 use super::VersionRow;
-use crate::domain::{Cursor, Key, KeyPrefix, Page, PageLimit, SnapshotMeta};
+use crate::domain::{Cursor, Key, KeyPrefix, ListOrder, Page, PageLimit, SnapshotMeta};
 use crate::store::{Bounded, Result};
 
 /// A page of snapshot keys under `prefix`, after `after`, in key order or reversed.
@@ -17,15 +17,6 @@ pub struct SnapshotKeysQuery {
     pub after: Option<String>,
     /// Byte order of the keys' UTF-8, or its reverse.
     pub order: ListOrder,
-}
-
-/// The order of a listing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ListOrder {
-    /// Byte order of the keys' UTF-8.
-    Asc,
-    /// Reversed.
-    Desc,
 }
 
 /// The listing's statement (`sql/list.sql`), for the test of its plan.
@@ -46,10 +37,7 @@ pub async fn list(pool: &PgPool, q: &SnapshotKeysQuery) -> Result<Page<SnapshotM
         .bind(q.prefix.upper_bound())
         .bind(q.after.as_deref())
         .bind(q.limit.get() + 1)
-        .bind(match q.order {
-            ListOrder::Asc => "asc",
-            ListOrder::Desc => "desc",
-        })
+        .bind(q.order.as_str())
         .fetch_all(pool)
         .bounded(pool)
         .await?;
