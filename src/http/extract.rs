@@ -148,7 +148,7 @@ pub async fn no_query(req: Request, next: Next) -> Result<Response, ApiError> {
 pub async fn strict_query(req: Request, next: Next) -> Result<Response, ApiError> {
     if let Some(query) = req.uri().query() {
         for part in query.split('&') {
-            let bad = well_escaped(part).is_err()
+            let bad = !crate::domain::well_escaped(part)
                 || percent_encoding::percent_decode_str(part)
                     .decode_utf8()
                     .is_err();
@@ -194,8 +194,7 @@ impl<S: Send + Sync> FromRequestParts<S> for KeyVersionPath {
 
 /// Refuses a `%` that starts no escape: leniently, `a%ZZb` and `a%25ZZb` would name one key.
 fn well_escaped(path: &str) -> Result<(), ApiError> {
-    let escape = |rest: &str| rest.bytes().take(2).filter(u8::is_ascii_hexdigit).count() == 2;
-    if path.split('%').skip(1).all(escape) {
+    if crate::domain::well_escaped(path) {
         Ok(())
     } else {
         Err(ApiError::InvalidRequest(format!(

@@ -26,7 +26,7 @@ pub use txn::{DEFAULT_CONTENT_TYPE, TxnAnswer, TxnBody, TxnOp, TxnOpBody, TxnOpR
 pub use values::{
     Cursor, FencingToken, IdempotencyKey, Key, KeyPrefix, MAX_IDEMPOTENCY_KEY_LEN, MAX_KEY_BYTES,
     MAX_METADATA_BYTES, MAX_OWNER_BYTES, Metadata, Owner, PageLimit, TtlBounds, TtlMs, Version,
-    json_integer, json_integer_opt,
+    json_integer, json_integer_opt, well_escaped,
 };
 pub use watch::{ChangeData, ChangeEvent, ChangeId, ChangeKind, ChangeReason};
 pub use wire::{AcquireRequest, Grant, Health, Holder, MAX_WAIT_MS, Page, RenewRequest};

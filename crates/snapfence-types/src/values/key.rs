@@ -14,6 +14,14 @@ pub(crate) fn control_char(s: &str) -> Option<char> {
     s.chars().find(|c| c.is_control())
 }
 
+/// Whether every `%` of percent-encoded `raw` begins an escape (`%` and two hex digits): read
+/// leniently, `a%ZZb` would name the key that `a%25ZZb` names.
+pub fn well_escaped(raw: &str) -> bool {
+    raw.split('%')
+        .skip(1)
+        .all(|rest| rest.bytes().take(2).filter(u8::is_ascii_hexdigit).count() == 2)
+}
+
 /// A key: one path segment of 1..=512 bytes of UTF-8 without control characters. Leases and
 /// snapshots share one key space.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -72,11 +80,7 @@ impl Key {
                 "{raw:?} is not a percent-encoded key; encode it as a key in a path is (jobs%2F42)"
             ))
         };
-        let escapes_whole = raw
-            .split('%')
-            .skip(1)
-            .all(|rest| rest.bytes().take(2).filter(u8::is_ascii_hexdigit).count() == 2);
-        if !escapes_whole {
+        if !well_escaped(raw) {
             return Err(malformed());
         }
         let decoded = percent_encoding::percent_decode_str(raw)

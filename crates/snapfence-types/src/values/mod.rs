@@ -8,7 +8,7 @@ mod page;
 
 pub use grant::{MAX_METADATA_BYTES, MAX_OWNER_BYTES, Metadata, Owner, TtlBounds, TtlMs};
 pub use idempotency::{IdempotencyKey, MAX_IDEMPOTENCY_KEY_LEN};
-pub use key::{Key, KeyPrefix, MAX_KEY_BYTES};
+pub use key::{Key, KeyPrefix, MAX_KEY_BYTES, well_escaped};
 pub use number::{FencingToken, Version, json_integer, json_integer_opt};
 pub use page::{Cursor, PageLimit};
 
