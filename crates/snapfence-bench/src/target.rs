@@ -423,29 +423,34 @@ impl Worker {
 
     /// A fenced write, which must come back as the key's next version under this worker's token.
     async fn put(&mut self, client: &Client, i: usize) -> Result<(), String> {
-        let state = &mut self.keys[i];
-        let token = state.token.expect("prepared");
-        let written = client
-            .put_snapshot(&state.key, token, self.body.clone(), &PutOptions::default())
-            .await
-            .map_err(|e| code(&e))?;
-        let expected = state.version + 1;
-        state.version = written.meta.version.get();
-        check(written.meta.token == token && written.meta.version == Version::from_stored(expected))
+        let key = self.keys[i].key.clone();
+        self.write(client, i, &key, &PutOptions::default()).await
     }
 
     /// A fenced write of `{key}/s`, under the namespace of the worker's lease on key `i`.
     async fn nsput(&mut self, client: &Client, i: usize) -> Result<(), String> {
         self.written = vec!["/s".to_owned()];
-        let state = &mut self.keys[i];
-        let token = state.token.expect("prepared");
-        let child = Key::parse(format!("{}/s", state.key)).map_err(|e| e.to_string())?;
+        let fence = self.keys[i].key.clone();
+        let child = Key::parse(format!("{fence}/s")).map_err(|e| e.to_string())?;
         let options = PutOptions {
-            fence: Some(state.key.clone()),
+            fence: Some(fence),
             ..PutOptions::default()
         };
+        self.write(client, i, &child, &options).await
+    }
+
+    /// A write of `key` with the token of the worker's lease on key `i`, counted as that key's.
+    async fn write(
+        &mut self,
+        client: &Client,
+        i: usize,
+        key: &Key,
+        options: &PutOptions,
+    ) -> Result<(), String> {
+        let state = &mut self.keys[i];
+        let token = state.token.expect("prepared");
         let written = client
-            .put_snapshot(&child, token, self.body.clone(), &options)
+            .put_snapshot(key, token, self.body.clone(), options)
             .await
             .map_err(|e| code(&e))?;
         let expected = state.version + 1;
