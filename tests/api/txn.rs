@@ -465,3 +465,86 @@ async fn transactions_racing_from_two_instances_are_all_or_nothing() {
     Arc::try_unwrap(second).ok().unwrap().stop().await;
     Arc::try_unwrap(app).ok().unwrap().stop().await;
 }
+
+/// Transactions sent at once to one instance share batches (their changes commit in one
+/// PostgreSQL transaction), and each is still decided by its own fence and preconditions: a stale
+/// one refused alone with its audit row, one with a failed precondition alone, the rest whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transactions_sent_together_share_batches_and_are_each_decided_alone() {
+    let app = Arc::new(TestApp::spawn().await);
+    let mut prepared = Vec::new();
+    for n in 0..24 {
+        let fence = format!("run/{n}");
+        let t = token(&app.acquire(&fence, "w", 30000).await);
+        if n % 4 == 0 {
+            app.release(&fence, t).await;
+            app.acquire(&fence, "successor", 30000).await;
+        }
+        let mut ops = ten_puts(&fence, &format!("r{n}"));
+        if n % 4 == 1 {
+            ops[3]["if_match"] = json!("\"not-there\"");
+        }
+        prepared.push((n, fence, t, ops));
+    }
+    let start = Arc::new(tokio::sync::Barrier::new(prepared.len()));
+    let sends: Vec<_> = prepared
+        .into_iter()
+        .map(|(n, fence, t, ops)| {
+            let (app, start) = (app.clone(), start.clone());
+            tokio::spawn(async move {
+                start.wait().await;
+                let r = txn(&app, &fence, t, ops).await;
+                (n, r.status(), r.json::<Value>().await.unwrap())
+            })
+        })
+        .collect();
+    for send in sends {
+        let (n, status, body) = send.await.unwrap();
+        let written = count(
+            &app,
+            &format!("SELECT count(*) FROM snapshot_versions WHERE key LIKE 'run/{n}/%'"),
+        )
+        .await;
+        match n % 4 {
+            0 => {
+                assert_eq!(status, StatusCode::CONFLICT, "{n}: {body}");
+                assert_eq!(body["code"], "stale_token");
+                assert_eq!(written, 0);
+            }
+            1 => {
+                assert_eq!(status, StatusCode::PRECONDITION_FAILED, "{n}: {body}");
+                assert_eq!(body["op_index"], 3, "the op within its own transaction");
+                assert_eq!(written, 0);
+            }
+            _ => {
+                assert_eq!(status, StatusCode::OK, "{n}: {body}");
+                assert_eq!(body["results"].as_array().unwrap().len(), 10);
+                assert_eq!(written, 10);
+            }
+        }
+    }
+    let refused: Vec<(String, Option<String>)> =
+        sqlx::query_as("SELECT key, fencing_key FROM rejections ORDER BY fencing_key")
+            .fetch_all(app.db())
+            .await
+            .unwrap();
+    let mut expected: Vec<(String, Option<String>)> = (0..24)
+        .filter(|n| n % 4 == 0)
+        .map(|n| (format!("run/{n}/c/0000"), Some(format!("run/{n}"))))
+        .collect();
+    expected.sort_by(|a, b| a.1.cmp(&b.1));
+    assert_eq!(refused, expected, "one audit row per refused transaction");
+    let (fences, xids): (i64, i64) = sqlx::query_as(
+        "SELECT count(DISTINCT fencing_key), count(DISTINCT xid::text) FROM change_log \
+         WHERE kind = 'snapshot.written'",
+    )
+    .fetch_one(app.db())
+    .await
+    .unwrap();
+    assert_eq!(fences, 12);
+    assert!(
+        xids < fences,
+        "{fences} transactions committed in {xids} PostgreSQL transactions: none shared a batch"
+    );
+    Arc::try_unwrap(app).ok().unwrap().stop().await;
+}

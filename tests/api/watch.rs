@@ -1337,6 +1337,62 @@ async fn a_transactions_changes_share_its_id_and_size_and_name_their_fence() {
     app.stop().await;
 }
 
+/// Transactions that shared a batch commit in one PostgreSQL transaction; each still has its own
+/// `txn`, its own first change's id, and its own size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transactions_committed_in_one_batch_keep_their_own_ids() {
+    let app = std::sync::Arc::new(TestApp::spawn().await);
+    let mut tokens = Vec::new();
+    for n in 0..16 {
+        tokens.push(token(&app.acquire(&format!("b/{n}"), "w", 30000).await));
+    }
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(tokens.len()));
+    let sends: Vec<_> = (0..16)
+        .zip(tokens)
+        .map(|(n, t)| {
+            let (app, start) = (app.clone(), start.clone());
+            tokio::spawn(async move {
+                let ops = json!({"ops": [
+                    {"op": "put", "key": format!("b/{n}/x"), "body": "MQ=="},
+                    {"op": "put", "key": format!("b/{n}/y"), "body": "Mg=="},
+                ]});
+                start.wait().await;
+                let r = app
+                    .request(Method::POST, "/v1/txn")
+                    .header("Fencing-Key", enc(&format!("b/{n}")))
+                    .header("Fencing-Token", t.to_string())
+                    .json(&ops)
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), StatusCode::OK);
+            })
+        })
+        .collect();
+    for send in sends {
+        send.await.unwrap();
+    }
+    let shared: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT xid FROM change_log GROUP BY xid \
+         HAVING count(DISTINCT fencing_key) > 1) s",
+    )
+    .fetch_one(app.db())
+    .await
+    .unwrap();
+    assert!(shared > 0, "no two transactions shared a batch");
+    let mut watch = Stream::open(&app.http, &app.instance.base, "?prefix=b/&since=0", None).await;
+    let events = watch.take(16 + 32).await;
+    let mut firsts = std::collections::BTreeMap::new();
+    for e in events.iter().filter(|e| e.event == "snapshot.written") {
+        let fence = e.data["fencing_key"].as_str().unwrap().to_owned();
+        let first = *firsts.entry(fence.clone()).or_insert(e.id);
+        assert_eq!(e.data["txn"], first, "{fence}: its own first change's id");
+        assert_eq!(e.data["txn_size"], 2, "{fence}");
+    }
+    assert_eq!(firsts.len(), 16, "each transaction has its own id");
+    std::sync::Arc::try_unwrap(app).ok().unwrap().stop().await;
+}
+
 #[tokio::test]
 async fn a_watch_resumed_inside_a_transaction_still_names_its_first_change() {
     let app = TestApp::spawn().await;

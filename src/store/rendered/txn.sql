@@ -3,19 +3,20 @@
 -- The requests of the batch (src/store/engine/statement.rs): $1 idem, $2 fp, $3 principal, $4
 -- key_id, $5 key, $6 fence, $7 token, $8 if_none_match, $9 op, $10 prefix, $11 prefix_end, $12
 -- prefix_limit, $13 has_if_match, $14 tags, $15 request_id, $16 remote_addr, $17 operation, $18
--- etag, $19 size, $20 content_type, $21 body, $22 keep, $23 metadata
+-- etag, $19 size, $20 content_type, $21 body, $22 keep, $23 metadata, $24 gi
 WITH req AS (
     SELECT r.idem, r.fp, r.principal, r.key_id, r.key, r.fence, r.token, r.if_none_match, r.op,
         r.prefix, r.prefix_end, r.prefix_limit, r.has_if_match, CASE WHEN r.tags IS NOT NULL THEN
         ARRAY(SELECT json_array_elements_text(r.tags::json)) END AS tags, r.request_id,
-        r.remote_addr, r.operation, r.etag, r.size, r.content_type, r.body, r.keep, r.metadata, r.i
+        r.remote_addr, r.operation, r.etag, r.size, r.content_type, r.body, r.keep, r.metadata,
+        r.gi, r.i
     FROM unnest($1::text[], $2::bytea[], $3::text[], $4::bigint[], $5::text[], $6::text[],
         $7::bigint[], $8::boolean[], $9::text[], $10::text[], $11::text[], $12::bigint[],
         $13::boolean[], $14::text[], $15::text[], $16::text[], $17::text[], $18::text[],
-        $19::bigint[], $20::text[], $21::bytea[], $22::bigint[], $23::text[])
+        $19::bigint[], $20::text[], $21::bytea[], $22::bigint[], $23::text[], $24::bigint[])
     WITH ORDINALITY AS r(idem, fp, principal, key_id, key, fence, token, if_none_match, op, prefix,
         prefix_end, prefix_limit, has_if_match, tags, request_id, remote_addr, operation, etag,
-        size, content_type, body, keep, metadata, i)),
+        size, content_type, body, keep, metadata, gi, i)),
 -- The first part of every changing statement after `req`: per request, whether it may run (`gate`)
 -- and its Idempotency-Key's stored answer (`prior`); every change after it requires `verdict =
 -- 'run'`. A batch never holds two requests for one key or one Idempotency-Key, so each is decided
@@ -46,12 +47,12 @@ gate AS (
         ELSE 'in_progress'
     END AS verdict
     FROM req r),
--- A transaction's writes, all decided by the first request's gate: each op, a delete_prefix as a
--- keyless write (so its fence is checked), and each matching snapshot up to `prefix_limit` + 1
--- (`over_limit`). Matches are numbered from 1,000,000 × op so refusals name the first key in op
--- order; fenced.sql locks their heads after the fence.
+-- Transactions' writes, each decided by its first request's gate (`gi`, bound by txn.rs): each
+-- op, a delete_prefix as a keyless write (so its fence is checked), and each matching snapshot up to
+-- `prefix_limit` + 1 (`over_limit`). Matches are numbered from 1,000,000 × op so refusals name the
+-- first key in op order; fenced.sql locks their heads after the fence.
 expanded AS (
-    SELECT p.i AS prefix_i, m.key, p.i * 1000000 + row_number() OVER (PARTITION BY p.i ORDER BY m.key) AS n
+    SELECT p.i AS prefix_i, p.gi, m.key, p.i * 1000000 + row_number() OVER (PARTITION BY p.i ORDER BY m.key) AS n
     FROM req p CROSS JOIN LATERAL (
         SELECT h.key FROM snapshot_heads h
         WHERE h.key >= p.prefix AND h.key < p.prefix_end AND h.etag IS NOT NULL
@@ -59,18 +60,19 @@ expanded AS (
         ORDER BY h.key LIMIT p.prefix_limit + 1) m
     WHERE p.op = 'delete_prefix'),
 bound AS (
-    SELECT (SELECT count(*) FROM expanded) > max(r.prefix_limit) AS over_limit FROM req r),
+    SELECT r.gi, coalesce(count(x.key) > max(r.prefix_limit), false) AS over_limit
+    FROM req r LEFT JOIN expanded x ON x.prefix_i = r.i GROUP BY r.gi),
 w AS (
-    SELECT r.i, 1::bigint AS gi, r.op, r.key, coalesce(r.key, r.prefix) AS subject, r.fence,
+    SELECT r.i, r.gi, r.op, r.key, coalesce(r.key, r.prefix) AS subject, r.fence,
         r.token, r.has_if_match, r.tags, r.if_none_match, r.operation, r.request_id,
         r.remote_addr, r.principal, r.etag, r.size, r.content_type, r.keep, r.metadata, r.body,
         b.over_limit
-    FROM req r CROSS JOIN bound b
+    FROM req r JOIN bound b ON b.gi = r.gi
     UNION ALL
-    SELECT x.n, 1, 'delete', x.key, x.key, r.fence, r.token, false, NULL, false, r.operation,
+    SELECT x.n, x.gi, 'delete', x.key, x.key, r.fence, r.token, false, NULL, false, r.operation,
         r.request_id, r.remote_addr, r.principal, NULL, NULL, NULL, r.keep, NULL, NULL,
         b.over_limit
-    FROM expanded x JOIN req r ON r.i = x.prefix_i CROSS JOIN bound b),
+    FROM expanded x JOIN req r ON r.i = x.prefix_i JOIN bound b ON b.gi = x.gi),
 -- The fencing rules, in this one place, for every write (writes.sql, txn_writes.sql), with the
 -- audit row of each refused group in the same statement. A write under lease `fence` with `token`
 -- is accepted only if (1) the token is the fence's newest and not given up, and (2) it is at least
@@ -194,10 +196,10 @@ deleted_noted AS (
     SELECT 'snapshot.deleted', d.key, d.token, now(), d.version, d.current_etag, d.fence,
         d.txn_size
     FROM cleared d WHERE d.current_etag IS NOT NULL ORDER BY d.key),
--- A transaction's one answer after fenced, put and delete: all written or none. Not settled when a
--- put lost the race to create its head.
+-- Each transaction's one answer, on its first request's row, after fenced, put and delete: all
+-- written or none. Not settled when a put lost the race to create its head.
 op_results AS (
-    SELECT r.i, CASE r.op
+    SELECT r.i, r.gi, CASE r.op
         WHEN 'put' THEN json_build_object('version', s.version, 'updated_at', s.updated_at,
             'created', v.created)
         WHEN 'delete' THEN json_build_object('deleted',
@@ -207,15 +209,20 @@ op_results AS (
     END AS result
     FROM req r JOIN verdict v ON v.i = r.i LEFT JOIN stored s ON s.key = r.key),
 result AS (
-    SELECT v.i, v.outcome, v.highest_token, (SELECT f.id FROM refused f) AS audit_id,
-        CASE WHEN v.outcome = 'precondition_failed' THEN v.failed_i - 1 END AS op_index,
-        CASE WHEN v.outcome = 'accepted'
-            THEN (SELECT json_agg(o.result ORDER BY o.i) FROM op_results o) END AS results,
-        (SELECT array_agg(d.key) FROM cleared d WHERE d.current_etag IS NOT NULL) AS deleted_keys,
+    SELECT v.i, v.outcome, v.highest_token,
+        (SELECT f.id FROM refused f JOIN w ON w.subject = f.key WHERE w.i = v.failed_i)
+            AS audit_id,
+        CASE WHEN v.outcome = 'precondition_failed' THEN v.failed_i - v.gi END AS op_index,
+        CASE WHEN v.outcome = 'accepted' THEN
+            (SELECT json_agg(o.result ORDER BY o.i) FROM op_results o WHERE o.gi = v.gi) END
+            AS results,
+        (SELECT array_agg(d.key) FROM cleared d JOIN w ON w.i = d.i
+            WHERE w.gi = v.gi AND d.current_etag IS NOT NULL) AS deleted_keys,
         v.outcome <> 'accepted'
-            OR (SELECT count(*) FROM req r WHERE r.op = 'put') = (SELECT count(*) FROM stored)
+            OR (SELECT count(*) FROM req r WHERE r.gi = v.gi AND r.op = 'put')
+                = (SELECT count(*) FROM stored s JOIN req r ON r.key = s.key WHERE r.gi = v.gi)
             AS settled
-    FROM verdict v WHERE v.i = 1),
+    FROM verdict v WHERE v.i = v.gi),
 -- The last part of every changing statement: one answer row per request, `settled` false when it
 -- will be sent again. `remembered` stores each answer under its Idempotency-Key in this statement,
 -- so the record commits exactly with the change; no ON CONFLICT, so a racing record rolls the

@@ -4,6 +4,7 @@ use std::sync::LazyLock;
 
 use bytes::Bytes;
 
+use super::txn::TxnBatch;
 use super::{BodyRow, FencedRow};
 use crate::domain::{
     AuditOperation, ETag, EntityTagCondition, FencingToken, Key, KeyPrefix, Metadata, Version,
@@ -36,11 +37,14 @@ impl Fenced {
         const FENCED: &str = include_str!("sql/fenced.sql");
         const PUT: &str = include_str!("sql/put.sql");
         const DELETE: &str = include_str!("sql/delete.sql");
-        let fenced = |parts: &[&'static str], body: Option<&'static str>| {
+        let grouped = |parts: &[&'static str], body: Option<&'static str>, groups: bool| {
             let mut fills = vec![("stale_below", stale_below)];
             fills.extend(body.map(|b| ("body", b)));
-            idempotency::changing(FencedJob::columns(), &[TAGS], parts, &fills)
+            let mut columns = FencedJob::columns();
+            columns.extend(groups.then(FencedJob::group_column));
+            idempotency::changing(columns, &[TAGS], parts, &fills)
         };
+        let fenced = |parts: &[&'static str], body| grouped(parts, body, false);
         let put_answer = include_str!("sql/put_answer.sql");
         Self {
             put: fenced(&[WRITES, FENCED, PUT, put_answer], Some("w.body")),
@@ -58,7 +62,7 @@ impl Fenced {
                 ],
                 None,
             ),
-            txn: fenced(
+            txn: grouped(
                 &[
                     include_str!("sql/txn_writes.sql"),
                     FENCED,
@@ -67,6 +71,7 @@ impl Fenced {
                     include_str!("sql/txn.sql"),
                 ],
                 Some("w.body"),
+                true,
             ),
         }
     }
@@ -93,7 +98,7 @@ pub(super) fn fenced() -> &'static Fenced {
     &FENCED
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct FencedJob {
     pub(super) key: Key,
     pub(super) fence: Key,
@@ -104,6 +109,8 @@ pub(crate) struct FencedJob {
     pub(super) op: Op,
     pub(super) write: Option<Write>,
     pub(super) ctx: RequestContext,
+    /// Whether it is the first write of its group (a request, or a transaction's first op).
+    pub(super) opens_group: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,7 +120,7 @@ pub(super) enum Op {
     DeletePrefix { prefix: KeyPrefix, limit: i64 },
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct Write {
     pub(super) body: Bytes,
     pub(super) etag: ETag,
@@ -168,6 +175,23 @@ impl FencedJob {
         ]
     }
 
+    /// `gi`: the position of the first write of each write's group, whose gate decides it.
+    fn group_column() -> Column<Self> {
+        Column::new("gi", "bigint", |args, jobs| {
+            let mut gi = 0_i64;
+            let groups: Vec<i64> = (1..)
+                .zip(jobs)
+                .map(|(i, j)| {
+                    if j.opens_group {
+                        gi = i;
+                    }
+                    gi
+                })
+                .collect();
+            sqlx::Arguments::add(args, groups)
+        })
+    }
+
     fn prefix(&self) -> Option<&KeyPrefix> {
         match &self.op {
             Op::DeletePrefix { prefix, .. } => Some(prefix),
@@ -203,6 +227,7 @@ pub(crate) struct Batches {
     pub(crate) put: Batcher<PutBatch>,
     pub(crate) precheck: Batcher<PrecheckBatch>,
     pub(crate) get: Batcher<GetBatch>,
+    pub(crate) txn: Batcher<TxnBatch>,
 }
 
 impl Batches {
@@ -211,11 +236,12 @@ impl Batches {
             put: Batcher::start(conns.clone()),
             precheck: Batcher::start(conns.clone()),
             get: Batcher::start(conns.clone()),
+            txn: Batcher::start(conns.clone()),
         }
     }
 
     pub(crate) fn queued(&self) -> usize {
-        self.put.queued() + self.precheck.queued() + self.get.queued()
+        self.put.queued() + self.precheck.queued() + self.get.queued() + self.txn.queued()
     }
 }
 

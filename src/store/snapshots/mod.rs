@@ -156,6 +156,7 @@ pub async fn put(
             metadata: req.metadata.clone(),
         }),
         ctx: ctx.clone(),
+        opens_group: true,
     };
     let gated = loop {
         let gated = idempotency::gated(ctx, || async {
@@ -213,6 +214,7 @@ fn bodiless(
         op,
         write: None,
         ctx: ctx.clone(),
+        opens_group: true,
     }
 }
 

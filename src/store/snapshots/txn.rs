@@ -1,9 +1,12 @@
 //! Transactions (`POST /v1/txn`): puts and deletes under one fence, all or nothing, checked by
-//! `sql/fenced.sql`; run again if a put lost the race to create its head.
+//! `sql/fenced.sql`. Transactions that arrive together go as one batch, one statement in one short
+//! transaction; each is decided by its own first op's gate, so none waits on another's verdict.
+
+use std::future::Future;
 
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
-use sqlx::PgPool;
+use tokio::time::Instant;
 
 use super::Refusal;
 use super::batches::{FencedJob, Op, Write, fenced};
@@ -11,9 +14,12 @@ use crate::domain::{
     AuditOperation, DEFAULT_CONTENT_TYPE, ETag, FencingToken, Key, RefusalReason, SnapshotMeta,
     TxnOp, TxnOpResult, Version,
 };
-use crate::store::engine::batch::Indexed;
+use crate::store::engine::batch::{Indexed, Job, Kind};
+use crate::store::engine::conns::{Conns, Effect};
+use crate::store::engine::statement::QueryAs;
+use crate::store::engine::{rolled_back_race, timeout_at};
 use crate::store::idempotency::{self, Gated, GatedRow};
-use crate::store::{Bounded, RequestContext, Result};
+use crate::store::{Db, RequestContext, Result, StoreError};
 
 /// A transaction: its ops, fenced by `token` of the lease on `fence`.
 #[derive(Debug, Clone)]
@@ -43,7 +49,7 @@ pub enum TxnOutcome {
 }
 
 #[derive(Debug, Deserialize)]
-struct TxnRow {
+pub(crate) struct TxnRow {
     outcome: String,
     highest_token: Option<i64>,
     audit_id: Option<i64>,
@@ -64,55 +70,159 @@ struct OpRow {
 /// Runs a transaction; `prefix_limit` bounds the keys its prefix deletes may remove together.
 #[tracing::instrument(level = "debug", skip_all, fields(fence = %req.fence, ops = req.ops.len()))]
 pub async fn txn(
-    pool: &PgPool,
+    db: &Db,
     req: &TxnRequest,
     keep_versions: i64,
     prefix_limit: i64,
     ctx: &RequestContext,
 ) -> Result<Gated<TxnOutcome>> {
-    let jobs = jobs(req, keep_versions, prefix_limit, ctx);
-    let refs: Vec<&FencedJob> = jobs.iter().collect();
-    let gated = loop {
-        let gated = idempotency::gated(ctx, || async {
-            let mut tx = pool.begin().bounded(pool).await?;
-            let rows: Vec<Indexed<GatedRow<TxnRow>>> = fenced()
-                .txn
-                .query(&refs)
-                .fetch_all(&mut *tx)
-                .bounded(pool)
-                .await?;
-            let first = rows
-                .into_iter()
-                .find(|r| r.position() == 1)
-                .expect("a transaction's statement answers on its first op's row")
-                .row;
-            match first.ran()? {
-                Some(TxnRow { settled: false, .. }) => {
-                    tx.rollback().bounded(pool).await?;
-                    return Ok(first);
-                }
-                Some(TxnRow {
-                    deleted_keys: Some(keys),
-                    ..
-                }) if !keys.is_empty() => {
-                    sqlx::query(include_str!("sql/delete_versions.sql"))
-                        .bind(keys)
-                        .execute(&mut *tx)
-                        .bounded(pool)
-                        .await?;
-                }
-                _ => {}
-            }
-            tx.commit().bounded_change(pool).await?;
-            Ok(first)
-        })
-        .await?;
-        match gated {
-            Gated::Ran(TxnRow { settled: false, .. }) => continue,
-            gated => break gated,
-        }
+    let job = TxnJob {
+        fence: req.fence.clone(),
+        ops: jobs(req, keep_versions, prefix_limit, ctx),
     };
-    Ok(gated.map(|row| outcome(req, &jobs, row)))
+    // A batch keeps two requests from sharing a key by their claims, and a prefix delete's keys
+    // are known only to the statement: such a transaction runs alone.
+    let alone = req
+        .ops
+        .iter()
+        .any(|op| matches!(op, TxnOp::DeletePrefix { .. }));
+    let gated = idempotency::gated(ctx, || async {
+        if alone {
+            let conns = db.conns();
+            let rows = run(conns, conns.deadline(), &[&job]).await?;
+            rows.into_iter().next().map(|r| r.row).ok_or_else(|| {
+                StoreError::Internal(sqlx::Error::Protocol(
+                    "a transaction's statement answered no row for it".into(),
+                ))
+            })
+        } else {
+            db.snapshots().txn.answer(job.clone()).await
+        }
+    })
+    .await?;
+    Ok(gated.map(|row| outcome(req, &job.ops, row)))
+}
+
+/// A transaction as a batch holds it: its ops, each key claimed, and its fence, which the watch
+/// tells a batch's transactions apart by.
+#[derive(Debug, Clone)]
+pub(crate) struct TxnJob {
+    fence: Key,
+    ops: Vec<FencedJob>,
+}
+
+impl Job for TxnJob {
+    fn key(&self) -> &Key {
+        &self.fence
+    }
+
+    fn claims(&self) -> Vec<String> {
+        let fence = format!("fence\0{}", self.fence.as_str());
+        self.ops
+            .iter()
+            .flat_map(Job::claims)
+            .chain([fence])
+            .collect()
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct TxnBatch;
+
+impl Kind for TxnBatch {
+    type Job = TxnJob;
+    type Row = GatedRow<TxnRow>;
+    const EFFECT: Effect = Effect::Changes;
+
+    fn bytes(job: &TxnJob) -> usize {
+        let body = |op: &FencedJob| op.write.as_ref().map_or(0, |w| w.body.len());
+        job.ops.iter().map(body).sum()
+    }
+
+    fn query<'q>(jobs: &[&'q TxnJob]) -> QueryAs<'q, Indexed<Self::Row>> {
+        let ops: Vec<&FencedJob> = jobs.iter().flat_map(|t| &t.ops).collect();
+        fenced().txn.query(&ops)
+    }
+
+    fn run<'a>(
+        conns: &'a Conns,
+        deadline: Instant,
+        jobs: &'a [&'a TxnJob],
+    ) -> impl Future<Output = Result<Vec<Indexed<Self::Row>>>> + Send + 'a {
+        run(conns, deadline, jobs)
+    }
+}
+
+/// Runs transactions by `deadline` as one statement, then the versions of the keys they deleted
+/// (`sql/delete_versions.sql`), in one short transaction: again from the start if a put lost the
+/// race to create its head (its transaction would be half written) or a race rolled it back.
+async fn run(
+    conns: &Conns,
+    deadline: Instant,
+    txns: &[&TxnJob],
+) -> Result<Vec<Indexed<GatedRow<TxnRow>>>> {
+    let mut fresh = false;
+    loop {
+        let mut committing = false;
+        let attempt = timeout_at(deadline, attempt(conns, txns, &mut committing)).await;
+        let failed = match attempt {
+            Ok(Ok(Some(rows))) => return Ok(rows),
+            Ok(Ok(None)) => continue,
+            Ok(Err(e)) => e,
+            Err(_) => conns.timed_out(),
+        };
+        let before_deadline = Instant::now() < deadline;
+        match failed {
+            e if committing => return Err(e.after_sending()),
+            e if rolled_back_race(&e) && before_deadline => continue,
+            // A connection the server had closed fails before anything was sent: once more.
+            StoreError::Unavailable(_) if !fresh && before_deadline => fresh = true,
+            e => return Err(e),
+        }
+    }
+}
+
+/// One try of [`run`]: each transaction's answer, or `None` when one is not settled.
+async fn attempt(
+    conns: &Conns,
+    txns: &[&TxnJob],
+    committing: &mut bool,
+) -> Result<Option<Vec<Indexed<GatedRow<TxnRow>>>>> {
+    let ops: Vec<&FencedJob> = txns.iter().flat_map(|t| &t.ops).collect();
+    let firsts: Vec<i64> = txns
+        .iter()
+        .scan(1, |at, t| {
+            let first = *at;
+            *at += i64::try_from(t.ops.len()).expect("at most max_txn_ops");
+            Some(first)
+        })
+        .collect();
+    let mut tx = conns.pool().begin().await?;
+    let rows: Vec<Indexed<GatedRow<TxnRow>>> = fenced().txn.query(&ops).fetch_all(&mut *tx).await?;
+    let mut answers: Vec<Indexed<GatedRow<TxnRow>>> = Vec::with_capacity(txns.len());
+    let mut deleted = Vec::new();
+    for answer in rows {
+        let Ok(n) = firsts.binary_search(&answer.position()) else {
+            continue;
+        };
+        if let Some(ran) = answer.row.ran()? {
+            if !ran.settled {
+                tx.rollback().await?;
+                return Ok(None);
+            }
+            deleted.extend(ran.deleted_keys.into_iter().flatten());
+        }
+        answers.push(Indexed::new(n as i64 + 1, answer.row));
+    }
+    if !deleted.is_empty() {
+        sqlx::query(include_str!("sql/delete_versions.sql"))
+            .bind(deleted)
+            .execute(&mut *tx)
+            .await?;
+    }
+    *committing = true;
+    tx.commit().await?;
+    Ok(Some(answers))
 }
 
 /// One request per op; the Idempotency-Key on the first alone, whose gate decides the transaction.
@@ -176,6 +286,7 @@ fn jobs(
                 op,
                 write,
                 ctx,
+                opens_group: n == 0,
             }
         })
         .collect()

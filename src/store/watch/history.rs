@@ -67,16 +67,20 @@ impl Read {
 }
 
 /// An epoch with its changes after `after` as events, each of a transaction with the id of the
-/// transaction's first change, which shares its xid.
+/// transaction's first change. A transaction's changes share its xid and fence; one batch commits
+/// several transactions in one xid, never two of one fence.
 fn numbered((mut epoch, rows): (Epoch, Vec<ChangeRow>), after: i64) -> Epoch {
-    let mut firsts: HashMap<&str, i64> = HashMap::new();
+    fn txn(r: &ChangeRow) -> (&str, Option<&str>) {
+        (r.xid.as_str(), r.fencing_key.as_deref())
+    }
+    let mut firsts: HashMap<(&str, Option<&str>), i64> = HashMap::new();
     for row in rows.iter().filter(|r| r.txn_size.is_some()) {
-        let first = firsts.entry(row.xid.as_str()).or_insert(row.id);
+        let first = firsts.entry(txn(row)).or_insert(row.id);
         *first = (*first).min(row.id);
     }
     let txns: Vec<Option<i64>> = rows
         .iter()
-        .map(|r| r.txn_size.and(firsts.get(r.xid.as_str()).copied()))
+        .map(|r| r.txn_size.and(firsts.get(&txn(r)).copied()))
         .collect();
     epoch.changes = rows
         .into_iter()

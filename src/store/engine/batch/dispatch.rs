@@ -228,9 +228,7 @@ async fn run<K: Kind>(conns: Conns, jobs: Vec<Pending<K>>, flight: Flight) {
         let _ = p.sent_until.set(deadline);
     }
     let refs: Vec<&K::Job> = jobs.iter().map(|p| &p.job).collect();
-    let answer = conns
-        .fetch_batch(K::EFFECT, deadline, || K::query(&refs))
-        .await;
+    let answer = K::run(&conns, deadline, &refs).await;
     drop(refs);
     // Claims go back before answers, so a caller's next request never waits behind its own.
     drop(flight);

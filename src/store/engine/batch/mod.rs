@@ -50,6 +50,14 @@ pub(crate) trait Kind: Send + Sync + 'static {
         0
     }
     fn query<'q>(jobs: &[&'q Self::Job]) -> QueryAs<'q, Indexed<Self::Row>>;
+    /// Runs a batch by `deadline`: most kinds as their one statement, which commits as it answers.
+    fn run<'a>(
+        conns: &'a Conns,
+        deadline: Instant,
+        jobs: &'a [&'a Self::Job],
+    ) -> impl Future<Output = Result<Vec<Indexed<Self::Row>>>> + Send + 'a {
+        conns.fetch_batch(Self::EFFECT, deadline, move || Self::query(jobs))
+    }
 }
 
 #[derive(Debug)]
@@ -59,6 +67,11 @@ pub(crate) struct Indexed<R> {
 }
 
 impl<R> Indexed<R> {
+    /// The answer of the batch's request at `position` (from 1).
+    pub(crate) fn new(position: i64, row: R) -> Self {
+        Self { i: position, row }
+    }
+
     pub(crate) fn position(&self) -> i64 {
         self.i
     }
