@@ -46,10 +46,9 @@ pub struct Shared {
 impl AppState {
     /// Starts following keys, waiters and changes, so it must run within a Tokio runtime.
     pub fn new(db: PgPool, rules: Rules) -> Self {
-        let keys = KeyCache::follow(db.clone());
         let db = Db::new(db);
         Self(Arc::new(Shared {
-            keys,
+            keys: KeyCache::follow(&db),
             waiters: Waiters::start(&db, rules.waiter_stall_bound),
             changes: Changes::start(&db, rules.watch_retention),
             db,

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use sqlx::postgres::PgPool;
 
-pub(crate) use engine::{Bounded, Tasks, listening_pool};
+pub(crate) use engine::{Bounded, Tasks};
 pub use engine::{
     DbSettings, HOT_SETTINGS, HotPoolStatus, MIGRATOR, Result, StoreError, has_schema, pool, ready,
     restart_deadline, server_timeout, within,
@@ -28,6 +28,7 @@ use leases::{timeline, waiters};
 #[derive(Debug, Clone)]
 pub struct Db {
     conns: engine::conns::Conns,
+    hub: Arc<engine::listen::Hub>,
     leases: Arc<leases::Batches>,
     snapshots: Arc<snapshots::Batches>,
 }
@@ -47,6 +48,7 @@ impl Db {
         Self {
             leases: Arc::new(leases::Batches::start(&conns)),
             snapshots: Arc::new(snapshots::Batches::start(&conns)),
+            hub: Arc::new(engine::listen::Hub::start(conns.pool())),
             conns,
         }
     }
@@ -59,6 +61,10 @@ impl Db {
 
     pub(crate) fn conns(&self) -> &engine::conns::Conns {
         &self.conns
+    }
+
+    pub(crate) fn hub(&self) -> &engine::listen::Hub {
+        &self.hub
     }
 
     pub(crate) fn leases(&self) -> &leases::Batches {

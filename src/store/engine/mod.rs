@@ -3,6 +3,7 @@
 
 pub(crate) mod batch;
 pub(crate) mod conns;
+pub(crate) mod listen;
 pub(crate) mod statement;
 
 use std::future::Future;
@@ -11,14 +12,6 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 pub use conns::{HOT_SETTINGS, HotPoolStatus};
-
-/// A pool of its own for `LISTEN`, so its session never reaches a serving connection.
-pub(crate) fn listening_pool(pool: &PgPool) -> PgPool {
-    PgPoolOptions::new()
-        .max_connections(1)
-        .acquire_timeout(pool.options().get_acquire_timeout())
-        .connect_lazy_with((*pool.connect_options()).clone())
-}
 
 #[derive(Debug)]
 pub(crate) struct Tasks(pub(crate) Vec<tokio::task::JoinHandle<()>>);

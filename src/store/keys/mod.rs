@@ -1,18 +1,20 @@
 //! The `api_keys` table. Each instance keeps the live keys in memory ([`KeyCache`]), reloading on
-//! every `LISTEN` notification and confirming on a second channel; `keys create` and `keys revoke`
+//! every notification on its listening connection and confirming on a second channel; `keys create` and `keys revoke`
 //! wait for every instance's confirmation ([`Confirmations`]). Until its copy is known current, an
 //! instance checks the table.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use futures_util::future::{BoxFuture, FutureExt};
 use serde::Serialize;
 use sqlx::postgres::PgListener;
 use sqlx::{FromRow, PgPool, Row};
 
-use super::{Bounded, Result};
+use super::engine::listen::Subscriber;
+use super::{Bounded, Db, Result};
 use crate::domain::{KeyName, KeyPrefix, NewSecret, Presented, Principal, Scope, rfc3339_millis};
 
 /// A key as listed: everything but its secret, which is never stored.
@@ -225,8 +227,6 @@ pub async fn any_live(pool: &PgPool) -> Result<bool> {
 }
 
 const CHANNEL: &str = "snapfence_api_keys";
-const RELISTEN_AFTER: Duration = Duration::from_secs(1);
-
 #[derive(Debug)]
 struct LiveKey {
     principal: Principal,
@@ -235,40 +235,34 @@ struct LiveKey {
 
 type LiveKeys = HashMap<i64, LiveKey>;
 
-/// One instance's copy of the live keys, kept current by a listening task. Cheap to clone.
+/// One instance's copy of the live keys, kept current by its subscription. Cheap to clone.
 #[derive(Debug, Clone)]
-pub struct KeyCache {
-    live: Arc<RwLock<Option<Arc<LiveKeys>>>>,
-    /// What a revoked key's streams wait on: bumped at every load, before its change is confirmed.
-    loads: tokio::sync::watch::Sender<u64>,
-    _listener: Arc<AbortOnDrop>,
-}
+pub struct KeyCache(Arc<Cache>);
 
 #[derive(Debug)]
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
+struct Cache {
+    live: RwLock<Option<Arc<LiveKeys>>>,
+    /// What a revoked key's streams wait on: bumped at every load, before its change is confirmed.
+    loads: tokio::sync::watch::Sender<u64>,
 }
 
 impl KeyCache {
-    /// Starts following the table; needs a Tokio runtime.
-    pub fn follow(pool: PgPool) -> Self {
-        let live = Arc::new(RwLock::new(None));
-        let loads = tokio::sync::watch::Sender::new(0);
-        let task = tokio::spawn(listen(pool, live.clone(), loads.clone()));
-        Self {
-            live,
-            loads,
-            _listener: Arc::new(AbortOnDrop(task)),
-        }
+    /// Starts following the table on the instance's listening connection; needs a Tokio runtime.
+    pub fn follow(db: &Db) -> Self {
+        let cache = Arc::new(Cache {
+            live: RwLock::new(None),
+            loads: tokio::sync::watch::Sender::new(0),
+        });
+        db.hub().subscribe(Arc::new(Follower {
+            pool: (**db).clone(),
+            cache: Arc::downgrade(&cache),
+        }));
+        Self(cache)
     }
 
     /// Resolves once key `id` is no longer live, before this instance confirms the revocation.
     pub async fn revoked(&self, pool: &PgPool, id: i64) -> Result<()> {
-        let mut loads = self.loads.subscribe();
+        let mut loads = self.0.loads.subscribe();
         // A load lacking the key may predate the subscription, or the key be newer: ask the table.
         if self.current().is_some_and(|live| !live.contains_key(&id)) && !is_live(pool, id).await? {
             return Ok(());
@@ -284,51 +278,79 @@ impl KeyCache {
     }
 
     fn current(&self) -> Option<Arc<LiveKeys>> {
-        self.live.read().expect("never poisoned").clone()
+        self.0.live.read().expect("never poisoned").clone()
     }
 }
 
-/// Listens, loads, and on each notification reloads and confirms; on failure forgets the copy and
-/// starts again. LISTEN precedes the load, so no later change goes unnoticed.
-async fn listen(
+/// The cache's subscription: loads once the connection listens (so no later change goes
+/// unnoticed), and at each notification forgets, reloads and confirms on the same connection.
+/// Without a connection it forgets, so each request is checked against the table.
+struct Follower {
     pool: PgPool,
-    live: Arc<RwLock<Option<Arc<LiveKeys>>>>,
-    loads: tokio::sync::watch::Sender<u64>,
-) {
-    let set = |keys: Option<LiveKeys>| {
+    cache: Weak<Cache>,
+}
+
+impl Follower {
+    fn set(&self, keys: Option<LiveKeys>) {
+        let Some(cache) = self.cache.upgrade() else {
+            return;
+        };
         let loaded = keys.is_some();
-        *live.write().expect("never poisoned") = keys.map(Arc::new);
+        *cache.live.write().expect("never poisoned") = keys.map(Arc::new);
         if loaded {
-            loads.send_modify(|n| *n += 1);
+            cache.loads.send_modify(|n| *n += 1);
         }
-    };
-    let own = super::listening_pool(&pool);
-    loop {
-        let failure = async {
-            let mut listener = PgListener::connect_with(&own).await?;
-            listener.listen(CHANNEL).await?;
+    }
+
+    async fn reload(&self) -> sqlx::Result<()> {
+        self.set(None);
+        self.set(Some(load(&self.pool).await?));
+        Ok(())
+    }
+}
+
+impl Subscriber for Follower {
+    fn channel(&self) -> &'static str {
+        CHANNEL
+    }
+
+    fn gone(&self) -> bool {
+        self.cache.strong_count() == 0
+    }
+
+    fn listening<'a>(&'a self, conn: &'a mut PgListener) -> BoxFuture<'a, sqlx::Result<()>> {
+        async move {
             sqlx::query("SELECT set_config('application_name', $1, false)")
                 .bind(FOLLOWER)
-                .execute(&mut listener)
+                .execute(&mut *conn)
                 .await?;
-            set(Some(load(&pool).await?));
-            while let Some(change) = listener.try_recv().await? {
-                set(None);
-                set(Some(load(&pool).await?));
-                sqlx::query("SELECT pg_notify($1, $2)")
-                    .bind(APPLIED)
-                    .bind(change.payload())
-                    .execute(&mut listener)
-                    .await?;
-            }
-            Ok::<(), sqlx::Error>(())
+            self.reload().await
         }
-        .await;
-        set(None);
-        if let Err(e) = failure {
+        .boxed()
+    }
+
+    fn heard<'a>(
+        &'a self,
+        payload: &'a str,
+        conn: &'a mut PgListener,
+    ) -> BoxFuture<'a, sqlx::Result<()>> {
+        async move {
+            self.reload().await?;
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(APPLIED)
+                .bind(payload)
+                .execute(&mut *conn)
+                .await?;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn lost(&self, error: Option<&sqlx::Error>) {
+        self.set(None);
+        if let Some(e) = error {
             tracing::warn!(error = %e, "cannot follow the API keys; checking each request against the table until this recovers");
         }
-        tokio::time::sleep(RELISTEN_AFTER).await;
     }
 }
 

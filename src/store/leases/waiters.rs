@@ -25,7 +25,7 @@ use crate::store::{Db, RequestContext, Result, StoreError, Tasks, restart_deadli
 pub(crate) use enqueue::ENQUEUE;
 use enqueue::{Enqueue, EnqueueBatch, Queued};
 use place::Place;
-use tasks::{heartbeat, listen, sweep};
+use tasks::{Wakeups, heartbeat, sweep};
 
 const CHANNEL: &str = "snapfence_waiters";
 /// Twice within the contract's second.
@@ -82,8 +82,9 @@ impl Waiters {
             passed_over: Mutex::default(),
             keyed: Mutex::default(),
         });
+        db.hub()
+            .subscribe(Arc::new(Wakeups(Arc::downgrade(&inner))));
         let tasks = vec![
-            tokio::spawn(listen(Arc::downgrade(&inner))),
             tokio::spawn(sweep(Arc::downgrade(&inner))),
             tokio::spawn(heartbeat(Arc::downgrade(&inner))),
         ];

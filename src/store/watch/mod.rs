@@ -22,7 +22,6 @@ use history::{Epoch, History};
 
 const CHANNEL: &str = "snapfence_changes";
 const READ_EVERY: Duration = Duration::from_secs(1);
-const RELISTEN_AFTER: Duration = Duration::from_millis(250);
 const LIVE_BUFFER: usize = 4096;
 
 /// The relay's statements over a set of leases, for the test that their generic plans read by key.
@@ -103,9 +102,10 @@ impl Changes {
             told: AtomicI64::new(0),
             missed: AtomicBool::new(true),
         });
+        db.hub()
+            .subscribe(Arc::new(reader::Told(Arc::downgrade(&inner))));
         let tasks = vec![
             tokio::spawn(relay::relay(Arc::downgrade(&inner))),
-            tokio::spawn(reader::listen(Arc::downgrade(&inner))),
             tokio::spawn(reader::fan_out(Arc::downgrade(&inner))),
         ];
         Self {

@@ -4,49 +4,60 @@
 use std::sync::Weak;
 use std::sync::atomic::Ordering;
 
+use futures_util::future::{BoxFuture, FutureExt};
 use sqlx::postgres::PgListener;
 use tokio::time::Instant;
 
 use super::history::Epoch;
-use super::{CHANNEL, Inner, READ_EVERY, RELISTEN_AFTER, Top};
-use crate::store::{StoreError, listening_pool};
+use super::{CHANNEL, Inner, READ_EVERY, Top};
+use crate::store::StoreError;
+use crate::store::engine::listen::Subscriber;
 
-/// Listens on [`CHANNEL`] and wakes the reader at each notification and reconnect.
-pub(super) async fn listen(inner: Weak<Inner>) {
-    let Some(own) = inner.upgrade().map(|i| listening_pool(&i.pool)) else {
-        return;
-    };
-    loop {
-        let failure = async {
-            let mut listener = PgListener::connect_with(&own).await?;
-            listener.listen(CHANNEL).await?;
-            let mut told: Option<i64> = None;
-            loop {
-                match inner.upgrade() {
-                    Some(i) => {
-                        if let Some(id) = told {
-                            i.told.fetch_max(id, Ordering::AcqRel);
-                        } else {
-                            i.missed.store(true, Ordering::Release);
-                        }
-                        i.fresh.notify_one();
-                    }
-                    None => return Ok(()),
+/// The reader's subscription to [`CHANNEL`]: each notification, and each time the connection
+/// listens again, wakes it.
+pub(super) struct Told(pub(super) Weak<Inner>);
+
+impl Told {
+    fn wake(&self, told: Option<i64>) {
+        if let Some(i) = self.0.upgrade() {
+            match told {
+                Some(id) => {
+                    i.told.fetch_max(id, Ordering::AcqRel);
                 }
-                match listener.try_recv().await? {
-                    Some(note) => told = note.payload().parse().ok(),
-                    None => return Ok::<(), sqlx::Error>(()),
-                }
+                None => i.missed.store(true, Ordering::Release),
             }
+            i.fresh.notify_one();
         }
-        .await;
-        if inner.strong_count() == 0 {
-            return;
-        }
-        if let Err(e) = failure {
+    }
+}
+
+impl Subscriber for Told {
+    fn channel(&self) -> &'static str {
+        CHANNEL
+    }
+
+    fn gone(&self) -> bool {
+        self.0.strong_count() == 0
+    }
+
+    fn listening<'a>(&'a self, _: &'a mut PgListener) -> BoxFuture<'a, sqlx::Result<()>> {
+        self.wake(None);
+        async { Ok(()) }.boxed()
+    }
+
+    fn heard<'a>(
+        &'a self,
+        payload: &'a str,
+        _: &'a mut PgListener,
+    ) -> BoxFuture<'a, sqlx::Result<()>> {
+        self.wake(payload.parse().ok());
+        async { Ok(()) }.boxed()
+    }
+
+    fn lost(&self, error: Option<&sqlx::Error>) {
+        if let Some(e) = error {
             tracing::warn!(error = %e, "cannot hear of new changes; watchers get them within a second instead");
         }
-        tokio::time::sleep(RELISTEN_AFTER).await;
     }
 }
 

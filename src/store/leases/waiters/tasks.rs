@@ -1,33 +1,40 @@
-//! The queue's background tasks: listening (holding the liveness lock), the heartbeat, and the
-//! sweep.
+//! The queue's following of the database: its subscription (holding the liveness lock), the
+//! heartbeat, and the sweep.
 
+use std::sync::Weak;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use futures_util::future::{BoxFuture, FutureExt};
 use sqlx::postgres::PgListener;
 use tokio::time::Instant;
 
 use super::{CHANNEL, Inner, SWEEP_EVERY};
-use crate::store::{Bounded, Result, listening_pool};
+use crate::store::engine::listen::Subscriber;
+use crate::store::{Bounded, Result};
 
-const RELISTEN_AFTER: Duration = Duration::from_millis(250);
+/// The queue's subscription to [`CHANNEL`]: once the connection listens it takes the instance's
+/// liveness lock on it and wakes every first waiter; each notification wakes its key's first.
+pub(super) struct Wakeups(pub(super) Weak<Inner>);
 
-pub(super) async fn listen(inner: std::sync::Weak<Inner>) {
-    let Some(pool) = inner.upgrade().map(|i| i.pool.clone()) else {
-        return;
-    };
-    let own = listening_pool(&pool);
-    loop {
-        let failure = async {
-            let mut listener = PgListener::connect_with(&own).await?;
-            listener.listen(CHANNEL).await?;
-            let Some(i) = inner.upgrade() else {
+impl Subscriber for Wakeups {
+    fn channel(&self) -> &'static str {
+        CHANNEL
+    }
+
+    fn gone(&self) -> bool {
+        self.0.strong_count() == 0
+    }
+
+    fn listening<'a>(&'a self, conn: &'a mut PgListener) -> BoxFuture<'a, sqlx::Result<()>> {
+        async move {
+            let Some(i) = self.0.upgrade() else {
                 return Ok(());
             };
             let mut instance = i.instance.load(Ordering::Relaxed);
             if instance == 0 {
                 instance = sqlx::query_scalar(include_str!("../sql/wait_instance_id.sql"))
-                    .fetch_one(&mut listener)
+                    .fetch_one(&mut *conn)
                     .await?;
                 i.instance.store(instance, Ordering::Relaxed);
             }
@@ -35,39 +42,41 @@ pub(super) async fn listen(inner: std::sync::Weak<Inner>) {
             drop(i);
             sqlx::query(include_str!("../sql/wait_instance.sql"))
                 .bind(instance)
-                .execute(&mut listener)
+                .execute(&mut *conn)
                 .await?;
             // A first heartbeat, so an instance frozen early is not judged by its lock alone.
             sqlx::query(include_str!("../sql/wait_heartbeat.sql"))
                 .bind(instance)
                 .bind(bound)
-                .execute(&mut listener)
+                .execute(&mut *conn)
                 .await?;
-            match inner.upgrade() {
-                Some(i) => {
-                    i.listening.send_replace(true);
-                    i.wake_all();
-                }
-                None => return Ok(()),
+            if let Some(i) = self.0.upgrade() {
+                i.listening.send_replace(true);
+                i.wake_all();
             }
-            while let Some(n) = listener.try_recv().await? {
-                match inner.upgrade() {
-                    Some(i) => i.wake(n.payload()),
-                    None => return Ok(()),
-                }
-            }
-            Ok::<(), sqlx::Error>(())
+            Ok(())
         }
-        .await;
-        let Some(i) = inner.upgrade() else {
-            return;
-        };
-        i.listening.send_replace(false);
-        if let Err(e) = failure {
+        .boxed()
+    }
+
+    fn heard<'a>(
+        &'a self,
+        payload: &'a str,
+        _: &'a mut PgListener,
+    ) -> BoxFuture<'a, sqlx::Result<()>> {
+        if let Some(i) = self.0.upgrade() {
+            i.wake(payload);
+        }
+        async { Ok(()) }.boxed()
+    }
+
+    fn lost(&self, error: Option<&sqlx::Error>) {
+        if let Some(i) = self.0.upgrade() {
+            i.listening.send_replace(false);
+        }
+        if let Some(e) = error {
             tracing::warn!(error = %e, "cannot hear waiters' wake-ups; taking no waiters until this recovers");
         }
-        drop(i);
-        tokio::time::sleep(RELISTEN_AFTER).await;
     }
 }
 
