@@ -5,19 +5,20 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, header};
 
+use crate::domain::headers as names;
 use crate::domain::{EntityTagCondition, FencingToken, Key, Metadata};
 use crate::http::error::ApiError;
 
 /// The header that carries a fencing token.
-pub static FENCING_TOKEN: HeaderName = HeaderName::from_static("fencing-token");
+pub static FENCING_TOKEN: HeaderName = HeaderName::from_static(names::FENCING_TOKEN);
 /// The header that names the lease whose namespace fences a write (v1.3).
-pub static FENCING_KEY: HeaderName = HeaderName::from_static("fencing-key");
+pub static FENCING_KEY: HeaderName = HeaderName::from_static(names::FENCING_KEY);
 /// The header that carries a snapshot version's metadata (v1.3).
-pub static SNAPSHOT_METADATA: HeaderName = HeaderName::from_static("snapshot-metadata");
+pub static SNAPSHOT_METADATA: HeaderName = HeaderName::from_static(names::SNAPSHOT_METADATA);
 /// The header that carries a snapshot's version.
-pub static SNAPSHOT_VERSION: HeaderName = HeaderName::from_static("snapshot-version");
+pub static SNAPSHOT_VERSION: HeaderName = HeaderName::from_static(names::SNAPSHOT_VERSION);
 /// The request id header, taken from the request or made.
-pub static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub static REQUEST_ID: HeaderName = HeaderName::from_static(names::REQUEST_ID);
 
 pub(in crate::http) fn single_header<'a>(
     headers: &'a HeaderMap,
