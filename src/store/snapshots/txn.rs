@@ -9,7 +9,7 @@ use serde::Deserialize;
 use tokio::time::Instant;
 
 use super::Refusal;
-use super::batches::{FencedJob, Op, Write, fenced};
+use super::batches::{FencedJob, Op, PutBatch, Write, fenced};
 use crate::domain::{
     AuditOperation, DEFAULT_CONTENT_TYPE, ETag, FencingToken, Key, RefusalReason, SnapshotMeta,
     TxnOp, TxnOpResult, Version,
@@ -135,8 +135,7 @@ impl Kind for TxnBatch {
     const EFFECT: Effect = Effect::Changes;
 
     fn bytes(job: &TxnJob) -> usize {
-        let body = |op: &FencedJob| op.write.as_ref().map_or(0, |w| w.body.len());
-        job.ops.iter().map(body).sum()
+        job.ops.iter().map(PutBatch::bytes).sum()
     }
 
     fn query<'q>(jobs: &[&'q TxnJob]) -> QueryAs<'q, Indexed<Self::Row>> {
