@@ -8,8 +8,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 
 use super::{
-    GIVEN_UP, IN_FLIGHT, Indexed, Job, Kind, MAX_BYTES, MAX_REQUESTS, Pending, SENT, STALL_FACTOR,
-    STALLED,
+    GIVEN_UP, IN_FLIGHT, Indexed, Job, Kind, MAX_BYTES, Pending, SENT, STALL_FACTOR, STALLED,
 };
 use crate::store::engine::conns::Conns;
 
@@ -67,14 +66,14 @@ impl<K: Kind> Later<K> {
 impl<K: Kind> Open<K> {
     fn new() -> Self {
         Self {
-            jobs: Vec::with_capacity(MAX_REQUESTS),
+            jobs: Vec::with_capacity(K::MAX_JOBS),
             claimed: HashSet::new(),
             bytes: 0,
         }
     }
 
     fn full(&self) -> bool {
-        self.jobs.len() >= MAX_REQUESTS || self.bytes >= MAX_BYTES
+        self.jobs.len() >= K::MAX_JOBS || self.bytes >= MAX_BYTES
     }
 
     /// Takes `p` into the batch, or into `later` when its claim is busy or the batch full.

@@ -43,6 +43,8 @@ pub(crate) trait Kind: Send + Sync + 'static {
     type Job: Job + Send + Sync + 'static;
     type Row: Send + Unpin + for<'r> FromRow<'r, PgRow> + 'static;
     const EFFECT: Effect;
+    /// The most requests in one of its batches; a full batch goes beside the one in flight.
+    const MAX_JOBS: usize = MAX_REQUESTS;
     fn order(job: &Self::Job) -> &str {
         job.key().as_str()
     }
