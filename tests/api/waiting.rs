@@ -343,8 +343,7 @@ async fn waiters_of_instances_gone_or_no_longer_answering_are_not_counted_and_do
     let app = TestApp::spawn().await;
     let holder = app.acquire("k", "holder", 30000).await;
     // One instance died (its lock is free); another holds its lock but has said nothing for
-    // twice its stall bound (frozen). No sweep takes their rows out: this instance has no
-    // waiters of its own.
+    // twice its stall bound (frozen).
     queue_on(&app, "k", 2_000_000_011).await;
     let frozen = other_instance(&app, 2_000_000_012, Some(Duration::from_secs(2))).await;
     queue_on(&app, "k", 2_000_000_012).await;
@@ -432,6 +431,70 @@ async fn a_waiter_whose_client_goes_away_leaves_the_queue() {
     until_queued(app.db(), "k", 0).await;
     assert_eq!(app.release("k", token(&holder)).await.status(), 204);
     app.acquire("k", "next", 30000).await;
+    app.stop().await;
+}
+
+/// 200 waiting acquires through two instances, each client hanging up 0–30 ms after sending
+/// (before, while or after its place is taken): once the holder releases, a plain acquire is
+/// granted within the stall bound plus one sweep, and no place is left in any queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiters_whose_clients_hang_up_at_once_leave_no_place_that_keeps_the_key() {
+    let app = TestApp::spawn().await;
+    let second = app.another_instance().await;
+    let holder = app.acquire("k", "holder", 60_000).await;
+    let cut: Vec<_> = (0..200_u64)
+        .map(|n| {
+            let base = if n % 2 == 0 {
+                app.instance.base.clone()
+            } else {
+                second.base.clone()
+            };
+            let http = app.http.clone();
+            tokio::spawn(async move {
+                http.post(format!("{base}/v1/leases/k"))
+                    .json(&json!({"owner": format!("w{n}"), "ttl_ms": 30000, "wait_ms": 60000}))
+                    .timeout(Duration::from_millis(n % 31))
+                    .send()
+                    .await
+            })
+        })
+        .collect();
+    for c in cut {
+        assert!(
+            c.await.unwrap().is_err(),
+            "a waiter was answered before its client hung up"
+        );
+    }
+    assert_eq!(app.release("k", token(&holder)).await.status(), 204);
+    let released = Instant::now();
+    let bound = snapfence::Rules::default().waiter_stall_bound + Duration::from_millis(500);
+    for n in 0.. {
+        let via = if n % 2 == 0 { &second } else { &app.instance };
+        let r = app
+            .request_to(via, Method::POST, "/v1/leases/k")
+            .json(&json!({"owner": "plain", "ttl_ms": 30000}))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == StatusCode::CREATED {
+            break;
+        }
+        assert_eq!(r.status(), StatusCode::CONFLICT);
+        assert!(
+            released.elapsed() < bound,
+            "a plain acquire still refused {:?} after the release: {}",
+            released.elapsed(),
+            r.text().await.unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        released.elapsed() < bound,
+        "granted {:?} after the release",
+        released.elapsed()
+    );
+    assert_eq!(queued(app.db(), "k").await, 0);
+    second.stop().await;
     app.stop().await;
 }
 

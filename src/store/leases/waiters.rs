@@ -30,7 +30,6 @@ use tasks::{Wakeups, heartbeat, sweep};
 const CHANNEL: &str = "snapfence_waiters";
 /// Twice within the contract's second.
 const SWEEP_EVERY: Duration = Duration::from_millis(500);
-const STALE_AFTER: Duration = Duration::from_secs(30);
 
 /// This instance's waiting acquires. Cheap to clone; its tasks stop with the last clone.
 #[derive(Debug, Clone)]
@@ -45,8 +44,6 @@ struct Inner {
     queues: Mutex<HashMap<String, BTreeMap<i64, Arc<Notify>>>>,
     listening: watch::Sender<bool>,
     stopping: watch::Sender<bool>,
-    /// Until when to sweep without waiters: a failed leave or enqueue may have left a row behind.
-    stale_until: Mutex<Option<Instant>>,
     tries: Batcher<AcquireBatch>,
     enqueues: Batcher<EnqueueBatch>,
     pool: PgPool,
@@ -74,7 +71,6 @@ impl Waiters {
             queues: Mutex::default(),
             listening: watch::Sender::new(false),
             stopping: watch::Sender::new(false),
-            stale_until: Mutex::new(None),
             tries: Batcher::start(db.conns().clone()),
             enqueues: Batcher::start(db.conns().clone()),
             pool,
@@ -214,7 +210,6 @@ impl Waiters {
         let id = match queued {
             Ok(id) => id,
             Err(e) => {
-                self.inner.left_behind();
                 return Err(match e {
                     StoreError::Indeterminate(e) => StoreError::Unavailable(e),
                     other => other,

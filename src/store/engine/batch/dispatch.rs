@@ -240,7 +240,9 @@ async fn run<K: Kind>(conns: Conns, jobs: Vec<Pending<K>>, flight: Flight) {
                 }
             }
             for (p, row) in jobs.into_iter().zip(slots) {
-                let _ = p.reply.send(Ok(row));
+                if let Err(Ok(Some(row))) = p.reply.send(Ok(row)) {
+                    K::unanswered(&conns, row);
+                }
             }
         }
         Err(e) => {

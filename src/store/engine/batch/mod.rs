@@ -52,6 +52,9 @@ pub(crate) trait Kind: Send + Sync + 'static {
         0
     }
     fn query<'q>(jobs: &[&'q Self::Job]) -> QueryAs<'q, Indexed<Self::Row>>;
+    /// A committed answer whose request went away first (its client hung up): most kinds leave it;
+    /// one whose row holds a place for the request takes it back.
+    fn unanswered(_conns: &Conns, _row: Self::Row) {}
     /// Runs a batch by `deadline`: most kinds as their one statement, which commits as it answers.
     fn run<'a>(
         conns: &'a Conns,
@@ -157,7 +160,11 @@ impl<K: Kind> Batcher<K> {
         let deadline = self.conns.deadline();
         let state = Arc::new(AtomicU8::new(WAITING));
         let sent_until = Arc::new(OnceLock::new());
-        let (reply, mut answer) = oneshot::channel();
+        let (reply, answer) = oneshot::channel();
+        let mut answer = Unclaimed::<K> {
+            answer,
+            conns: &self.conns,
+        };
         let pending = Pending {
             job,
             deadline,
@@ -172,7 +179,7 @@ impl<K: Kind> Batcher<K> {
             drop(unsent);
             return Err(StoreError::Unavailable(sqlx::Error::PoolClosed));
         }
-        let answered = match tokio::time::timeout_at(deadline, &mut answer).await {
+        let answered = match tokio::time::timeout_at(deadline, &mut answer.answer).await {
             Ok(answered) => answered,
             Err(_) => {
                 let unsent = leave(&state, &self.queued, GIVEN_UP);
@@ -187,10 +194,24 @@ impl<K: Kind> Batcher<K> {
                 }
                 // The batch shares this deadline, so it ends with the statement's answer if that
                 // came in time.
-                answer.await
+                (&mut answer.answer).await
             }
         };
         answered.unwrap_or(Err(StoreError::Internal(sqlx::Error::WorkerCrashed)))
+    }
+}
+
+/// A request's answer to come; one that came but was never read goes to [`Kind::unanswered`].
+struct Unclaimed<'a, K: Kind> {
+    answer: oneshot::Receiver<Result<Option<K::Row>>>,
+    conns: &'a Conns,
+}
+
+impl<K: Kind> Drop for Unclaimed<'_, K> {
+    fn drop(&mut self) {
+        if let Ok(Ok(Some(row))) = self.answer.try_recv() {
+            K::unanswered(self.conns, row);
+        }
     }
 }
 

@@ -1,8 +1,9 @@
 //! Taking places in the keys' queues, a batch of arrivals as one statement, in arrival order.
 
 use crate::domain::Key;
+use crate::store::Bounded;
 use crate::store::engine::batch::{Indexed, Job, Kind, column};
-use crate::store::engine::conns::Effect;
+use crate::store::engine::conns::{Conns, Effect};
 use crate::store::engine::statement::QueryAs;
 
 #[derive(Debug)]
@@ -40,6 +41,25 @@ impl Kind for EnqueueBatch {
 
     fn order(_job: &Enqueue) -> &str {
         ""
+    }
+
+    /// A place taken for a request that went away meanwhile leaves the queue at once, so no key
+    /// waits for a waiter no one is behind.
+    fn unanswered(conns: &Conns, row: Queued) {
+        let Some(id) = row.id else {
+            return;
+        };
+        let pool = conns.pool().clone();
+        tokio::spawn(async move {
+            let left = sqlx::query(include_str!("../sql/wait_leave.sql"))
+                .bind(id)
+                .execute(&pool)
+                .bounded(&pool)
+                .await;
+            if let Err(e) = left {
+                tracing::warn!(error = %e, waiter = id, "could not take out the place of a waiter that went away; the sweep will");
+            }
+        });
     }
 
     fn query<'q>(jobs: &[&'q Enqueue]) -> QueryAs<'q, Indexed<Queued>> {

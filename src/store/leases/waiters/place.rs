@@ -3,9 +3,8 @@
 use std::sync::Arc;
 
 use tokio::sync::Notify;
-use tokio::time::Instant;
 
-use super::{Inner, STALE_AFTER, SWEEP_EVERY};
+use super::Inner;
 use crate::store::{Bounded, Result};
 
 impl Inner {
@@ -55,11 +54,6 @@ impl Inner {
             .get(&place.key)
             .and_then(|q| q.keys().next())
             .is_some_and(|&first| first == place.id)
-    }
-
-    pub(super) fn left_behind(&self) {
-        let until = Instant::now() + STALE_AFTER + 2 * SWEEP_EVERY;
-        *self.stale_until.lock().expect("never poisoned") = Some(until);
     }
 
     pub(super) fn wake(&self, key: &str) {
@@ -118,8 +112,8 @@ impl Drop for Place {
         }
         let inner = self.inner.clone();
         let id = self.id;
+        // Without a runtime (shutting down) the sweep takes the row out.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            inner.left_behind();
             return;
         };
         runtime.spawn(async move {
@@ -130,8 +124,7 @@ impl Drop for Place {
                 .bounded(pool)
                 .await;
             if let Err(e) = left {
-                tracing::warn!(error = %e, waiter = id, "could not take a waiter out of its queue");
-                inner.left_behind();
+                tracing::warn!(error = %e, waiter = id, "could not take a waiter out of its queue; the sweep will");
             }
         });
     }

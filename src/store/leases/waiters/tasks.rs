@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use futures_util::future::{BoxFuture, FutureExt};
 use sqlx::postgres::PgListener;
-use tokio::time::Instant;
 
 use super::{CHANNEL, Inner, SWEEP_EVERY};
 use crate::store::engine::listen::Subscriber;
@@ -110,7 +109,7 @@ pub(super) async fn heartbeat(inner: std::sync::Weak<Inner>) {
     }
 }
 
-/// Twice a second while there are waiters, deletes rows no one waits in.
+/// Twice a second, whether or not this instance has waiters, deletes rows no one waits in.
 pub(super) async fn sweep(inner: std::sync::Weak<Inner>) {
     let mut tick = tokio::time::interval(SWEEP_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -120,14 +119,6 @@ pub(super) async fn sweep(inner: std::sync::Weak<Inner>) {
             return;
         };
         let held = i.held();
-        let stale = i
-            .stale_until
-            .lock()
-            .expect("never poisoned")
-            .is_some_and(|until| Instant::now() < until);
-        if held.is_empty() && !stale {
-            continue;
-        }
         let swept: Result<Vec<i64>> = sqlx::query_scalar(include_str!("../sql/wait_sweep.sql"))
             .bind(i.instance.load(Ordering::Relaxed))
             .bind(&held)
