@@ -381,10 +381,6 @@ async fn a_wait_that_runs_out_behind_a_live_waiter_of_a_free_key_is_told_how_man
 #[tokio::test]
 async fn the_waiters_of_a_dead_instance_are_skipped_and_dropped_within_a_second() {
     let app = TestApp::spawn().await;
-    // A waiter that stays for the whole test, so that this instance sweeps throughout.
-    let other = app.acquire("stays", "holder", 30000).await;
-    let stays = spawn_waiter(&app, "stays", "w", 60_000);
-    until_queued(app.db(), "stays", 1).await;
     // Another instance, alive while this test's connection holds its liveness lock, queues a
     // waiter of "k"; then one of this instance queues behind it.
     let holder = app.acquire("k", "holder", 30000).await;
@@ -416,8 +412,6 @@ async fn the_waiters_of_a_dead_instance_are_skipped_and_dropped_within_a_second(
         "dropped {:?} after the instance died",
         died.elapsed()
     );
-    assert_eq!(app.release("stays", token(&other)).await.status(), 204);
-    assert_eq!(stays.await.unwrap().0, StatusCode::CREATED);
     app.stop().await;
 }
 
