@@ -140,6 +140,17 @@ pub struct ServeConfig {
     #[arg(long, env = "SNAPFENCE_WAITER_STALL_BOUND", value_parser = stall_bound, default_value = "1s")]
     pub waiter_stall_bound: Duration,
 
+    /// Waiting acquires of one key one instance holds; one more is answered 429 with
+    /// Retry-After, and waits nowhere.
+    #[arg(long, env = "SNAPFENCE_MAX_WAITERS_PER_KEY", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_waiters_per_key: u32,
+
+    /// Waiting acquires one instance holds, whatever their keys; one more is answered 429 with
+    /// Retry-After and its connection closed. A waiter is a request in flight: keep this well
+    /// below --max-concurrent-requests, so that waiters never keep other requests out.
+    #[arg(long, env = "SNAPFENCE_MAX_WAITERS", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_waiters: u32,
+
     /// How long a request body may take to arrive before the request is answered 408.
     #[arg(long, env = "SNAPFENCE_BODY_TIMEOUT", value_parser = humantime::parse_duration, default_value = "30s")]
     pub body_timeout: Duration,
@@ -233,6 +244,8 @@ impl ServeConfig {
             max_watches_per_key: self.max_watches_per_key as usize,
             max_watches: self.max_watches as usize,
             waiter_stall_bound: self.waiter_stall_bound,
+            max_waiters_per_key: self.max_waiters_per_key as usize,
+            max_waiters: self.max_waiters as usize,
             max_concurrent_requests: self.max_concurrent_requests as usize,
             max_header_bytes: self.max_header_bytes,
             head_timeout: self.head_timeout,

@@ -56,6 +56,10 @@ pub struct Rules {
     pub max_watches: usize,
     /// How long an instance may not answer (frozen) before its waiters are passed over.
     pub waiter_stall_bound: Duration,
+    /// The most waiting acquires of one key on one instance.
+    pub max_waiters_per_key: usize,
+    /// The most waiting acquires one instance holds, below its concurrent requests.
+    pub max_waiters: usize,
 }
 
 /// A rate limit per API key: a token bucket of `burst` requests, refilled at `per_second`.
@@ -94,6 +98,8 @@ impl Default for Rules {
             max_watches_per_key: 16,
             max_watches: 1024,
             waiter_stall_bound: Duration::from_secs(1),
+            max_waiters_per_key: 128,
+            max_waiters: 512,
         }
     }
 }

@@ -1,11 +1,11 @@
 //! `/v1/leases`, and (beyond the contract) a key's queue of waiting acquires.
 
-use axum::Json;
 use axum::extract::{FromRequestParts, State};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::{Extension, Json};
 use serde::Deserialize;
 
 use super::Routes;
@@ -14,6 +14,7 @@ use super::extract::{
     ApiJson, ApiQuery, Context, FencingTokenHeader, KeyPath, PageParams, key_page,
 };
 use super::idempotency::IdempotencyHeader;
+use super::limits::Serving;
 use crate::domain::{
     AcquireRequest, FencingToken, Grant, Holder, Key, KeyStatus, LeaseState, Page, RenewRequest,
     TtlMs, Waiter,
@@ -42,6 +43,7 @@ async fn acquire(
     State(state): State<AppState>,
     KeyPath(key): KeyPath,
     Context(mut ctx, idempotency): Context,
+    serving: Option<Extension<Serving>>,
     ApiJson(body): ApiJson<AcquireRequest>,
 ) -> Result<Response, ApiError> {
     body.checked_reconcile()?;
@@ -63,7 +65,16 @@ async fn acquire(
     let done = match wait {
         None if state.waiters.holds(&ctx) => Ok(Gated::InProgress),
         None => leases::acquire(&state.db, &req, &ctx).await,
-        Some(wait) => state.waiters.acquire(&req, &ctx, wait).await,
+        Some(wait) => {
+            let _waiting = state
+                .limits
+                .admit_waiter(key.as_str())
+                .map_err(ApiError::TooManyRequests)?;
+            if let Some(Extension(serving)) = serving {
+                serving.leave();
+            }
+            state.waiters.acquire(&req, &ctx, wait).await
+        }
     };
     idempotency.respond(done, |outcome| match outcome {
         AcquireOutcome::Granted {

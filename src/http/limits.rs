@@ -7,11 +7,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use axum::extract::Request;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use governor::clock::Clock;
 use governor::{DefaultKeyedRateLimiter, Quota};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::error::Throttled;
+use super::error::{ApiError, Throttled, Unavailability};
 use crate::rules::{RateLimit, Rules};
 
 /// The limits of one instance, from its rules.
@@ -24,6 +28,9 @@ pub struct Limits {
     max_watches_per_key: usize,
     max_watches: usize,
     watches: Mutex<(HashMap<String, usize>, usize)>,
+    max_waiters_per_key: usize,
+    max_waiters: usize,
+    waiters: Mutex<(HashMap<String, usize>, usize)>,
 }
 
 impl Limits {
@@ -45,6 +52,9 @@ impl Limits {
             max_watches_per_key: rules.max_watches_per_key,
             max_watches: rules.max_watches,
             watches: Mutex::default(),
+            max_waiters_per_key: rules.max_waiters_per_key,
+            max_waiters: rules.max_waiters,
+            waiters: Mutex::default(),
         }
     }
 
@@ -71,6 +81,30 @@ impl Limits {
         Ok(WatchAdmission {
             limits: Arc::clone(self),
             key: key.map(str::to_owned),
+        })
+    }
+
+    /// Admits a waiting acquire of `key` unless the key or the instance has its most waiters.
+    pub fn admit_waiter(self: &Arc<Self>, key: &str) -> Result<WaiterAdmission, Throttled> {
+        let mut waiters = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
+        let (by_key, total) = &mut *waiters;
+        if *total >= self.max_waiters {
+            return Err(Throttled::InstanceWaiters {
+                limit: self.max_waiters,
+            });
+        }
+        let waiting = by_key.entry(key.to_owned()).or_insert(0);
+        if *waiting >= self.max_waiters_per_key {
+            return Err(Throttled::Waiters {
+                key: key.to_owned(),
+                limit: self.max_waiters_per_key,
+            });
+        }
+        *waiting += 1;
+        *total += 1;
+        Ok(WaiterAdmission {
+            limits: Arc::clone(self),
+            key: key.to_owned(),
         })
     }
 
@@ -153,6 +187,31 @@ impl Drop for WatchAdmission {
     }
 }
 
+/// A waiting acquire; it counts against its key's and the instance's waiters until dropped.
+#[derive(Debug)]
+pub struct WaiterAdmission {
+    limits: Arc<Limits>,
+    key: String,
+}
+
+impl Drop for WaiterAdmission {
+    fn drop(&mut self) {
+        let mut waiters = self
+            .limits
+            .waiters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let (by_key, total) = &mut *waiters;
+        *total -= 1;
+        if let Some(n) = by_key.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                by_key.remove(&self.key);
+            }
+        }
+    }
+}
+
 /// A request's [`Admission`], kept by a handler whose answer outlives it (a watch).
 #[derive(Debug, Clone)]
 pub struct HeldAdmission(Arc<Mutex<Option<Admission>>>);
@@ -166,6 +225,31 @@ impl HeldAdmission {
     /// Takes the admission out, to keep it beyond the handler.
     pub fn take(&self) -> Option<Admission> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+}
+
+/// Sheds a request at once with `503` while the instance serves `--max-concurrent-requests`;
+/// else it holds a place ([`Serving`]) until answered, or until it becomes a waiter.
+pub async fn shed(serving: Arc<Semaphore>, mut req: Request, next: Next) -> Response {
+    let Ok(permit) = serving.try_acquire_owned() else {
+        return ApiError::Unavailable(Unavailability::Overloaded).into_response();
+    };
+    let held = Serving(Arc::new(Mutex::new(Some(permit))));
+    req.extensions_mut().insert(held.clone());
+    let response = next.run(req).await;
+    drop(held);
+    response
+}
+
+/// A request's place among those the instance serves at once. A waiting acquire gives it back
+/// while it waits: waiters have bounds of their own, so they never keep other requests out.
+#[derive(Debug, Clone)]
+pub struct Serving(Arc<Mutex<Option<OwnedSemaphorePermit>>>);
+
+impl Serving {
+    /// Gives the place back.
+    pub fn leave(&self) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
     }
 }
 
@@ -302,6 +386,34 @@ mod tests {
         );
         drop(first);
         assert!(limits.admit("a").is_ok());
+    }
+
+    #[test]
+    fn waiters_are_bounded_per_key_and_per_instance_and_leave_no_entry_behind() {
+        let limits = limits(Rules {
+            max_waiters_per_key: 2,
+            max_waiters: 3,
+            ..Rules::default()
+        });
+        let a1 = limits.admit_waiter("a").unwrap();
+        let _a2 = limits.admit_waiter("a").unwrap();
+        assert!(matches!(
+            limits.admit_waiter("a"),
+            Err(Throttled::Waiters { limit: 2, .. })
+        ));
+        let b1 = limits.admit_waiter("b").unwrap();
+        assert!(matches!(
+            limits.admit_waiter("c"),
+            Err(Throttled::InstanceWaiters { limit: 3 })
+        ));
+        drop(a1);
+        drop(b1);
+        assert!(limits.admit_waiter("c").is_ok());
+        assert_eq!(
+            limits.waiters.lock().unwrap().0.len(),
+            1,
+            "only a's entry is left"
+        );
     }
 
     #[test]

@@ -18,15 +18,13 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::BoxError;
 use axum::Router;
-use axum::error_handling::HandleErrorLayer;
 use axum::extract::{MatchedPath, State};
 use axum::http::Request;
 use axum::response::{IntoResponse, Response};
 use axum::routing::MethodRouter;
+use tokio::sync::Semaphore;
 use tower::ServiceBuilder;
-use tower::limit::GlobalConcurrencyLimitLayer;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
@@ -35,7 +33,7 @@ use tracing::Level;
 use crate::domain::{ErrorCode, Principal};
 use crate::metrics::Metrics;
 use crate::state::AppState;
-use error::{ApiError, Unavailability};
+use error::ApiError;
 use extract::REQUEST_ID;
 
 /// The whole API with its middleware: request ids, a span per matched route, panics as 500.
@@ -63,14 +61,8 @@ pub fn router(state: AppState) -> Router {
         .layer(PropagateRequestIdLayer::new(REQUEST_ID.clone()))
         .layer(CatchPanicLayer::custom(panic_response));
     // One semaphore for the instance (`Router::layer` would make it per route).
-    let shed = ServiceBuilder::new()
-        .layer(HandleErrorLayer::new(|_: BoxError| async {
-            ApiError::Unavailable(Unavailability::Overloaded)
-        }))
-        .load_shed()
-        .layer(GlobalConcurrencyLimitLayer::new(
-            state.rules.max_concurrent_requests,
-        ));
+    let serving = Arc::new(Semaphore::new(state.rules.max_concurrent_requests));
+    let shed = axum::middleware::from_fn(move |req, next| limits::shed(serving.clone(), req, next));
     let authorize = axum::middleware::from_fn_with_state(state.clone(), auth::authorize);
     let metrics = state.metrics.clone();
     let max_header_bytes = state.rules.max_header_bytes;

@@ -67,6 +67,24 @@ pub enum Throttled {
         /// The limit.
         limit: usize,
     },
+    /// The key has its most waiting acquires on this instance.
+    #[error(
+        "key {key:?} already has {limit} waiting acquires on this instance, its limit, so this one was refused and waits nowhere; send it again after Retry-After, or through another instance (an operator may raise --max-waiters-per-key)"
+    )]
+    Waiters {
+        /// The lease key.
+        key: String,
+        /// Its limit.
+        limit: usize,
+    },
+    /// The instance holds its most waiting acquires.
+    #[error(
+        "this instance already holds {limit} waiting acquires, its limit, so this one was refused and waits nowhere; send it again after Retry-After, or through another instance (an operator may raise --max-waiters)"
+    )]
+    InstanceWaiters {
+        /// The limit.
+        limit: usize,
+    },
 }
 
 /// The `Retry-After` of a watch stream refused for the streams open.
@@ -76,7 +94,7 @@ impl Throttled {
     /// Seconds until the request may be admitted (a second for a key at its cap in flight).
     pub fn retry_after(&self) -> u64 {
         match self {
-            Self::InFlight { .. } => 1,
+            Self::InFlight { .. } | Self::Waiters { .. } | Self::InstanceWaiters { .. } => 1,
             Self::Rate { retry_after, .. } => *retry_after,
             Self::Watches { .. } | Self::InstanceWatches { .. } => WATCH_RETRY_AFTER,
         }

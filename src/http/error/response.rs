@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::ApiError;
+use super::{ApiError, Throttled};
 use crate::domain::headers::PROBLEM_JSON;
 use crate::domain::{AuditId, ErrorCode, Problem, RefusalFields};
 use crate::store::StoreError;
@@ -148,6 +148,14 @@ impl IntoResponse for ApiError {
         }
         if code == ErrorCode::Unauthorized {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        // A waiter refused frees its connection too, so a flood of them cannot hold every
+        // connection the instance may keep.
+        if let Self::TooManyRequests(
+            Throttled::Waiters { .. } | Throttled::InstanceWaiters { .. },
+        ) = &self
+        {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         response
     }
