@@ -672,6 +672,55 @@ async fn a_flood_of_waiters_never_keeps_another_clients_requests_from_being_answ
     app.stop().await;
 }
 
+/// An instance whose database pool is taken for longer than its stall bound is busy, not frozen:
+/// it still says it is alive, so its waiter keeps its turn ahead of another instance's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_busy_instance_is_not_taken_for_frozen_and_its_waiter_keeps_its_turn() {
+    let app = TestApp::spawn().await;
+    let second = app.another_instance().await;
+    let holder = app.acquire("k", "holder", 60_000).await;
+    let first = spawn_waiter(&app, "k", "first", 60_000);
+    until_queued(app.db(), "k", 1).await;
+    let behind = {
+        let (http, base) = (app.http.clone(), second.base.clone());
+        tokio::spawn(async move { acquire_waiting(&http, &base, "k", "behind", 60_000).await })
+    };
+    until_queued(app.db(), "k", 2).await;
+    // Every connection of the first instance's pool waits on a lock the test holds, for longer
+    // than the stall bound (the reads give up at the statement timeout, about 4 s).
+    let mut lock = app.db().begin().await.unwrap();
+    sqlx::query("LOCK TABLE rejections IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let reads: Vec<_> = (0..24)
+        .map(|_| {
+            let (http, base) = (app.http.clone(), app.instance.base.clone());
+            tokio::spawn(
+                async move { http.get(format!("{base}/v1/audit/rejections")).send().await },
+            )
+        })
+        .collect();
+    tokio::time::sleep(snapfence::Rules::default().waiter_stall_bound * 2).await;
+    let r = app
+        .request_to(&second, Method::DELETE, "/v1/leases/k")
+        .header("Fencing-Token", token(&holder).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let (status, grant) = tokio::time::timeout(CEILING, first).await.unwrap().unwrap();
+    assert_eq!(status, StatusCode::CREATED, "{grant}");
+    assert_eq!(grant["owner"], "first");
+    lock.rollback().await.unwrap();
+    for r in reads {
+        let _ = r.await;
+    }
+    behind.abort();
+    second.stop().await;
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn a_wait_out_of_bounds_is_invalid() {
     let app = TestApp::spawn().await;

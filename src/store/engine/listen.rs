@@ -1,7 +1,8 @@
 //! The instance's one `LISTEN` connection, shared by the features that follow the database: each
-//! subscribes to its channel with what to run on the connection once it listens and what to do with
-//! each notification. A failed connection is lost to every subscriber and made again after
-//! [`RELISTEN_AFTER`], the one re-listen policy.
+//! subscribes to its channel with what to run on the connection once it listens, with each
+//! notification, and at its own pace. A failed connection is lost to every subscriber and made
+//! again after [`RELISTEN_AFTER`], the one re-listen policy. It never waits for the pool, so
+//! what it does says that the instance answers, however busy it is.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,6 +37,15 @@ pub(crate) trait Subscriber: Send + Sync + 'static {
     /// The connection is lost (`error` says why, if known): notifications go unheard until
     /// [`Subscriber::listening`] runs again.
     fn lost(&self, error: Option<&sqlx::Error>);
+
+    /// How often [`Subscriber::tick`] runs while the connection listens, if at all.
+    fn every(&self) -> Option<Duration> {
+        None
+    }
+
+    fn tick<'a>(&'a self, _conn: &'a mut PgListener) -> BoxFuture<'a, sqlx::Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// Hands each subscriber's notifications on; the connection ends with the last handle.
@@ -117,6 +127,8 @@ async fn listen(
         Ok(listener) => listener,
         Err(e) => return Ended::Lost(Some(e)),
     };
+    // A lost connection is told (`None`) and made again here, so every `listening` runs again.
+    listener.eager_reconnect(false);
     while let Ok(s) = subscriptions.try_recv() {
         subscribers.push(s);
     }
@@ -126,10 +138,20 @@ async fn listen(
         for s in subscribers.iter() {
             s.listening(&mut listener).await?;
         }
+        let every = subscribers.iter().filter_map(|s| s.every()).min();
+        let mut ticks = tokio::time::interval(every.unwrap_or(Duration::from_secs(3600)));
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks.tick().await;
         loop {
-            // A subscription drops the read in flight, and with it the connection.
+            // Reading a notification is cancel-safe: a tick or a subscription ends only the wait.
             let note = tokio::select! {
                 note = listener.try_recv() => note?,
+                _ = ticks.tick(), if every.is_some() => {
+                    for s in subscribers.iter().filter(|s| s.every().is_some()) {
+                        s.tick(&mut listener).await?;
+                    }
+                    continue;
+                }
                 Some(s) = subscriptions.recv() => {
                     subscribers.push(s);
                     return Ok(Ended::Changed);

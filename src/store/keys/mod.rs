@@ -254,7 +254,6 @@ impl KeyCache {
             loads: tokio::sync::watch::Sender::new(0),
         });
         db.hub().subscribe(Arc::new(Follower {
-            pool: (**db).clone(),
             cache: Arc::downgrade(&cache),
         }));
         Self(cache)
@@ -286,7 +285,6 @@ impl KeyCache {
 /// unnoticed), and at each notification forgets, reloads and confirms on the same connection.
 /// Without a connection it forgets, so each request is checked against the table.
 struct Follower {
-    pool: PgPool,
     cache: Weak<Cache>,
 }
 
@@ -302,9 +300,9 @@ impl Follower {
         }
     }
 
-    async fn reload(&self) -> sqlx::Result<()> {
+    async fn reload(&self, conn: &mut PgListener) -> sqlx::Result<()> {
         self.set(None);
-        self.set(Some(load(&self.pool).await?));
+        self.set(Some(load(conn).await?));
         Ok(())
     }
 }
@@ -324,7 +322,7 @@ impl Subscriber for Follower {
                 .bind(FOLLOWER)
                 .execute(&mut *conn)
                 .await?;
-            self.reload().await
+            self.reload(conn).await
         }
         .boxed()
     }
@@ -335,7 +333,7 @@ impl Subscriber for Follower {
         conn: &'a mut PgListener,
     ) -> BoxFuture<'a, sqlx::Result<()>> {
         async move {
-            self.reload().await?;
+            self.reload(conn).await?;
             sqlx::query("SELECT pg_notify($1, $2)")
                 .bind(APPLIED)
                 .bind(payload)
@@ -363,9 +361,10 @@ struct LiveRow {
     secret_sha256: Vec<u8>,
 }
 
-async fn load(pool: &PgPool) -> sqlx::Result<LiveKeys> {
+/// Read on the listening connection, which never waits for the pool.
+async fn load(conn: &mut PgListener) -> sqlx::Result<LiveKeys> {
     let rows: Vec<LiveRow> = sqlx::query_as(include_str!("sql/live.sql"))
-        .fetch_all(pool)
+        .fetch_all(conn)
         .await?;
     Ok(rows
         .into_iter()

@@ -25,7 +25,7 @@ use crate::store::{Db, RequestContext, Result, StoreError, Tasks, restart_deadli
 pub(crate) use enqueue::ENQUEUE;
 use enqueue::{Enqueue, EnqueueBatch, Queued};
 use place::Place;
-use tasks::{Wakeups, heartbeat, sweep};
+use tasks::{Wakeups, sweep};
 
 const CHANNEL: &str = "snapfence_waiters";
 /// Twice within the contract's second.
@@ -80,10 +80,7 @@ impl Waiters {
         });
         db.hub()
             .subscribe(Arc::new(Wakeups(Arc::downgrade(&inner))));
-        let tasks = vec![
-            tokio::spawn(sweep(Arc::downgrade(&inner))),
-            tokio::spawn(heartbeat(Arc::downgrade(&inner))),
-        ];
+        let tasks = vec![tokio::spawn(sweep(Arc::downgrade(&inner)))];
         Self {
             inner,
             _tasks: Arc::new(Tasks(tasks)),

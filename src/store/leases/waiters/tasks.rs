@@ -1,5 +1,5 @@
-//! The queue's following of the database: its subscription (holding the liveness lock), the
-//! heartbeat, and the sweep.
+//! The queue's following of the database: its subscription (holding the liveness lock and saying
+//! the instance is alive), and the sweep.
 
 use std::sync::Weak;
 use std::sync::atomic::Ordering;
@@ -9,6 +9,8 @@ use futures_util::future::{BoxFuture, FutureExt};
 use sqlx::postgres::PgListener;
 
 use super::{CHANNEL, Inner, SWEEP_EVERY};
+
+const HEARTBEAT_EVERY: Duration = Duration::from_millis(250);
 use crate::store::engine::listen::Subscriber;
 use crate::store::{Bounded, Result};
 
@@ -69,42 +71,37 @@ impl Subscriber for Wakeups {
         async { Ok(()) }.boxed()
     }
 
+    /// Says the instance is alive four times per stall bound, on the listening connection, so a
+    /// busy pool never makes a live instance look frozen.
+    fn every(&self) -> Option<Duration> {
+        let bound = self.0.upgrade()?.stall_bound;
+        Some(HEARTBEAT_EVERY.min(bound / 4))
+    }
+
+    fn tick<'a>(&'a self, conn: &'a mut PgListener) -> BoxFuture<'a, sqlx::Result<()>> {
+        async move {
+            let Some(i) = self.0.upgrade() else {
+                return Ok(());
+            };
+            let instance = i.instance.load(Ordering::Relaxed);
+            let bound = i64::try_from(i.stall_bound.as_millis()).unwrap_or(i64::MAX);
+            drop(i);
+            sqlx::query(include_str!("../sql/wait_heartbeat.sql"))
+                .bind(instance)
+                .bind(bound)
+                .execute(&mut *conn)
+                .await?;
+            Ok(())
+        }
+        .boxed()
+    }
+
     fn lost(&self, error: Option<&sqlx::Error>) {
         if let Some(i) = self.0.upgrade() {
             i.listening.send_replace(false);
         }
         if let Some(e) = error {
             tracing::warn!(error = %e, "cannot hear waiters' wake-ups; taking no waiters until this recovers");
-        }
-    }
-}
-
-const HEARTBEAT_EVERY: Duration = Duration::from_millis(250);
-
-pub(super) async fn heartbeat(inner: std::sync::Weak<Inner>) {
-    let every = inner
-        .upgrade()
-        .map_or(HEARTBEAT_EVERY, |i| HEARTBEAT_EVERY.min(i.stall_bound / 4));
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let Some(i) = inner.upgrade() else {
-            return;
-        };
-        let instance = i.instance.load(Ordering::Relaxed);
-        if instance == 0 {
-            continue;
-        }
-        let bound = i64::try_from(i.stall_bound.as_millis()).unwrap_or(i64::MAX);
-        let said = sqlx::query(include_str!("../sql/wait_heartbeat.sql"))
-            .bind(instance)
-            .bind(bound)
-            .execute(&i.pool)
-            .bounded(&i.pool)
-            .await;
-        if let Err(e) = said {
-            tracing::debug!(error = %e, "could not say this instance is alive to the waiters' queues");
         }
     }
 }
