@@ -2,9 +2,11 @@
 //! subscribes to its channel with what to run on the connection once it listens, with each
 //! notification, and at its own pace. A failed connection is lost to every subscriber and made
 //! again after [`RELISTEN_AFTER`], the one re-listen policy. It never waits for the pool, so
-//! what it does says that the instance answers, however busy it is.
+//! what it does says that the instance answers, however busy it is. The connection also holds the
+//! instance's liveness lock, named by its id, which PostgreSQL frees the moment the instance dies.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -52,6 +54,7 @@ pub(crate) trait Subscriber: Send + Sync + 'static {
 #[derive(Debug)]
 pub(crate) struct Hub {
     subscribe: mpsc::UnboundedSender<Arc<dyn Subscriber>>,
+    instance: Arc<AtomicI32>,
     _task: Tasks,
 }
 
@@ -67,11 +70,19 @@ impl Hub {
     /// Connects once the first feature subscribes; needs a Tokio runtime.
     pub(crate) fn start(pool: &PgPool) -> Self {
         let (subscribe, subscriptions) = mpsc::unbounded_channel();
-        let task = tokio::spawn(run(listening_pool(pool), subscriptions));
+        let instance = Arc::new(AtomicI32::new(0));
+        let task = tokio::spawn(run(listening_pool(pool), subscriptions, instance.clone()));
         Self {
             subscribe,
+            instance,
             _task: Tasks(vec![task]),
         }
+    }
+
+    /// The instance's id, 0 until its connection first listens: its liveness lock's name (see
+    /// `waiter_instance_alive` in the migrations), drawn once, so no two live instances share it.
+    pub(crate) fn instance(&self) -> Arc<AtomicI32> {
+        self.instance.clone()
     }
 
     pub(crate) fn subscribe(&self, subscriber: Arc<dyn Subscriber>) {
@@ -95,7 +106,11 @@ enum Ended {
     Changed,
 }
 
-async fn run(own: PgPool, mut subscriptions: mpsc::UnboundedReceiver<Arc<dyn Subscriber>>) {
+async fn run(
+    own: PgPool,
+    mut subscriptions: mpsc::UnboundedReceiver<Arc<dyn Subscriber>>,
+    instance: Arc<AtomicI32>,
+) {
     let mut subscribers: Vec<Arc<dyn Subscriber>> = Vec::new();
     loop {
         if subscribers.is_empty() {
@@ -104,7 +119,7 @@ async fn run(own: PgPool, mut subscriptions: mpsc::UnboundedReceiver<Arc<dyn Sub
                 None => return,
             }
         }
-        let ended = listen(&own, &mut subscribers, &mut subscriptions).await;
+        let ended = listen(&own, &mut subscribers, &mut subscriptions, &instance).await;
         for s in &subscribers {
             s.lost(match &ended {
                 Ended::Lost(e) => e.as_ref(),
@@ -122,6 +137,7 @@ async fn listen(
     own: &PgPool,
     subscribers: &mut Vec<Arc<dyn Subscriber>>,
     subscriptions: &mut mpsc::UnboundedReceiver<Arc<dyn Subscriber>>,
+    instance: &AtomicI32,
 ) -> Ended {
     let mut listener = match PgListener::connect_with(own).await {
         Ok(listener) => listener,
@@ -135,6 +151,17 @@ async fn listen(
     let heard = async {
         let channels: Vec<&str> = subscribers.iter().map(|s| s.channel()).collect();
         listener.listen_all(channels).await?;
+        let mut id = instance.load(Ordering::Relaxed);
+        if id == 0 {
+            id = sqlx::query_scalar(include_str!("sql/instance_id.sql"))
+                .fetch_one(&mut listener)
+                .await?;
+            instance.store(id, Ordering::Relaxed);
+        }
+        sqlx::query(include_str!("sql/instance_lock.sql"))
+            .bind(id)
+            .execute(&mut listener)
+            .await?;
         for s in subscribers.iter() {
             s.listening(&mut listener).await?;
         }

@@ -39,8 +39,8 @@ pub struct Waiters {
 }
 
 struct Inner {
-    /// This instance's id and liveness lock (0 until it first listens).
-    instance: AtomicI32,
+    /// This instance's id, the name of its liveness lock (0 until it first listens).
+    instance: Arc<AtomicI32>,
     queues: Mutex<HashMap<String, BTreeMap<i64, Arc<Notify>>>>,
     listening: watch::Sender<bool>,
     stopping: watch::Sender<bool>,
@@ -67,7 +67,7 @@ impl Waiters {
     pub fn start(db: &Db, stall_bound: Duration) -> Self {
         let pool: PgPool = (**db).clone();
         let inner = Arc::new(Inner {
-            instance: AtomicI32::new(0),
+            instance: db.hub().instance(),
             queues: Mutex::default(),
             listening: watch::Sender::new(false),
             stopping: watch::Sender::new(false),

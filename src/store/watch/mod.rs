@@ -8,7 +8,7 @@ mod reader;
 mod relay;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -45,7 +45,8 @@ pub struct Changes {
 
 struct Inner {
     pool: PgPool,
-    name: String,
+    /// The instance's id, the relay role's holder name: a dead holder's role is taken at once.
+    instance: Arc<AtomicI32>,
     retention: Duration,
     live: broadcast::Sender<Arc<ChangeEvent>>,
     fresh: Notify,
@@ -63,7 +64,7 @@ struct Inner {
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Changes")
-            .field("name", &self.name)
+            .field("instance", &self.instance.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
 }
@@ -90,7 +91,7 @@ impl Changes {
     pub fn start(db: &Db, retention: Duration) -> Self {
         let inner = Arc::new(Inner {
             pool: (**db).clone(),
-            name: uuid::Uuid::new_v4().to_string(),
+            instance: db.hub().instance(),
             retention,
             live: broadcast::Sender::new(LIVE_BUFFER),
             fresh: Notify::new(),

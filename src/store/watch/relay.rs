@@ -1,5 +1,6 @@
 //! The relay: one instance numbers committed changes in epochs, reports expiries and prunes; its
-//! role is a lease by the database clock, kept by the statement that records an epoch.
+//! role is a lease by the database clock, kept by the statement that records an epoch, and free at
+//! once when its holder's liveness lock is (the instance died).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
@@ -27,7 +28,8 @@ const BUSY_TICK: Duration = Duration::from_millis(10);
 /// How long the role lasts unkept: the pause in changes when a relay dies.
 const ROLE_MS: i64 = 3000;
 const KEEP_EVERY: Duration = Duration::from_secs(1);
-const CLAIM_EVERY: Duration = Duration::from_secs(1);
+/// How often an instance without the role looks whether it is free: a dead holder's is at once.
+const CLAIM_EVERY: Duration = Duration::from_millis(250);
 /// How often the relay prunes (at most the retention), and how many epochs at a time.
 const PRUNE_EVERY: Duration = Duration::from_secs(10);
 const PRUNE_EPOCHS: i64 = 1000;
@@ -174,9 +176,21 @@ async fn relay_once(i: &Inner, role: &mut Option<Relay>) -> Result<Duration> {
     if let Some(r) = role.as_mut() {
         r.stale = true;
     }
+    let instance = i.instance.load(Ordering::Relaxed);
+    if instance == 0 {
+        // Not listening yet: without its liveness lock, no instance could tell it died.
+        return Ok(RELAY_TICK);
+    }
+    if role.is_none() {
+        sqlx::query(include_str!("sql/free_dead.sql"))
+            .bind(instance.to_string())
+            .execute(&i.pool)
+            .bounded(&i.pool)
+            .await?;
+    }
     let turning = Turning::start(i);
     let rows: Vec<TurnRow> = sqlx::query_as(TURN)
-        .bind(&i.name)
+        .bind(instance.to_string())
         .bind(role.is_some())
         .bind(ROLE_MS)
         .fetch_all(&i.pool)

@@ -1,5 +1,5 @@
-//! The queue's following of the database: its subscription (holding the liveness lock and saying
-//! the instance is alive), and the sweep.
+//! The queue's following of the database: its subscription (saying the instance is alive), and
+//! the sweep.
 
 use std::sync::Weak;
 use std::sync::atomic::Ordering;
@@ -32,19 +32,9 @@ impl Subscriber for Wakeups {
             let Some(i) = self.0.upgrade() else {
                 return Ok(());
             };
-            let mut instance = i.instance.load(Ordering::Relaxed);
-            if instance == 0 {
-                instance = sqlx::query_scalar(include_str!("../sql/wait_instance_id.sql"))
-                    .fetch_one(&mut *conn)
-                    .await?;
-                i.instance.store(instance, Ordering::Relaxed);
-            }
+            let instance = i.instance.load(Ordering::Relaxed);
             let bound = i64::try_from(i.stall_bound.as_millis()).unwrap_or(i64::MAX);
             drop(i);
-            sqlx::query(include_str!("../sql/wait_instance.sql"))
-                .bind(instance)
-                .execute(&mut *conn)
-                .await?;
             // A first heartbeat, so an instance frozen early is not judged by its lock alone.
             sqlx::query(include_str!("../sql/wait_heartbeat.sql"))
                 .bind(instance)
