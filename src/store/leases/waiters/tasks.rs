@@ -29,18 +29,8 @@ impl Subscriber for Wakeups {
 
     fn listening<'a>(&'a self, conn: &'a mut PgListener) -> BoxFuture<'a, sqlx::Result<()>> {
         async move {
-            let Some(i) = self.0.upgrade() else {
-                return Ok(());
-            };
-            let instance = i.instance.load(Ordering::Relaxed);
-            let bound = i64::try_from(i.stall_bound.as_millis()).unwrap_or(i64::MAX);
-            drop(i);
             // A first heartbeat, so an instance frozen early is not judged by its lock alone.
-            sqlx::query(include_str!("../sql/wait_heartbeat.sql"))
-                .bind(instance)
-                .bind(bound)
-                .execute(&mut *conn)
-                .await?;
+            self.tick(conn).await?;
             if let Some(i) = self.0.upgrade() {
                 i.listening.send_replace(true);
                 i.wake_all();
