@@ -146,9 +146,9 @@ pub struct ServeConfig {
     pub max_waiters_per_key: u32,
 
     /// Waiting acquires one instance holds, whatever their keys; one more is answered 429 with
-    /// Retry-After and its connection closed. A waiter is a request in flight: keep this well
-    /// below --max-concurrent-requests, so that waiters never keep other requests out.
-    #[arg(long, env = "SNAPFENCE_MAX_WAITERS", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Retry-After and its connection closed. A waiter holds a connection but not a place among
+    /// --max-concurrent-requests: keep this well below --max-connections.
+    #[arg(long, env = "SNAPFENCE_MAX_WAITERS", default_value_t = 2048, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_waiters: u32,
 
     /// How long a request body may take to arrive before the request is answered 408.

@@ -99,7 +99,7 @@ impl Default for Rules {
             max_watches: 1024,
             waiter_stall_bound: Duration::from_secs(1),
             max_waiters_per_key: 128,
-            max_waiters: 512,
+            max_waiters: 2048,
         }
     }
 }
