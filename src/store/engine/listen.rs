@@ -58,14 +58,6 @@ pub(crate) struct Hub {
     _task: Tasks,
 }
 
-impl std::fmt::Debug for dyn Subscriber {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Subscriber")
-            .field("channel", &self.channel())
-            .finish()
-    }
-}
-
 impl Hub {
     /// Connects once the first feature subscribes; needs a Tokio runtime.
     pub(crate) fn start(pool: &PgPool) -> Self {
