@@ -9,7 +9,6 @@ pub mod embedded;
 pub mod http;
 pub mod metrics;
 pub mod rules;
-pub mod state;
 pub mod store;
 pub mod telemetry;
 
@@ -21,9 +20,9 @@ use axum_server::accept::DefaultAcceptor;
 use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 use tokio::net::TcpListener;
 
+pub use http::AppState;
 pub use http::router;
 pub use rules::Rules;
-pub use state::AppState;
 
 /// Serves the API on `listener` until `shutdown`, then finishes requests in flight; prunes
 /// meanwhile.

@@ -11,7 +11,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::config::{LogFormat, ServeConfig};
 use crate::embedded::{EmbeddedPostgres, Settings};
-use crate::state::AppState;
+use crate::http::AppState;
 use crate::{store, telemetry};
 
 pub(super) const EMBEDDED_DATABASE: &str = "snapfence";

@@ -12,7 +12,7 @@ use super::extract::ApiQuery;
 use crate::domain::{
     Cursor, InvalidInput, Key, Page, PageLimit, Recovery, RecoveryReason, RefusalReason, Rejection,
 };
-use crate::state::AppState;
+use crate::http::AppState;
 use crate::store::audit::{self, AuditQuery};
 
 pub(super) fn routes() -> Routes {

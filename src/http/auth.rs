@@ -9,7 +9,7 @@ use axum::response::Response;
 use super::error::ApiError;
 use super::limits::HeldAdmission;
 use crate::domain::{Key, Presented, Principal, Scope};
-use crate::state::AppState;
+use crate::http::AppState;
 use crate::store;
 
 const NEEDS_KEY: &str = "this server requires an API key: send `Authorization: Bearer sf_…` (an operator makes one with `snapfence keys create`)";

@@ -19,7 +19,7 @@ use crate::domain::{
     AcquireRequest, FencingToken, Grant, Holder, Key, KeyStatus, LeaseState, Page, RenewRequest,
     TtlMs, Waiter,
 };
-use crate::state::AppState;
+use crate::http::AppState;
 use crate::store::RequestContext;
 use crate::store::idempotency::Gated;
 use crate::store::leases::queue;

@@ -10,6 +10,7 @@ pub mod leases;
 pub mod limits;
 pub mod ops;
 pub mod snapshots;
+mod state;
 mod txn;
 pub mod ui;
 pub mod watch;
@@ -32,9 +33,9 @@ use tracing::Level;
 
 use crate::domain::{ErrorCode, Principal};
 use crate::metrics::Metrics;
-use crate::state::AppState;
 use error::ApiError;
 use extract::REQUEST_ID;
+pub use state::{AppState, Shared};
 
 /// The whole API with its middleware: request ids, a span per matched route, panics as 500.
 pub fn router(state: AppState) -> Router {

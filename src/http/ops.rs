@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::Routes;
 use super::error::{ApiError, Unavailability};
-use crate::state::AppState;
+use crate::http::AppState;
 use crate::store;
 
 pub(super) fn routes() -> Routes {

@@ -21,7 +21,7 @@ use super::extract::{
 use crate::domain::{
     ETag, EntityTagCondition, Key, ListOrder, Metadata, Page, SnapshotMeta, Version,
 };
-use crate::state::AppState;
+use crate::http::AppState;
 use crate::store::idempotency::Gated;
 use crate::store::snapshots::list::{self, SnapshotKeysQuery};
 use crate::store::snapshots::{self, Fenced, PutRequest, Read, Snapshot, WriteOutcome, Written};

@@ -13,7 +13,7 @@ use super::extract::{
     BodyLimit, Context, FencingTokenHeader, content_length, fencing_key, json_body, read_limited,
 };
 use crate::domain::{FencingToken, Key, KeyPrefix, TxnAnswer, TxnBody, TxnOp};
-use crate::state::AppState;
+use crate::http::AppState;
 use crate::store::snapshots::txn::{self, TxnOutcome, TxnRequest};
 
 const TXN_TOO_LARGE: &str = "Send fewer or smaller puts, or raise the server's --max-snapshot-bytes (the bound of a transaction's body too)";

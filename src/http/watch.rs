@@ -21,7 +21,7 @@ use super::extract::ApiQuery;
 use super::limits::HeldAdmission;
 use crate::domain::headers::{LAST_EVENT_ID, WATCH_AFTER};
 use crate::domain::{ChangeId, KeyPrefix, Principal};
-use crate::state::AppState;
+use crate::http::AppState;
 use crate::store::watch::{Opened, Watch};
 
 pub(super) fn routes() -> Routes {

@@ -18,17 +18,16 @@ use sqlx::postgres::PgPool;
 
 pub(crate) use engine::{Bounded, Tasks};
 pub use engine::{
-    DbSettings, HOT_SETTINGS, HotPoolStatus, MIGRATOR, Result, StoreError, has_schema, pool, ready,
-    restart_deadline, server_timeout, within,
+    DbSettings, Engine, HOT_SETTINGS, HotPoolStatus, MIGRATOR, Result, StoreError, has_schema,
+    pool, ready, restart_deadline, server_timeout, within,
 };
 use leases::{timeline, waiters};
 
-/// An instance's database: sqlx's pool (its `Deref`), the hot connections and batches. Cheap to
-/// clone.
+/// An instance's database: the engine (sqlx's pool is its `Deref`) and the features' batches,
+/// which each feature reaches by `AsRef`. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Db {
-    conns: engine::conns::Conns,
-    hub: Arc<engine::listen::Hub>,
+    engine: Engine,
     leases: Arc<leases::Batches>,
     snapshots: Arc<snapshots::Batches>,
 }
@@ -37,42 +36,44 @@ impl Deref for Db {
     type Target = PgPool;
 
     fn deref(&self) -> &PgPool {
-        self.conns.pool()
+        &self.engine
+    }
+}
+
+impl AsRef<Engine> for Db {
+    fn as_ref(&self) -> &Engine {
+        &self.engine
+    }
+}
+
+impl AsRef<leases::Batches> for Db {
+    fn as_ref(&self) -> &leases::Batches {
+        &self.leases
+    }
+}
+
+impl AsRef<snapshots::Batches> for Db {
+    fn as_ref(&self) -> &snapshots::Batches {
+        &self.snapshots
     }
 }
 
 impl Db {
     /// Opens no connection until one is needed; needs a Tokio runtime for the dispatchers.
     pub fn new(pool: PgPool) -> Self {
-        let conns = engine::conns::Conns::new(pool);
+        let engine = Engine::start(pool);
         Self {
-            leases: Arc::new(leases::Batches::start(&conns)),
-            snapshots: Arc::new(snapshots::Batches::start(&conns)),
-            hub: Arc::new(engine::listen::Hub::start(conns.pool())),
-            conns,
+            leases: Arc::new(leases::Batches::start(engine.conns())),
+            snapshots: Arc::new(snapshots::Batches::start(engine.conns())),
+            engine,
         }
     }
 
     /// The hot pool's state, for the metrics.
     pub fn hot_status(&self) -> HotPoolStatus {
-        self.conns
+        self.engine
+            .conns()
             .hot_status(self.leases.queued() + self.snapshots.queued())
-    }
-
-    pub(crate) fn conns(&self) -> &engine::conns::Conns {
-        &self.conns
-    }
-
-    pub(crate) fn hub(&self) -> &engine::listen::Hub {
-        &self.hub
-    }
-
-    pub(crate) fn leases(&self) -> &leases::Batches {
-        &self.leases
-    }
-
-    pub(crate) fn snapshots(&self) -> &snapshots::Batches {
-        &self.snapshots
     }
 }
 

@@ -197,6 +197,56 @@ async fn the_change_feed_reads_an_epoch_by_index_whatever_the_statistics() {
     app.stop().await;
 }
 
+/// An audit page is sent unprepared, so PostgreSQL plans it with its values: the filters not given
+/// drop out, and a page of one key (or one reason) reads that index, not the whole log.
+#[tokio::test]
+async fn an_audit_page_reads_the_index_of_the_filter_it_was_given() {
+    let app = TestApp::spawn().await;
+    let mut conn = PgConnection::connect_with(&app.options).await.unwrap();
+    sqlx::raw_sql(
+        "INSERT INTO rejections (key, reason, presented_token, operation) \
+             SELECT 'k' || (n % 500), 'stale_token', 1, 'put' FROM generate_series(1, 20000) n; \
+         INSERT INTO rejections (key, reason, presented_token, operation) \
+             VALUES ('k1', 'unknown_token', 1, 'put'); \
+         ANALYZE rejections",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let page = snapfence::store::audit::Log::Rejections.page();
+    for (key, reason, index) in [
+        (Some("k7"), None, "rejections_key_id"),
+        (None, Some("unknown_token"), "rejections_reason_id"),
+    ] {
+        let (plan,): (Value,) = sqlx::query_as(&format!("EXPLAIN (FORMAT JSON) {page}"))
+            .persistent(false)
+            .bind(key)
+            .bind(reason)
+            .bind(None::<chrono::DateTime<chrono::Utc>>)
+            .bind(None::<chrono::DateTime<chrono::Utc>>)
+            .bind(None::<i64>)
+            .bind(51_i64)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        let mut indexes = Vec::new();
+        index_names(&plan[0]["Plan"], &mut indexes);
+        assert_eq!(indexes, [index], "{plan:#}");
+    }
+    conn.close().await.unwrap();
+    app.stop().await;
+}
+
+/// The indexes a plan reads.
+fn index_names(plan: &Value, found: &mut Vec<String>) {
+    if let Some(index) = plan["Index Name"].as_str() {
+        found.push(index.to_owned());
+    }
+    for child in plan["Plans"].as_array().into_iter().flatten() {
+        index_names(child, found);
+    }
+}
+
 /// Every node of a plan, by type.
 fn node_types(plan: &Value, found: &mut Vec<String>) {
     if let Some(t) = plan["Node Type"].as_str() {

@@ -12,9 +12,9 @@ use futures_util::StreamExt;
 use memmap2::MmapMut;
 use serde::de::DeserializeOwned;
 
+use crate::http::AppState;
 use crate::http::error::{ApiError, Unavailability};
 use crate::http::limits::BodyBudget;
-use crate::state::AppState;
 
 /// The largest JSON request body.
 pub const MAX_JSON_BYTES: usize = 64 * 1024;

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::{FromRow, PgPool, Postgres, QueryBuilder};
+use sqlx::{FromRow, PgPool};
 
 use super::{Bounded, Result};
 use crate::domain::{
@@ -25,16 +25,28 @@ impl Log {
     /// Both logs.
     pub const ALL: [Log; 2] = [Log::Rejections, Log::Recoveries];
 
-    fn table(self) -> &'static str {
+    /// The log's name, as the metrics label it: its table's.
+    pub fn name(self) -> &'static str {
         match self {
             Self::Rejections => "rejections",
             Self::Recoveries => "recoveries",
         }
     }
 
-    /// The log's name, as the metrics label it.
-    pub fn name(self) -> &'static str {
-        self.table()
+    /// The statement of a page of the log (for the plan tests).
+    #[doc(hidden)]
+    pub fn page(self) -> &'static str {
+        match self {
+            Self::Rejections => include_str!("sql/rejections_page.sql"),
+            Self::Recoveries => include_str!("sql/recoveries_page.sql"),
+        }
+    }
+
+    fn prune(self) -> &'static str {
+        match self {
+            Self::Rejections => include_str!("sql/rejections_prune.sql"),
+            Self::Recoveries => include_str!("sql/recoveries_prune.sql"),
+        }
     }
 }
 
@@ -49,7 +61,7 @@ pub async fn sizes(pool: &PgPool) -> Result<Vec<(Log, i64, i64)>> {
         .map(|log| {
             let (rows, bytes) = rows
                 .iter()
-                .find(|(t, ..)| t == log.table())
+                .find(|(t, ..)| t == log.name())
                 .map_or((0, 0), |r| (r.1, r.2));
             (log, rows, bytes)
         })
@@ -173,36 +185,28 @@ impl RecoveryRow {
     }
 }
 
-/// Only the filters given, so each combination gets its own prepared plan on its index.
-fn page_query(log: Log, q: &AuditQuery) -> QueryBuilder<'static, Postgres> {
-    let mut b = QueryBuilder::new(format!("SELECT * FROM {} WHERE true", log.table()));
-    if let Some(key) = &q.key {
-        b.push(" AND key = ").push_bind(key.as_str().to_owned());
-    }
-    if let Some(reason) = q.reason {
-        b.push(" AND reason = ").push_bind(reason);
-    }
-    if let Some(since) = q.since {
-        b.push(" AND at >= ").push_bind(since);
-    }
-    if let Some(until) = q.until {
-        b.push(" AND at < ").push_bind(until);
-    }
-    if let Some(before) = q.before_id {
-        b.push(" AND id < ").push_bind(before);
-    }
-    b.push(" ORDER BY id DESC LIMIT ")
-        .push_bind(q.limit.get() + 1);
-    b
+/// A page of `log`'s rows, newest first. Not a prepared statement: PostgreSQL plans each call with
+/// its values, so the filters not given drop out and a key's page reads the key's index.
+async fn page<R>(pool: &PgPool, log: Log, q: &AuditQuery) -> Result<Vec<R>>
+where
+    R: for<'r> FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+{
+    sqlx::query_as(log.page())
+        .persistent(false)
+        .bind(q.key.as_ref().map(|k| k.as_str()))
+        .bind(q.reason)
+        .bind(q.since)
+        .bind(q.until)
+        .bind(q.before_id)
+        .bind(q.limit.get() + 1)
+        .fetch_all(pool)
+        .bounded(pool)
+        .await
 }
 
 /// A page of refused writes, newest first.
 pub async fn rejections(pool: &PgPool, q: &AuditQuery) -> Result<Page<Rejection>> {
-    let rows: Vec<RejectionRow> = page_query(Log::Rejections, q)
-        .build_query_as()
-        .fetch_all(pool)
-        .bounded(pool)
-        .await?;
+    let rows: Vec<RejectionRow> = page(pool, Log::Rejections, q).await?;
     let items = rows.into_iter().map(RejectionRow::into_rejection).collect();
     Ok(Page::from_rows(items, q.limit, |r: &Rejection| {
         Cursor::after_id(r.id.0)
@@ -211,11 +215,7 @@ pub async fn rejections(pool: &PgPool, q: &AuditQuery) -> Result<Page<Rejection>
 
 /// A page of replaced recovery records, newest first.
 pub async fn recoveries(pool: &PgPool, q: &AuditQuery) -> Result<Page<Recovery>> {
-    let rows: Vec<RecoveryRow> = page_query(Log::Recoveries, q)
-        .build_query_as()
-        .fetch_all(pool)
-        .bounded(pool)
-        .await?;
+    let rows: Vec<RecoveryRow> = page(pool, Log::Recoveries, q).await?;
     let items = rows.into_iter().map(RecoveryRow::into_recovery).collect();
     Ok(Page::from_rows(items, q.limit, |r: &Recovery| {
         Cursor::after_id(r.id.0)
@@ -224,11 +224,5 @@ pub async fn recoveries(pool: &PgPool, q: &AuditQuery) -> Result<Page<Recovery>>
 
 /// Deletes up to `batch` rows older than `retention` (SKIP LOCKED, so writes never wait); how many.
 pub async fn prune(pool: &PgPool, log: Log, retention: Duration, batch: i64) -> Result<u64> {
-    let sql = format!(
-        "DELETE FROM {t} WHERE id IN (
-            SELECT id FROM {t} WHERE at < now() - $1 * interval '1 millisecond'
-            ORDER BY at LIMIT $2 FOR UPDATE SKIP LOCKED)",
-        t = log.table()
-    );
-    super::engine::delete_batch(pool, &sql, retention, batch).await
+    super::engine::delete_batch(pool, log.prune(), retention, batch).await
 }

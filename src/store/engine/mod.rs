@@ -13,6 +13,41 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 pub use conns::{HOT_SETTINGS, HotPoolStatus};
 
+/// An instance's database as every feature sees it: sqlx's pool (its `Deref`), the hot connections
+/// and the one LISTEN connection. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    conns: conns::Conns,
+    hub: std::sync::Arc<listen::Hub>,
+}
+
+impl Engine {
+    /// Opens no connection until one is needed; needs a Tokio runtime.
+    pub(crate) fn start(pool: PgPool) -> Self {
+        let conns = conns::Conns::new(pool);
+        Self {
+            hub: std::sync::Arc::new(listen::Hub::start(conns.pool())),
+            conns,
+        }
+    }
+
+    pub(crate) fn conns(&self) -> &conns::Conns {
+        &self.conns
+    }
+
+    pub(crate) fn hub(&self) -> &listen::Hub {
+        &self.hub
+    }
+}
+
+impl std::ops::Deref for Engine {
+    type Target = PgPool;
+
+    fn deref(&self) -> &PgPool {
+        self.conns.pool()
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Tasks(pub(crate) Vec<tokio::task::JoinHandle<()>>);
 

@@ -1,10 +1,10 @@
 //! Statements over a batch of requests, assembled by one builder: it writes `req` (an array
-//! parameter per [`Column`]) and binds by the same list, so text and binding agree; the features'
-//! SQL parts name columns, never parameter numbers.
+//! parameter per [`Column`], typed by the Rust value it binds) and binds by the same list, so text
+//! and binding agree; the features' SQL parts name columns, never parameter numbers.
 
-use sqlx::Postgres;
 use sqlx::error::BoxDynError;
-use sqlx::postgres::PgArguments;
+use sqlx::postgres::{PgArguments, PgTypeInfo};
+use sqlx::{Postgres, TypeInfo};
 
 pub(crate) type QueryAs<'q, O> = sqlx::query::QueryAs<'q, Postgres, O, PgArguments>;
 
@@ -12,12 +12,16 @@ pub(crate) type Bind<J> = fn(&mut PgArguments, &[&J]) -> Result<(), BoxDynError>
 
 pub(crate) struct Column<J> {
     name: &'static str,
-    sql_type: &'static str,
+    sql_type: fn() -> PgTypeInfo,
     bind: Bind<J>,
 }
 
 impl<J> Column<J> {
-    pub(crate) const fn new(name: &'static str, sql_type: &'static str, bind: Bind<J>) -> Self {
+    pub(crate) const fn new(
+        name: &'static str,
+        sql_type: fn() -> PgTypeInfo,
+        bind: Bind<J>,
+    ) -> Self {
         Self {
             name,
             sql_type,
@@ -26,15 +30,28 @@ impl<J> Column<J> {
     }
 }
 
-/// A [`Column`] named `$name` of SQL type `$ty`, whose value for request `$j` is `$value`.
+/// The SQL type of a column binding `values`.
+pub(crate) fn element_type<T: sqlx::Type<Postgres>>(_values: &[T]) -> PgTypeInfo {
+    T::type_info()
+}
+
+/// A [`Column`] named `$name` whose value for request `$j` is `$value`, of that value's SQL type.
 macro_rules! column {
-    ($job:ty, $name:literal: $ty:literal = |$j:ident| $value:expr) => {
-        $crate::store::engine::statement::Column::<$job>::new($name, $ty, |args, jobs| {
-            sqlx::Arguments::add(
-                args,
-                $crate::store::engine::batch::column(jobs, |$j| $value),
-            )
-        })
+    ($job:ty, $name:literal = |$j:ident| $value:expr) => {
+        $crate::store::engine::statement::Column::<$job>::new(
+            $name,
+            || {
+                let none: &[&$job] = &[];
+                let values = $crate::store::engine::batch::column(none, |$j| $value);
+                $crate::store::engine::statement::element_type(&values)
+            },
+            |args, jobs| {
+                sqlx::Arguments::add(
+                    args,
+                    $crate::store::engine::batch::column(jobs, |$j| $value),
+                )
+            },
+        )
     };
 }
 pub(crate) use column;
@@ -50,7 +67,6 @@ impl<J> Batched<J> {
             columns: columns.into_iter().collect(),
             derived: Vec::new(),
             parts: Vec::new(),
-            slots: Vec::new(),
         }
     }
 
@@ -74,7 +90,6 @@ pub(crate) struct Builder<J> {
     columns: Vec<Column<J>>,
     derived: Vec<(&'static str, &'static str)>,
     parts: Vec<&'static str>,
-    slots: Vec<(&'static str, &'static str)>,
 }
 
 impl<J> Builder<J> {
@@ -89,23 +104,11 @@ impl<J> Builder<J> {
         self
     }
 
-    pub(crate) fn fill(mut self, name: &'static str, sql: &'static str) -> Self {
-        self.slots.push((name, sql));
-        self
-    }
-
-    /// Panics when a slot is left empty or a filling finds none, so no part is silently dropped.
     pub(crate) fn build(self) -> Batched<J> {
         let mut text = self.requests();
         for part in &self.parts {
             text.push_str(part);
         }
-        for (name, sql) in &self.slots {
-            let slot = format!("{{{{{name}}}}}");
-            assert!(text.contains(&slot), "no slot {slot} in the statement");
-            text = text.replace(&slot, sql);
-        }
-        assert!(!text.contains("{{"), "a slot is left empty: {text}");
         Batched {
             text,
             columns: self.columns,
@@ -141,7 +144,7 @@ impl<J> Builder<J> {
             .columns
             .iter()
             .enumerate()
-            .map(|(n, c)| format!("${}::{}[]", n + 1, c.sql_type))
+            .map(|(n, c)| format!("${}::{}[]", n + 1, (c.sql_type)().name().to_lowercase()))
             .collect();
         let names: Vec<&str> = self.columns.iter().map(|c| c.name).chain(["i"]).collect();
         text.push_str("WITH req AS (\n    SELECT ");

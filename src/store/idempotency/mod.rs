@@ -119,7 +119,6 @@ pub(crate) fn changing<J: Change>(
     columns: impl IntoIterator<Item = Column<J>>,
     derived: &[(&'static str, &'static str)],
     parts: &[&'static str],
-    fills: &[(&'static str, &'static str)],
 ) -> Batched<J> {
     let mut b = Batched::builder(gate_columns().into_iter().chain(columns));
     for (name, sql) in derived {
@@ -129,19 +128,21 @@ pub(crate) fn changing<J: Change>(
     for part in parts {
         b = b.part(part);
     }
-    b = b.part(include_str!("sql/remember.sql"));
-    for (name, sql) in fills {
-        b = b.fill(name, sql);
-    }
-    b.build()
+    b.part(include_str!("sql/remember.sql")).build()
 }
 
 fn gate_columns<J: Change>() -> [Column<J>; 4] {
     [
-        column!(J, "idem": "text" = |j| j.ctx().idempotency.as_ref().map(|i| i.key.as_str())),
-        column!(J, "fp": "bytea" = |j| j.ctx().idempotency.as_ref().map(|i| &i.fingerprint[..])),
-        column!(J, "principal": "text" = |j| j.ctx().principal.as_deref()),
-        column!(J, "key_id": "bigint" = |j| j.ctx().key_id),
+        column!(
+            J,
+            "idem" = |j| j.ctx().idempotency.as_ref().map(|i| i.key.as_str())
+        ),
+        column!(
+            J,
+            "fp" = |j| j.ctx().idempotency.as_ref().map(|i| &i.fingerprint[..])
+        ),
+        column!(J, "principal" = |j| j.ctx().principal.as_deref()),
+        column!(J, "key_id" = |j| j.ctx().key_id),
     ]
 }
 

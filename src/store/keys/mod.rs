@@ -14,7 +14,7 @@ use sqlx::postgres::PgListener;
 use sqlx::{FromRow, PgPool, Row};
 
 use super::engine::listen::Subscriber;
-use super::{Bounded, Db, Result};
+use super::{Bounded, Engine, Result};
 use crate::domain::{KeyName, KeyPrefix, NewSecret, Presented, Principal, Scope, rfc3339_millis};
 
 /// A key as listed: everything but its secret, which is never stored.
@@ -214,7 +214,7 @@ async fn lookup(pool: &PgPool, presented: Option<&Presented>) -> Result<Lookup> 
 }
 
 async fn is_live(pool: &PgPool, id: i64) -> Result<bool> {
-    sqlx::query_scalar("SELECT EXISTS (SELECT FROM api_keys WHERE id = $1 AND revoked_at IS NULL)")
+    sqlx::query_scalar(include_str!("sql/is_live.sql"))
         .bind(id)
         .fetch_one(pool)
         .bounded(pool)
@@ -248,7 +248,8 @@ struct Cache {
 
 impl KeyCache {
     /// Starts following the table on the instance's listening connection; needs a Tokio runtime.
-    pub fn follow(db: &Db) -> Self {
+    pub fn follow(db: &impl AsRef<Engine>) -> Self {
+        let db: &Engine = db.as_ref();
         let cache = Arc::new(Cache {
             live: RwLock::new(None),
             loads: tokio::sync::watch::Sender::new(0),

@@ -12,34 +12,31 @@ use crate::store::engine::statement::{Batched, Column, QueryAs, column};
 use crate::store::idempotency::{self, Change, GatedRow};
 
 pub(crate) static ACQUIRE: LazyLock<Batched<AcquireJob>> = LazyLock::new(|| {
-    idempotency::changing(
-        acquire_columns(),
-        &[],
-        &[include_str!("sql/acquire.sql")],
-        &[],
-    )
+    idempotency::changing(acquire_columns(), &[], &[include_str!("sql/acquire.sql")])
 });
 
 fn acquire_columns() -> [Column<AcquireJob>; 11] {
     [
-        column!(AcquireJob, "key": "text" = |j| j.req.key.as_str()),
-        column!(AcquireJob, "owner": "text" = |j| j.req.owner.as_str()),
-        column!(AcquireJob, "ttl_ms": "bigint" = |j| j.req.ttl.get()),
-        column!(AcquireJob, "metadata": "text" = |j| {
-            j.req.metadata.as_ref().map(|m| m.as_json().to_string())
-        }),
-        column!(AcquireJob, "crash_recovery": "boolean" = |j| j.req.crash_recovery),
-        column!(AcquireJob, "reconciled": "boolean" = |j| j.req.reconciled),
-        column!(AcquireJob, "request_id": "text" = |j| j.ctx.request_id.as_deref()),
-        column!(AcquireJob, "remote_addr": "text" = |j| j.ctx.remote_addr.as_deref()),
-        column!(AcquireJob, "reconciling": "boolean" = |j| j.req.reconciling),
-        column!(AcquireJob, "waiter": "bigint" = |j| j.waiter),
-        column!(AcquireJob, "last_try": "boolean" = |j| j.last_try),
+        column!(AcquireJob, "key" = |j| j.req.key.as_str()),
+        column!(AcquireJob, "owner" = |j| j.req.owner.as_str()),
+        column!(AcquireJob, "ttl_ms" = |j| j.req.ttl.get()),
+        column!(
+            AcquireJob,
+            "metadata" = |j| { j.req.metadata.as_ref().map(|m| m.as_json().to_string()) }
+        ),
+        column!(AcquireJob, "crash_recovery" = |j| j.req.crash_recovery),
+        column!(AcquireJob, "reconciled" = |j| j.req.reconciled),
+        column!(AcquireJob, "request_id" = |j| j.ctx.request_id.as_deref()),
+        column!(AcquireJob, "remote_addr" = |j| j.ctx.remote_addr.as_deref()),
+        column!(AcquireJob, "reconciling" = |j| j.req.reconciling),
+        column!(AcquireJob, "waiter" = |j| j.waiter),
+        column!(AcquireJob, "last_try" = |j| j.last_try),
     ]
 }
 
 #[derive(Debug)]
-pub(crate) struct Batches {
+/// The lease calls' batches.
+pub struct Batches {
     pub(crate) acquire: Batcher<AcquireBatch>,
     pub(crate) renew: Batcher<RenewBatch>,
     pub(crate) end: Batcher<EndBatch>,
@@ -111,13 +108,11 @@ impl Kind for AcquireBatch {
 
 pub(crate) static RENEW: LazyLock<Batched<ChangeJob<Option<TtlMs>>>> = LazyLock::new(|| {
     let [key, token] = ChangeJob::lease_columns();
-    let ttl = column!(ChangeJob<Option<TtlMs>>, "ttl_ms": "bigint" = |j| j.change.map(TtlMs::get));
-    idempotency::changing(
-        [key, token, ttl],
-        &[],
-        &[include_str!("sql/renew.sql")],
-        &[],
-    )
+    let ttl = column!(
+        ChangeJob<Option<TtlMs>>,
+        "ttl_ms" = |j| j.change.map(TtlMs::get)
+    );
+    idempotency::changing([key, token, ttl], &[], &[include_str!("sql/renew.sql")])
 });
 
 #[derive(Debug)]
@@ -131,8 +126,8 @@ pub(crate) struct ChangeJob<C> {
 impl<C> ChangeJob<C> {
     fn lease_columns() -> [Column<Self>; 2] {
         [
-            column!(Self, "key": "text" = |j| j.key.as_str()),
-            column!(Self, "token": "bigint" = |j| j.token.get()),
+            column!(Self, "key" = |j| j.key.as_str()),
+            column!(Self, "token" = |j| j.token.get()),
         ]
     }
 }
@@ -175,26 +170,26 @@ impl Kind for EndBatch {
 
 pub(crate) static END: LazyLock<Batched<ChangeJob<&'static str>>> = LazyLock::new(|| {
     let [key, token] = ChangeJob::lease_columns();
-    let ending = column!(ChangeJob<&'static str>, "ending": "text" = |j| j.change);
-    idempotency::changing(
-        [key, token, ending],
-        &[],
-        &[include_str!("sql/end.sql")],
-        &[],
-    )
+    let ending = column!(ChangeJob<&'static str>, "ending" = |j| j.change);
+    idempotency::changing([key, token, ending], &[], &[include_str!("sql/end.sql")])
 });
 
 pub(crate) static RECONCILED: LazyLock<Batched<ChangeJob<()>>> = LazyLock::new(|| {
     let [key, token] = ChangeJob::lease_columns();
     let audit = [
-        column!(ChangeJob<()>, "request_id": "text" = |j| j.ctx.request_id.as_deref()),
-        column!(ChangeJob<()>, "remote_addr": "text" = |j| j.ctx.remote_addr.as_deref()),
+        column!(
+            ChangeJob<()>,
+            "request_id" = |j| j.ctx.request_id.as_deref()
+        ),
+        column!(
+            ChangeJob<()>,
+            "remote_addr" = |j| j.ctx.remote_addr.as_deref()
+        ),
     ];
     idempotency::changing(
         [key, token].into_iter().chain(audit),
         &[],
         &[include_str!("sql/reconciled.sql")],
-        &[],
     )
 });
 

@@ -8,15 +8,16 @@ mod rows;
 pub mod timeline;
 pub mod waiters;
 
+pub use batches::Batches;
 use batches::ChangeJob;
-pub(crate) use batches::{ACQUIRE, AcquireBatch, AcquireJob, Batches, END, RECONCILED, RENEW};
+pub(crate) use batches::{ACQUIRE, AcquireBatch, AcquireJob, END, RECONCILED, RENEW};
 use rows::{AcquireAnswer, ChangeAnswer, StatusRow};
 
 use sqlx::PgPool;
 
 use super::engine::conns::Effect;
 use super::idempotency::{self, Gated};
-use super::{Bounded, Db, RequestContext, Result};
+use super::{Bounded, Engine, RequestContext, Result};
 use crate::domain::{
     Cursor, FencingToken, Key, KeyPrefix, KeyStatus, Lease, LeaseState, Metadata, Owner, Page,
     PageLimit, RecoveryRecord, TtlMs,
@@ -81,13 +82,13 @@ pub enum LeaseChange {
 /// Acquires a key, again only if it lost the race to create the key's row.
 #[tracing::instrument(level = "debug", skip_all, fields(key = %req.key))]
 pub async fn acquire(
-    db: &Db,
+    db: &impl AsRef<Batches>,
     req: &NewLease,
     ctx: &RequestContext,
 ) -> Result<Gated<AcquireOutcome>> {
     loop {
         let gated = idempotency::gated(ctx, || {
-            db.leases().acquire.answer(AcquireJob {
+            db.as_ref().acquire.answer(AcquireJob {
                 req: req.clone(),
                 ctx: ctx.clone(),
                 waiter: None,
@@ -105,14 +106,14 @@ pub async fn acquire(
 /// Renews a live lease (`sql/renew.sql`).
 #[tracing::instrument(level = "debug", skip_all, fields(key = %key))]
 pub async fn renew(
-    db: &Db,
+    db: &impl AsRef<Batches>,
     key: &Key,
     token: FencingToken,
     ttl: Option<TtlMs>,
     ctx: &RequestContext,
 ) -> Result<Gated<LeaseChange>> {
     let gated = idempotency::gated(ctx, || {
-        db.leases().renew.answer(ChangeJob {
+        db.as_ref().renew.answer(ChangeJob {
             key: key.clone(),
             token,
             change: ttl,
@@ -137,7 +138,7 @@ pub enum Ending {
 /// Releases, abandons or marks a live lease (`sql/end.sql`).
 #[tracing::instrument(level = "debug", skip_all, fields(key = %key, ending = ?ending))]
 pub async fn end(
-    db: &Db,
+    db: &impl AsRef<Batches>,
     key: &Key,
     token: FencingToken,
     ending: Ending,
@@ -149,7 +150,7 @@ pub async fn end(
         Ending::RequireRecovery => "recovery_required",
     };
     let gated = idempotency::gated(ctx, || {
-        db.leases().end.answer(ChangeJob {
+        db.as_ref().end.answer(ChangeJob {
             key: key.clone(),
             token,
             change: ending,
@@ -164,13 +165,13 @@ pub async fn end(
 /// (`sql/reconciled.sql`).
 #[tracing::instrument(level = "debug", skip_all, fields(key = %key))]
 pub async fn reconciled(
-    db: &Db,
+    db: &impl AsRef<Batches>,
     key: &Key,
     token: FencingToken,
     ctx: &RequestContext,
 ) -> Result<Gated<LeaseChange>> {
     let gated = idempotency::gated(ctx, || {
-        db.leases().reconciled.answer(ChangeJob {
+        db.as_ref().reconciled.answer(ChangeJob {
             key: key.clone(),
             token,
             change: (),
@@ -184,8 +185,9 @@ pub async fn reconciled(
 pub(crate) const STATUS: &str = include_str!("sql/status.sql");
 
 /// A key's newest lease, state, recovery record and live waiters; a plain read.
-pub async fn status(db: &Db, key: &Key) -> Result<Option<KeyStatus>> {
+pub async fn status(db: &impl AsRef<Engine>, key: &Key) -> Result<Option<KeyStatus>> {
     let row: Option<StatusRow> = db
+        .as_ref()
         .conns()
         .fetch_optional(Effect::Reads, || sqlx::query_as(STATUS).bind(key.as_str()))
         .await?;
@@ -225,7 +227,7 @@ pub async fn list(pool: &PgPool, q: &ListQuery) -> Result<Page<KeyStatus>> {
 /// Moves the token sequence past every stored token; the new position if it moved.
 pub async fn ensure_sequence_ahead(pool: &PgPool) -> Result<Option<i64>> {
     let mut tx = pool.begin().bounded(pool).await?;
-    sqlx::query("LOCK TABLE leases IN SHARE ROW EXCLUSIVE MODE")
+    sqlx::query(include_str!("sql/lock_grants.sql"))
         .execute(&mut *tx)
         .bounded(pool)
         .await?;

@@ -10,7 +10,7 @@ use super::{Bounded, Result};
 /// migration's guard row lock lets exactly one concurrent caller move it, before any token is
 /// drawn.
 pub async fn secure(pool: &PgPool) -> Result<Option<i64>> {
-    let moved: Option<i64> = sqlx::query_scalar("SELECT secure_token_timeline()")
+    let moved: Option<i64> = sqlx::query_scalar(include_str!("sql/secure_timeline.sql"))
         .fetch_one(pool)
         .bounded_change(pool)
         .await?;

@@ -21,7 +21,7 @@ mod tasks;
 use super::{AcquireAnswer, AcquireBatch, AcquireJob, AcquireOutcome, NewLease};
 use crate::store::engine::batch::Batcher;
 use crate::store::idempotency::{self, Gated};
-use crate::store::{Db, RequestContext, Result, StoreError, Tasks, restart_deadline};
+use crate::store::{Engine, RequestContext, Result, StoreError, Tasks, restart_deadline};
 pub(crate) use enqueue::ENQUEUE;
 use enqueue::{Enqueue, EnqueueBatch, Queued};
 use place::Place;
@@ -64,7 +64,8 @@ impl std::fmt::Debug for Inner {
 
 impl Waiters {
     /// Starts listening for wake-ups under a fresh instance id; needs a Tokio runtime.
-    pub fn start(db: &Db, stall_bound: Duration) -> Self {
+    pub fn start(db: &impl AsRef<Engine>, stall_bound: Duration) -> Self {
+        let db: &Engine = db.as_ref();
         let pool: PgPool = (**db).clone();
         let inner = Arc::new(Inner {
             instance: db.hub().instance(),

@@ -7,9 +7,9 @@ WITH req AS (
     SELECT r.idem, r.fp, r.principal, r.key_id, r.key, r.owner, r.ttl_ms, r.metadata,
         r.crash_recovery, r.reconciled, r.request_id, r.remote_addr, r.reconciling, r.waiter,
         r.last_try, r.i
-    FROM unnest($1::text[], $2::bytea[], $3::text[], $4::bigint[], $5::text[], $6::text[],
-        $7::bigint[], $8::text[], $9::boolean[], $10::boolean[], $11::text[], $12::text[],
-        $13::boolean[], $14::bigint[], $15::boolean[])
+    FROM unnest($1::text[], $2::bytea[], $3::text[], $4::int8[], $5::text[], $6::text[], $7::int8[],
+        $8::text[], $9::bool[], $10::bool[], $11::text[], $12::text[], $13::bool[], $14::int8[],
+        $15::bool[])
     WITH ORDINALITY AS r(idem, fp, principal, key_id, key, owner, ttl_ms, metadata, crash_recovery,
         reconciled, request_id, remote_addr, reconciling, waiter, last_try, i)),
 -- The first part of every changing statement after `req`: per request, whether it may run (`gate`)

@@ -8,11 +8,12 @@ WITH req AS (
     SELECT r.idem, r.fp, r.principal, r.key_id, r.key, r.fence, r.token, r.if_none_match, r.op,
         r.prefix, r.prefix_end, r.prefix_limit, r.has_if_match, CASE WHEN r.tags IS NOT NULL THEN
         ARRAY(SELECT json_array_elements_text(r.tags::json)) END AS tags, r.request_id,
-        r.remote_addr, r.operation, r.etag, r.size, r.content_type, r.body, r.keep, r.metadata, r.i
-    FROM unnest($1::text[], $2::bytea[], $3::text[], $4::bigint[], $5::text[], $6::text[],
-        $7::bigint[], $8::boolean[], $9::text[], $10::text[], $11::text[], $12::bigint[],
-        $13::boolean[], $14::text[], $15::text[], $16::text[], $17::text[], $18::text[],
-        $19::bigint[], $20::text[], $21::bytea[], $22::bigint[], $23::text[])
+        r.remote_addr, r.operation, r.etag, r.size, r.content_type, r.body, r.keep, r.metadata,
+        NULL::bigint AS stale_below, r.i
+    FROM unnest($1::text[], $2::bytea[], $3::text[], $4::int8[], $5::text[], $6::text[], $7::int8[],
+        $8::bool[], $9::text[], $10::text[], $11::text[], $12::int8[], $13::bool[], $14::text[],
+        $15::text[], $16::text[], $17::text[], $18::text[], $19::int8[], $20::text[], $21::bytea[],
+        $22::int8[], $23::text[])
     WITH ORDINALITY AS r(idem, fp, principal, key_id, key, fence, token, if_none_match, op, prefix,
         prefix_end, prefix_limit, has_if_match, tags, request_id, remote_addr, operation, etag,
         size, content_type, body, keep, metadata, i)),
@@ -52,8 +53,8 @@ w AS (
 -- The fencing rules, in this one place, for every write (writes.sql, txn_writes.sql), with the
 -- audit row of each refused group in the same statement. A write under lease `fence` with `token`
 -- is accepted only if (1) the token is the fence's newest and not given up, and (2) it is at least
--- the highest that wrote the key. `w.token < c.token OR` is rule (1)'s bound, changed only by the fault
--- tests' negative control.
+-- the highest that wrote the key. Rule (1)'s bound is the fence's token unless `stale_below` (a
+-- `req` column, NULL but in the fault tests' negative control) gives another.
 --
 -- Locks: `cur` takes the fences' lease rows FOR NO KEY UPDATE in key order, as every grant and
 -- ending does, so no grant slips between verdict and commit; only then does `heads` lock the heads
@@ -75,7 +76,8 @@ checked AS (
         coalesce(h.pruned_through, 0) AS pruned_through, CASE
         WHEN g.verdict <> 'run' THEN g.verdict
         WHEN c.key IS NULL OR w.token > c.token THEN 'unknown_token'
-        WHEN w.token < c.token OR c.end_reason IS NOT NULL THEN 'stale_token'
+        WHEN w.token < coalesce(w.stale_below, c.token) OR c.end_reason IS NOT NULL
+            THEN 'stale_token'
         WHEN w.token < h.written_token THEN 'stale_written'
         WHEN w.over_limit THEN 'too_many_keys'
         WHEN w.has_if_match AND (h.etag IS NULL

@@ -4,7 +4,7 @@
 -- keep, $5 unless
 WITH req AS (
     SELECT r.key, r.version, r.with_body, r.keep, r.unless, r.i
-    FROM unnest($1::text[], $2::bigint[], $3::boolean[], $4::bigint[], $5::jsonb[])
+    FROM unnest($1::text[], $2::int8[], $3::bool[], $4::int8[], $5::jsonb[])
     WITH ORDINALITY AS r(key, version, with_body, keep, unless, i)),
 -- Snapshot reads per request: the current or a retained version, its body only when asked and not
 -- matched by If-None-Match (`jsonb ? text`, a weak comparison). Only versions within the retention

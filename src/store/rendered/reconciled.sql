@@ -4,8 +4,8 @@
 -- key_id, $5 key, $6 token, $7 request_id, $8 remote_addr
 WITH req AS (
     SELECT r.idem, r.fp, r.principal, r.key_id, r.key, r.token, r.request_id, r.remote_addr, r.i
-    FROM unnest($1::text[], $2::bytea[], $3::text[], $4::bigint[], $5::text[], $6::bigint[],
-        $7::text[], $8::text[])
+    FROM unnest($1::text[], $2::bytea[], $3::text[], $4::int8[], $5::text[], $6::int8[], $7::text[],
+        $8::text[])
     WITH ORDINALITY AS r(idem, fp, principal, key_id, key, token, request_id, remote_addr, i)),
 -- The first part of every changing statement after `req`: per request, whether it may run (`gate`)
 -- and its Idempotency-Key's stored answer (`prior`); every change after it requires `verdict =

@@ -4,8 +4,7 @@
 -- key_id, $5 key, $6 token, $7 ttl_ms
 WITH req AS (
     SELECT r.idem, r.fp, r.principal, r.key_id, r.key, r.token, r.ttl_ms, r.i
-    FROM unnest($1::text[], $2::bytea[], $3::text[], $4::bigint[], $5::text[], $6::bigint[],
-        $7::bigint[])
+    FROM unnest($1::text[], $2::bytea[], $3::text[], $4::int8[], $5::text[], $6::int8[], $7::int8[])
     WITH ORDINALITY AS r(idem, fp, principal, key_id, key, token, ttl_ms, i)),
 -- The first part of every changing statement after `req`: per request, whether it may run (`gate`)
 -- and its Idempotency-Key's stored answer (`prior`); every change after it requires `verdict =

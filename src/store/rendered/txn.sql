@@ -9,11 +9,11 @@ WITH req AS (
         r.prefix, r.prefix_end, r.prefix_limit, r.has_if_match, CASE WHEN r.tags IS NOT NULL THEN
         ARRAY(SELECT json_array_elements_text(r.tags::json)) END AS tags, r.request_id,
         r.remote_addr, r.operation, r.etag, r.size, r.content_type, r.body, r.keep, r.metadata,
-        r.gi, r.i
-    FROM unnest($1::text[], $2::bytea[], $3::text[], $4::bigint[], $5::text[], $6::text[],
-        $7::bigint[], $8::boolean[], $9::text[], $10::text[], $11::text[], $12::bigint[],
-        $13::boolean[], $14::text[], $15::text[], $16::text[], $17::text[], $18::text[],
-        $19::bigint[], $20::text[], $21::bytea[], $22::bigint[], $23::text[], $24::bigint[])
+        r.gi, NULL::bigint AS stale_below, r.i
+    FROM unnest($1::text[], $2::bytea[], $3::text[], $4::int8[], $5::text[], $6::text[], $7::int8[],
+        $8::bool[], $9::text[], $10::text[], $11::text[], $12::int8[], $13::bool[], $14::text[],
+        $15::text[], $16::text[], $17::text[], $18::text[], $19::int8[], $20::text[], $21::bytea[],
+        $22::int8[], $23::text[], $24::int8[])
     WITH ORDINALITY AS r(idem, fp, principal, key_id, key, fence, token, if_none_match, op, prefix,
         prefix_end, prefix_limit, has_if_match, tags, request_id, remote_addr, operation, etag,
         size, content_type, body, keep, metadata, gi, i)),
@@ -66,18 +66,18 @@ w AS (
     SELECT r.i, r.gi, r.op, r.key, coalesce(r.key, r.prefix) AS subject, r.fence,
         r.token, r.has_if_match, r.tags, r.if_none_match, r.operation, r.request_id,
         r.remote_addr, r.principal, r.etag, r.size, r.content_type, r.keep, r.metadata, r.body,
-        b.over_limit
+        r.stale_below, b.over_limit
     FROM req r JOIN bound b ON b.gi = r.gi
     UNION ALL
     SELECT x.n, x.gi, 'delete', x.key, x.key, r.fence, r.token, false, NULL, false, r.operation,
         r.request_id, r.remote_addr, r.principal, NULL, NULL, NULL, r.keep, NULL, NULL,
-        b.over_limit
+        r.stale_below, b.over_limit
     FROM expanded x JOIN req r ON r.i = x.prefix_i JOIN bound b ON b.gi = x.gi),
 -- The fencing rules, in this one place, for every write (writes.sql, txn_writes.sql), with the
 -- audit row of each refused group in the same statement. A write under lease `fence` with `token`
 -- is accepted only if (1) the token is the fence's newest and not given up, and (2) it is at least
--- the highest that wrote the key. `w.token < c.token OR` is rule (1)'s bound, changed only by the fault
--- tests' negative control.
+-- the highest that wrote the key. Rule (1)'s bound is the fence's token unless `stale_below` (a
+-- `req` column, NULL but in the fault tests' negative control) gives another.
 --
 -- Locks: `cur` takes the fences' lease rows FOR NO KEY UPDATE in key order, as every grant and
 -- ending does, so no grant slips between verdict and commit; only then does `heads` lock the heads
@@ -99,7 +99,8 @@ checked AS (
         coalesce(h.pruned_through, 0) AS pruned_through, CASE
         WHEN g.verdict <> 'run' THEN g.verdict
         WHEN c.key IS NULL OR w.token > c.token THEN 'unknown_token'
-        WHEN w.token < c.token OR c.end_reason IS NOT NULL THEN 'stale_token'
+        WHEN w.token < coalesce(w.stale_below, c.token) OR c.end_reason IS NOT NULL
+            THEN 'stale_token'
         WHEN w.token < h.written_token THEN 'stale_written'
         WHEN w.over_limit THEN 'too_many_keys'
         WHEN w.has_if_match AND (h.etag IS NULL
@@ -143,8 +144,10 @@ refusals_noted AS (
     SELECT 'write.refused', f.key, f.presented_token, f.at, f.holder, f.reason, f.id,
         f.operation, f.highest_token, f.fencing_key
     FROM refused f ORDER BY f.id),
+-- Every body is bound (`w.body`): no upload.
+upload AS (SELECT NULL::bytea AS body WHERE false),
 -- Fenced writes after fenced.sql, in one statement so checks, writes or refusals, and pruning
--- commit together. `w.body` is the bound body or the connection's upload table. `put_old` bumps
+-- commit together. A body is the bound one or the connection's upload (`upload`). `put_old` bumps
 -- the version on the locked head (gapless under any race), `put_new` creates a head; `pruned` drops
 -- versions out of the window above `pruned_through`.
 put_old AS (
@@ -154,7 +157,8 @@ put_old AS (
     FROM verdict v JOIN w ON w.i = v.i
     WHERE h.key = w.key AND v.outcome = 'accepted' AND v.has_head AND w.op = 'put'
     RETURNING w.i, h.key, h.version, v.pruned_through, w.token, w.etag, w.size,
-        w.content_type, w.keep, w.fence, w.metadata, v.txn_size, w.body AS body),
+        w.content_type, w.keep, w.fence, w.metadata, v.txn_size,
+        coalesce(w.body, (SELECT u.body FROM upload u)) AS body),
 put_new AS (
     INSERT INTO snapshot_heads (key, version, etag, written_token)
     SELECT w.key, 1, w.etag, w.token
@@ -167,7 +171,7 @@ written AS (
     SELECT * FROM put_old
     UNION ALL
     SELECT w.i, n.key, 1, 0, w.token, w.etag, w.size, w.content_type, w.keep, w.fence,
-        w.metadata, v.txn_size, w.body
+        w.metadata, v.txn_size, coalesce(w.body, (SELECT u.body FROM upload u))
     FROM put_new n JOIN w ON w.key = n.key JOIN verdict v ON v.i = w.i),
 stored AS (
     INSERT INTO snapshot_versions (key, version, token, etag, size, content_type, updated_at,

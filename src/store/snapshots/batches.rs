@@ -24,7 +24,8 @@ pub(crate) struct Fenced {
     pub(crate) txn: Batched<FencedJob>,
 }
 
-const STALE_BELOW_NEWEST_GRANT: &str = "w.token < c.token OR";
+/// Rule (1)'s bound is the fence's newest token (fenced.sql), unless `stale_below` says otherwise.
+const STALE_BELOW_NEWEST_GRANT: &str = "NULL::bigint";
 
 const TAGS: (&str, &str) = (
     "tags",
@@ -35,42 +36,41 @@ impl Fenced {
     fn build(stale_below: &'static str) -> Self {
         const WRITES: &str = include_str!("sql/writes.sql");
         const FENCED: &str = include_str!("sql/fenced.sql");
+        const BOUND: &str = include_str!("sql/bound_bodies.sql");
         const PUT: &str = include_str!("sql/put.sql");
         const DELETE: &str = include_str!("sql/delete.sql");
-        let grouped = |parts: &[&'static str], body: Option<&'static str>, groups: bool| {
-            let mut fills = vec![("stale_below", stale_below)];
-            fills.extend(body.map(|b| ("body", b)));
+        let grouped = |parts: &[&'static str], groups: bool| {
             let mut columns = FencedJob::columns();
             columns.extend(groups.then(FencedJob::group_column));
-            idempotency::changing(columns, &[TAGS], parts, &fills)
+            idempotency::changing(columns, &[TAGS, ("stale_below", stale_below)], parts)
         };
-        let fenced = |parts: &[&'static str], body| grouped(parts, body, false);
+        let fenced = |parts: &[&'static str]| grouped(parts, false);
         let put_answer = include_str!("sql/put_answer.sql");
         Self {
-            put: fenced(&[WRITES, FENCED, PUT, put_answer], Some("w.body")),
-            put_uploaded: fenced(
-                &[WRITES, FENCED, PUT, put_answer],
-                Some("(SELECT body FROM pg_temp.snapfence_upload)"),
-            ),
-            precheck: fenced(&[WRITES, FENCED, include_str!("sql/precheck.sql")], None),
-            delete_head: fenced(
-                &[
-                    WRITES,
-                    FENCED,
-                    DELETE,
-                    include_str!("sql/delete_answer.sql"),
-                ],
-                None,
-            ),
+            put: fenced(&[WRITES, FENCED, BOUND, PUT, put_answer]),
+            put_uploaded: fenced(&[
+                WRITES,
+                FENCED,
+                include_str!("sql/uploaded_body.sql"),
+                PUT,
+                put_answer,
+            ]),
+            precheck: fenced(&[WRITES, FENCED, include_str!("sql/precheck.sql")]),
+            delete_head: fenced(&[
+                WRITES,
+                FENCED,
+                DELETE,
+                include_str!("sql/delete_answer.sql"),
+            ]),
             txn: grouped(
                 &[
                     include_str!("sql/txn_writes.sql"),
                     FENCED,
+                    BOUND,
                     PUT,
                     DELETE,
                     include_str!("sql/txn.sql"),
                 ],
-                Some("w.body"),
                 true,
             ),
         }
@@ -85,9 +85,7 @@ pub(crate) static FENCED: LazyLock<Fenced> =
 /// does. The history checker must find it.
 #[cfg(feature = "fault-controls")]
 static BROKEN: LazyLock<Fenced> = LazyLock::new(|| {
-    Fenced::build(
-        "w.token < coalesce((SELECT max(v.token) FROM snapshot_versions v WHERE v.key = w.key), 0) OR",
-    )
+    Fenced::build("coalesce((SELECT max(v.token) FROM snapshot_versions v WHERE v.key = r.key), 0)")
 });
 
 pub(super) fn fenced() -> &'static Fenced {
@@ -133,63 +131,104 @@ pub(super) struct Write {
 impl FencedJob {
     fn columns() -> Vec<Column<Self>> {
         vec![
-            column!(Self, "key": "text" = |j| {
-                (!matches!(j.op, Op::DeletePrefix { .. })).then(|| j.key.as_str())
-            }),
-            column!(Self, "fence": "text" = |j| j.fence.as_str()),
-            column!(Self, "token": "bigint" = |j| j.token.get()),
-            column!(Self, "if_none_match": "boolean" = |j| j.if_none_match),
-            column!(Self, "op": "text" = |j| match j.op {
-                Op::Put => "put",
-                Op::Delete => "delete",
-                Op::DeletePrefix { .. } => "delete_prefix",
-            }),
-            column!(Self, "prefix": "text" = |j| j.prefix().map(KeyPrefix::as_str)),
-            column!(Self, "prefix_end": "text" = |j| j.prefix().map(KeyPrefix::upper_bound)),
-            column!(Self, "prefix_limit": "bigint" = |j| match j.op {
-                Op::DeletePrefix { limit, .. } => Some(limit),
-                _ => None,
-            }),
-            column!(Self, "has_if_match": "boolean" = |j| j.if_match.is_some()),
-            column!(Self, "tags": "text" = |j| {
-                let tags = j.if_match.as_ref().and_then(EntityTagCondition::strong_tags);
-                tags.map(|t| serde_json::Value::from(t).to_string())
-            }),
-            column!(Self, "request_id": "text" = |j| j.ctx.request_id.as_deref()),
-            column!(Self, "remote_addr": "text" = |j| j.ctx.remote_addr.as_deref()),
-            column!(Self, "operation": "text" = |j| j.operation.as_str()),
-            column!(Self, "etag": "text" = |j| j.write.as_ref().map(|w| w.etag.as_str())),
-            column!(Self, "size": "bigint" = |j| {
-                j.write.as_ref().map(|w| i64::try_from(w.body.len()).unwrap_or(i64::MAX))
-            }),
-            column!(Self, "content_type": "text" = |j| {
-                j.write.as_ref().map(|w| w.content_type.as_str())
-            }),
-            column!(Self, "body": "bytea" = |j| {
-                j.write.as_ref().filter(|w| !w.uploaded).map(|w| w.body.as_ref())
-            }),
-            column!(Self, "keep": "bigint" = |j| j.write.as_ref().map_or(0, |w| w.keep_versions)),
-            column!(Self, "metadata": "text" = |j| {
-                j.write.as_ref().and_then(|w| w.metadata.as_ref()).map(|m| m.as_json().to_string())
-            }),
+            column!(
+                Self,
+                "key" = |j| { (!matches!(j.op, Op::DeletePrefix { .. })).then(|| j.key.as_str()) }
+            ),
+            column!(Self, "fence" = |j| j.fence.as_str()),
+            column!(Self, "token" = |j| j.token.get()),
+            column!(Self, "if_none_match" = |j| j.if_none_match),
+            column!(
+                Self,
+                "op" = |j| match j.op {
+                    Op::Put => "put",
+                    Op::Delete => "delete",
+                    Op::DeletePrefix { .. } => "delete_prefix",
+                }
+            ),
+            column!(Self, "prefix" = |j| j.prefix().map(KeyPrefix::as_str)),
+            column!(
+                Self,
+                "prefix_end" = |j| j.prefix().map(KeyPrefix::upper_bound)
+            ),
+            column!(
+                Self,
+                "prefix_limit" = |j| match j.op {
+                    Op::DeletePrefix { limit, .. } => Some(limit),
+                    _ => None,
+                }
+            ),
+            column!(Self, "has_if_match" = |j| j.if_match.is_some()),
+            column!(
+                Self,
+                "tags" = |j| {
+                    let tags = j
+                        .if_match
+                        .as_ref()
+                        .and_then(EntityTagCondition::strong_tags);
+                    tags.map(|t| serde_json::Value::from(t).to_string())
+                }
+            ),
+            column!(Self, "request_id" = |j| j.ctx.request_id.as_deref()),
+            column!(Self, "remote_addr" = |j| j.ctx.remote_addr.as_deref()),
+            column!(Self, "operation" = |j| j.operation.as_str()),
+            column!(Self, "etag" = |j| j.write.as_ref().map(|w| w.etag.as_str())),
+            column!(
+                Self,
+                "size" = |j| {
+                    j.write
+                        .as_ref()
+                        .map(|w| i64::try_from(w.body.len()).unwrap_or(i64::MAX))
+                }
+            ),
+            column!(
+                Self,
+                "content_type" = |j| { j.write.as_ref().map(|w| w.content_type.as_str()) }
+            ),
+            column!(
+                Self,
+                "body" = |j| {
+                    j.write
+                        .as_ref()
+                        .filter(|w| !w.uploaded)
+                        .map(|w| w.body.as_ref())
+                }
+            ),
+            column!(
+                Self,
+                "keep" = |j| j.write.as_ref().map_or(0, |w| w.keep_versions)
+            ),
+            column!(
+                Self,
+                "metadata" = |j| {
+                    j.write
+                        .as_ref()
+                        .and_then(|w| w.metadata.as_ref())
+                        .map(|m| m.as_json().to_string())
+                }
+            ),
         ]
     }
 
     /// `gi`: the position of the first write of each write's group, whose gate decides it.
     fn group_column() -> Column<Self> {
-        Column::new("gi", "bigint", |args, jobs| {
-            let mut gi = 0_i64;
-            let groups: Vec<i64> = (1..)
-                .zip(jobs)
-                .map(|(i, j)| {
-                    if j.opens_group {
-                        gi = i;
-                    }
-                    gi
-                })
-                .collect();
-            sqlx::Arguments::add(args, groups)
-        })
+        Column::new(
+            "gi",
+            <i64 as sqlx::Type<sqlx::Postgres>>::type_info,
+            |args, jobs| {
+                let mut gi = 0_i64;
+                let groups: Vec<i64> = (1..)
+                    .zip(jobs)
+                    .map(|(i, j)| {
+                        if j.opens_group {
+                            gi = i;
+                        }
+                        gi
+                    })
+                    .collect();
+                sqlx::Arguments::add(args, groups)
+            },
+        )
     }
 
     fn prefix(&self) -> Option<&KeyPrefix> {
@@ -223,7 +262,9 @@ impl Change for FencedJob {
 }
 
 #[derive(Debug)]
-pub(crate) struct Batches {
+/// The snapshot calls' batches, and the hot connections for the calls that run alone.
+pub struct Batches {
+    pub(crate) conns: Conns,
     pub(crate) put: Batcher<PutBatch>,
     pub(crate) precheck: Batcher<PrecheckBatch>,
     pub(crate) get: Batcher<GetBatch>,
@@ -237,6 +278,7 @@ impl Batches {
             precheck: Batcher::start(conns.clone()),
             get: Batcher::start(conns.clone()),
             txn: Batcher::start(conns.clone()),
+            conns: conns.clone(),
         }
     }
 
@@ -277,11 +319,11 @@ impl Kind for PrecheckBatch {
 
 pub(crate) static GET: LazyLock<Batched<GetJob>> = LazyLock::new(|| {
     Batched::builder([
-        column!(GetJob, "key": "text" = |j| j.key.as_str()),
-        column!(GetJob, "version": "bigint" = |j| j.version.map(Version::get)),
-        column!(GetJob, "with_body": "boolean" = |j| j.with_body),
-        column!(GetJob, "keep": "bigint" = |j| j.keep_versions),
-        column!(GetJob, "unless": "jsonb" = |j| j.unless.as_ref()),
+        column!(GetJob, "key" = |j| j.key.as_str()),
+        column!(GetJob, "version" = |j| j.version.map(Version::get)),
+        column!(GetJob, "with_body" = |j| j.with_body),
+        column!(GetJob, "keep" = |j| j.keep_versions),
+        column!(GetJob, "unless" = |j| j.unless.as_ref()),
     ])
     .part(include_str!("sql/get.sql"))
     .build()

@@ -5,7 +5,8 @@ mod batches;
 pub mod list;
 pub mod txn;
 
-pub(crate) use batches::{Batches, FENCED, GET};
+pub use batches::Batches;
+pub(crate) use batches::{FENCED, GET};
 use batches::{FencedJob, GetJob, Op, Write, fenced};
 
 use bytes::Bytes;
@@ -15,7 +16,7 @@ use sqlx::{FromRow, PgPool};
 
 use super::engine::batch::Indexed;
 use super::idempotency::{self, Gated, GatedRow};
-use super::{Bounded, Db, RequestContext, Result};
+use super::{Bounded, RequestContext, Result};
 use crate::domain::{
     AuditOperation, Cursor, ETag, EntityTagCondition, FencingToken, Key, Metadata, Page, PageLimit,
     RefusalReason, SnapshotMeta, Version,
@@ -132,7 +133,7 @@ impl FencedRow {
 /// lock. A body of [`UPLOAD_FROM`] or more is uploaded first, taking no lock.
 #[tracing::instrument(level = "debug", skip_all, fields(key = %req.key, token = %req.token, size = req.body.len()))]
 pub async fn put(
-    db: &Db,
+    db: &impl AsRef<Batches>,
     req: &PutRequest,
     keep_versions: i64,
     ctx: &RequestContext,
@@ -163,12 +164,13 @@ pub async fn put(
             if uploaded {
                 let job = job();
                 let row = db
-                    .conns()
+                    .as_ref()
+                    .conns
                     .fetch_one_uploading(&req.body, || FencedJob::put(&[&job]))
                     .await?;
                 Ok(row.row)
             } else {
-                db.snapshots().put.answer(job()).await
+                db.as_ref().put.answer(job()).await
             }
         })
         .await?;
@@ -232,13 +234,13 @@ pub struct Fenced<'a> {
 /// The fencing rule before the body is read; `Some` is the refusal, already audited.
 #[tracing::instrument(level = "debug", skip_all, fields(key = %target.key, token = %target.token))]
 pub async fn precheck(
-    db: &Db,
+    db: &impl AsRef<Batches>,
     target: Fenced<'_>,
     ctx: &RequestContext,
 ) -> Result<Gated<Option<Refusal>>> {
     let gated = idempotency::gated(ctx, || {
         let job = bodiless(&target, None, Op::Put, ctx);
-        db.snapshots().precheck.answer(job)
+        db.as_ref().precheck.answer(job)
     })
     .await?;
     Ok(gated.map(
@@ -371,7 +373,7 @@ impl ListedVersion {
 
 /// Reads the current or a retained version, head and body from one committed state.
 pub async fn get(
-    db: &Db,
+    db: &impl AsRef<Batches>,
     key: &Key,
     version: Option<Version>,
     keep_versions: i64,
@@ -387,7 +389,7 @@ pub async fn get(
             Read::Body(None) | Read::Head => None,
         },
     };
-    let row = db.snapshots().get.submit(job).await?;
+    let row = db.as_ref().get.submit(job).await?;
     Ok(row.map(|r| Snapshot {
         meta: r.meta.into_meta(None),
         body: r.body.map(Bytes::from),

@@ -8,6 +8,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use tokio::time::Instant;
 
+use super::Batches;
 use super::Refusal;
 use super::batches::{FencedJob, Op, PutBatch, Write, fenced};
 use crate::domain::{
@@ -19,7 +20,7 @@ use crate::store::engine::conns::{Conns, Effect};
 use crate::store::engine::statement::QueryAs;
 use crate::store::engine::{rolled_back_race, timeout_at};
 use crate::store::idempotency::{self, Gated, GatedRow};
-use crate::store::{Db, RequestContext, Result, StoreError};
+use crate::store::{RequestContext, Result, StoreError};
 
 /// A transaction: its ops, fenced by `token` of the lease on `fence`.
 #[derive(Debug, Clone)]
@@ -70,7 +71,7 @@ struct OpRow {
 /// Runs a transaction; `prefix_limit` bounds the keys its prefix deletes may remove together.
 #[tracing::instrument(level = "debug", skip_all, fields(fence = %req.fence, ops = req.ops.len()))]
 pub async fn txn(
-    db: &Db,
+    db: &impl AsRef<Batches>,
     req: &TxnRequest,
     keep_versions: i64,
     prefix_limit: i64,
@@ -88,7 +89,7 @@ pub async fn txn(
         .any(|op| matches!(op, TxnOp::DeletePrefix { .. }));
     let gated = idempotency::gated(ctx, || async {
         if alone {
-            let conns = db.conns();
+            let conns = &db.as_ref().conns;
             let rows = run(conns, conns.deadline(), &[&job]).await?;
             rows.into_iter().next().map(|r| r.row).ok_or_else(|| {
                 StoreError::Internal(sqlx::Error::Protocol(
@@ -96,7 +97,7 @@ pub async fn txn(
                 ))
             })
         } else {
-            db.snapshots().txn.answer(job.clone()).await
+            db.as_ref().txn.answer(job.clone()).await
         }
     })
     .await?;

@@ -16,7 +16,7 @@ use sqlx::{FromRow, PgPool};
 use tokio::sync::{Notify, broadcast, watch};
 use tokio::time::Instant;
 
-use super::{Bounded, Db, Result, Tasks};
+use super::{Bounded, Engine, Result, Tasks};
 use crate::domain::{ChangeEvent, ChangeId, KeyPrefix};
 use history::{Epoch, History};
 
@@ -88,7 +88,8 @@ pub enum Opened {
 
 impl Changes {
     /// Starts the relay (taking the role if free) and the reader; needs a Tokio runtime.
-    pub fn start(db: &Db, retention: Duration) -> Self {
+    pub fn start(db: &impl AsRef<Engine>, retention: Duration) -> Self {
+        let db: &Engine = db.as_ref();
         let inner = Arc::new(Inner {
             pool: (**db).clone(),
             instance: db.hub().instance(),

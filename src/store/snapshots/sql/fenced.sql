@@ -1,8 +1,8 @@
 -- The fencing rules, in this one place, for every write (writes.sql, txn_writes.sql), with the
 -- audit row of each refused group in the same statement. A write under lease `fence` with `token`
 -- is accepted only if (1) the token is the fence's newest and not given up, and (2) it is at least
--- the highest that wrote the key. `{{stale_below}}` is rule (1)'s bound, changed only by the fault
--- tests' negative control.
+-- the highest that wrote the key. Rule (1)'s bound is the fence's token unless `stale_below` (a
+-- `req` column, NULL but in the fault tests' negative control) gives another.
 --
 -- Locks: `cur` takes the fences' lease rows FOR NO KEY UPDATE in key order, as every grant and
 -- ending does, so no grant slips between verdict and commit; only then does `heads` lock the heads
@@ -24,7 +24,8 @@ checked AS (
         coalesce(h.pruned_through, 0) AS pruned_through, CASE
         WHEN g.verdict <> 'run' THEN g.verdict
         WHEN c.key IS NULL OR w.token > c.token THEN 'unknown_token'
-        WHEN {{stale_below}} c.end_reason IS NOT NULL THEN 'stale_token'
+        WHEN w.token < coalesce(w.stale_below, c.token) OR c.end_reason IS NOT NULL
+            THEN 'stale_token'
         WHEN w.token < h.written_token THEN 'stale_written'
         WHEN w.over_limit THEN 'too_many_keys'
         WHEN w.has_if_match AND (h.etag IS NULL

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use sqlx::PgPool;
 
-use crate::http::limits::Limits;
+use super::limits::Limits;
 use crate::metrics::Metrics;
 use crate::rules::Rules;
 use crate::store::Db;
