@@ -221,16 +221,16 @@ script() { # op -> a pgbench script on stdout: the service's statement over a ba
     # Each array parameter `$n::type[]` becomes a one-element array of pgbench's `:pn`; the gate's
     # $1 to $4 (no Idempotency-Key, no authentication) are NULL.
     if [ "$op" != get ]; then
-        sql=$(sed -E 's/\$([1-4])::([a-z]+)\[\]/ARRAY[NULL::\2]/g' <<<"$sql")
+        sql=$(sed -E 's/\$([1-4])::([a-z0-9]+)\[\]/ARRAY[NULL::\2]/g' <<<"$sql")
     fi
     if [ "$op" = acquire ]; then
-        sql=$(sed -E 's/\$14::([a-z]+)\[\]/ARRAY[NULL::\1]/g' <<<"$sql")
+        sql=$(sed -E 's/\$14::([a-z0-9]+)\[\]/ARRAY[NULL::\1]/g' <<<"$sql")
     fi
     # A put's prefix columns (a transaction's delete_prefix alone has them) and its metadata.
     if [ "$op" = put ]; then
-        sql=$(sed -E 's/\$(10|11|12|23)::([a-z]+)\[\]/ARRAY[NULL::\2]/g' <<<"$sql")
+        sql=$(sed -E 's/\$(10|11|12|23)::([a-z0-9]+)\[\]/ARRAY[NULL::\2]/g' <<<"$sql")
     fi
-    sql=$(sed -E 's/\$([0-9]+)::([a-z]+)\[\]/ARRAY[:p\1::\2]/g' <<<"$sql")
+    sql=$(sed -E 's/\$([0-9]+)::([a-z0-9]+)\[\]/ARRAY[:p\1::\2]/g' <<<"$sql")
     if [ "$op" = get ]; then
         printf '\\set i :n %% :per + :client_id * :per\n\\set n :n + 1\n\\set p1 :base_key + :i\n'
     else
