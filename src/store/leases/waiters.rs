@@ -62,6 +62,10 @@ impl std::fmt::Debug for Inner {
     }
 }
 
+/// A flood of waiters runs one batch of each of its kinds at a time: their statements then never
+/// take every core and connection from the other requests' (measured in docs/operations.md).
+const WAITERS_IN_FLIGHT: usize = 1;
+
 impl Waiters {
     /// Starts listening for wake-ups under a fresh instance id; needs a Tokio runtime.
     pub fn start(db: &impl AsRef<Engine>, stall_bound: Duration) -> Self {
@@ -72,8 +76,8 @@ impl Waiters {
             queues: Mutex::default(),
             listening: watch::Sender::new(false),
             stopping: watch::Sender::new(false),
-            tries: Batcher::start(db.conns().clone()),
-            enqueues: Batcher::start(db.conns().clone()),
+            tries: Batcher::start_with(db.conns().clone(), WAITERS_IN_FLIGHT),
+            enqueues: Batcher::start_with(db.conns().clone(), WAITERS_IN_FLIGHT),
             pool,
             stall_bound,
             passed_over: Mutex::default(),

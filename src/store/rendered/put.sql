@@ -121,10 +121,8 @@ refusals_noted AS (
     SELECT 'write.refused', f.key, f.presented_token, f.at, f.holder, f.reason, f.id,
         f.operation, f.highest_token, f.fencing_key
     FROM refused f ORDER BY f.id),
--- Every body is bound (`w.body`): no upload.
-upload AS (SELECT NULL::bytea AS body WHERE false),
 -- Fenced writes after fenced.sql, in one statement so checks, writes or refusals, and pruning
--- commit together. A body is the bound one or the connection's upload (`upload`). `put_old` bumps
+-- commit together. `w.body` is the bound body, or the connection's upload (put_uploaded derives it). `put_old` bumps
 -- the version on the locked head (gapless under any race), `put_new` creates a head; `pruned` drops
 -- versions out of the window above `pruned_through`.
 put_old AS (
@@ -134,8 +132,7 @@ put_old AS (
     FROM verdict v JOIN w ON w.i = v.i
     WHERE h.key = w.key AND v.outcome = 'accepted' AND v.has_head AND w.op = 'put'
     RETURNING w.i, h.key, h.version, v.pruned_through, w.token, w.etag, w.size,
-        w.content_type, w.keep, w.fence, w.metadata, v.txn_size,
-        coalesce(w.body, (SELECT u.body FROM upload u)) AS body),
+        w.content_type, w.keep, w.fence, w.metadata, v.txn_size, w.body),
 put_new AS (
     INSERT INTO snapshot_heads (key, version, etag, written_token)
     SELECT w.key, 1, w.etag, w.token
@@ -148,7 +145,7 @@ written AS (
     SELECT * FROM put_old
     UNION ALL
     SELECT w.i, n.key, 1, 0, w.token, w.etag, w.size, w.content_type, w.keep, w.fence,
-        w.metadata, v.txn_size, coalesce(w.body, (SELECT u.body FROM upload u))
+        w.metadata, v.txn_size, w.body
     FROM put_new n JOIN w ON w.key = n.key JOIN verdict v ON v.i = w.i),
 stored AS (
     INSERT INTO snapshot_versions (key, version, token, etag, size, content_type, updated_at,

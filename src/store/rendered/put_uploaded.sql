@@ -8,8 +8,8 @@ WITH req AS (
     SELECT r.idem, r.fp, r.principal, r.key_id, r.key, r.fence, r.token, r.if_none_match, r.op,
         r.prefix, r.prefix_end, r.prefix_limit, r.has_if_match, CASE WHEN r.tags IS NOT NULL THEN
         ARRAY(SELECT json_array_elements_text(r.tags::json)) END AS tags, r.request_id,
-        r.remote_addr, r.operation, r.etag, r.size, r.content_type, r.body, r.keep, r.metadata,
-        NULL::bigint AS stale_below, r.i
+        r.remote_addr, r.operation, r.etag, r.size, r.content_type, (SELECT body FROM
+        pg_temp.snapfence_upload) AS body, r.keep, r.metadata, NULL::bigint AS stale_below, r.i
     FROM unnest($1::text[], $2::bytea[], $3::text[], $4::int8[], $5::text[], $6::text[], $7::int8[],
         $8::bool[], $9::text[], $10::text[], $11::text[], $12::int8[], $13::bool[], $14::text[],
         $15::text[], $16::text[], $17::text[], $18::text[], $19::int8[], $20::text[], $21::bytea[],
@@ -121,11 +121,8 @@ refusals_noted AS (
     SELECT 'write.refused', f.key, f.presented_token, f.at, f.holder, f.reason, f.id,
         f.operation, f.highest_token, f.fencing_key
     FROM refused f ORDER BY f.id),
--- The one write's body, copied into the connection's upload table (engine/conns.rs), read where
--- it is stored rather than carried through the statement.
-upload AS NOT MATERIALIZED (SELECT body FROM pg_temp.snapfence_upload),
 -- Fenced writes after fenced.sql, in one statement so checks, writes or refusals, and pruning
--- commit together. A body is the bound one or the connection's upload (`upload`). `put_old` bumps
+-- commit together. `w.body` is the bound body, or the connection's upload (put_uploaded derives it). `put_old` bumps
 -- the version on the locked head (gapless under any race), `put_new` creates a head; `pruned` drops
 -- versions out of the window above `pruned_through`.
 put_old AS (
@@ -135,8 +132,7 @@ put_old AS (
     FROM verdict v JOIN w ON w.i = v.i
     WHERE h.key = w.key AND v.outcome = 'accepted' AND v.has_head AND w.op = 'put'
     RETURNING w.i, h.key, h.version, v.pruned_through, w.token, w.etag, w.size,
-        w.content_type, w.keep, w.fence, w.metadata, v.txn_size,
-        coalesce(w.body, (SELECT u.body FROM upload u)) AS body),
+        w.content_type, w.keep, w.fence, w.metadata, v.txn_size, w.body),
 put_new AS (
     INSERT INTO snapshot_heads (key, version, etag, written_token)
     SELECT w.key, 1, w.etag, w.token
@@ -149,7 +145,7 @@ written AS (
     SELECT * FROM put_old
     UNION ALL
     SELECT w.i, n.key, 1, 0, w.token, w.etag, w.size, w.content_type, w.keep, w.fence,
-        w.metadata, v.txn_size, coalesce(w.body, (SELECT u.body FROM upload u))
+        w.metadata, v.txn_size, w.body
     FROM put_new n JOIN w ON w.key = n.key JOIN verdict v ON v.i = w.i),
 stored AS (
     INSERT INTO snapshot_versions (key, version, token, etag, size, content_type, updated_at,

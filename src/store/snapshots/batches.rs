@@ -36,25 +36,24 @@ impl Fenced {
     fn build(stale_below: &'static str) -> Self {
         const WRITES: &str = include_str!("sql/writes.sql");
         const FENCED: &str = include_str!("sql/fenced.sql");
-        const BOUND: &str = include_str!("sql/bound_bodies.sql");
         const PUT: &str = include_str!("sql/put.sql");
         const DELETE: &str = include_str!("sql/delete.sql");
+        let derived = [TAGS, ("stale_below", stale_below)];
         let grouped = |parts: &[&'static str], groups: bool| {
             let mut columns = FencedJob::columns();
             columns.extend(groups.then(FencedJob::group_column));
-            idempotency::changing(columns, &[TAGS, ("stale_below", stale_below)], parts)
+            idempotency::changing(columns, &derived, parts)
         };
         let fenced = |parts: &[&'static str]| grouped(parts, false);
+        // An upload's body is read where the connection copied it (engine/conns.rs), not bound.
+        let uploaded = |parts: &[&'static str]| {
+            let upload = ("body", "(SELECT body FROM pg_temp.snapfence_upload)");
+            idempotency::changing(FencedJob::columns(), &[TAGS, derived[1], upload], parts)
+        };
         let put_answer = include_str!("sql/put_answer.sql");
         Self {
-            put: fenced(&[WRITES, FENCED, BOUND, PUT, put_answer]),
-            put_uploaded: fenced(&[
-                WRITES,
-                FENCED,
-                include_str!("sql/uploaded_body.sql"),
-                PUT,
-                put_answer,
-            ]),
+            put: fenced(&[WRITES, FENCED, PUT, put_answer]),
+            put_uploaded: uploaded(&[WRITES, FENCED, PUT, put_answer]),
             precheck: fenced(&[WRITES, FENCED, include_str!("sql/precheck.sql")]),
             delete_head: fenced(&[
                 WRITES,
@@ -66,7 +65,6 @@ impl Fenced {
                 &[
                     include_str!("sql/txn_writes.sql"),
                     FENCED,
-                    BOUND,
                     PUT,
                     DELETE,
                     include_str!("sql/txn.sql"),

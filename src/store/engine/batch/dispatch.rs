@@ -7,9 +7,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 
-use super::{
-    GIVEN_UP, IN_FLIGHT, Indexed, Job, Kind, MAX_BYTES, Pending, SENT, STALL_FACTOR, STALLED,
-};
+use super::{GIVEN_UP, Indexed, Job, Kind, MAX_BYTES, Pending, SENT, STALL_FACTOR, STALLED};
 use crate::store::engine::conns::Conns;
 
 /// A kind's typical batch time (an exponentially weighted mean, µs), which sets the stall bound. A
@@ -117,8 +115,9 @@ impl<K: Kind> Open<K> {
 pub(super) async fn dispatch<K: Kind>(
     conns: Conns,
     mut requests: mpsc::UnboundedReceiver<Pending<K>>,
+    in_flight: usize,
 ) {
-    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+    let slots = Arc::new(Semaphore::new(in_flight));
     let busy = Arc::new(Mutex::new(HashSet::new()));
     let ended = Arc::new(Notify::new());
     let pace = Arc::new(Pace::default());
@@ -151,8 +150,8 @@ pub(super) async fn dispatch<K: Kind>(
                 continue;
             }
             let stalled = last_sent + pace.stall_bound();
-            let in_flight = slots.available_permits() < IN_FLIGHT;
-            if !in_flight || batch.full() || !open || Instant::now() >= stalled {
+            let running = slots.available_permits() < in_flight;
+            if !running || batch.full() || !open || Instant::now() >= stalled {
                 if let Ok(slot) = slots.clone().try_acquire_owned() {
                     break slot;
                 }

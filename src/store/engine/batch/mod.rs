@@ -23,7 +23,8 @@ mod dispatch;
 pub const MAX_REQUESTS: usize = 32;
 /// The most bytes of bodies in one batch; a larger body goes alone (or is uploaded).
 pub const MAX_BYTES: usize = 1024 * 1024;
-/// The batches of one kind in flight at once, each on its own connection.
+/// The batches of one kind in flight at once, each on its own connection (unless started with
+/// fewer).
 pub const IN_FLIGHT: usize = 4;
 /// The least a batch in flight may take before the next goes beside it (see [`STALL_FACTOR`]):
 /// below it batches grow with the load; past it a slow statement holds no one up.
@@ -135,8 +136,13 @@ impl<K: Kind> std::fmt::Debug for Batcher<K> {
 
 impl<K: Kind> Batcher<K> {
     pub(crate) fn start(conns: Conns) -> Self {
+        Self::start_with(conns, IN_FLIGHT)
+    }
+
+    /// A batcher with at most `in_flight` batches running at once.
+    pub(crate) fn start_with(conns: Conns, in_flight: usize) -> Self {
         let (queue, requests) = mpsc::unbounded_channel();
-        tokio::spawn(dispatch::dispatch::<K>(conns.clone(), requests));
+        tokio::spawn(dispatch::dispatch::<K>(conns.clone(), requests, in_flight));
         Self {
             queue,
             conns,
