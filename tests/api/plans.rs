@@ -237,25 +237,29 @@ async fn an_audit_page_reads_the_index_of_the_filter_it_was_given() {
     app.stop().await;
 }
 
+/// `f` on every node of a plan, the plan's own first.
+fn each_node(plan: &Value, f: &mut impl FnMut(&Value)) {
+    f(plan);
+    for child in plan["Plans"].as_array().into_iter().flatten() {
+        each_node(child, f);
+    }
+}
+
 /// The indexes a plan reads.
 fn index_names(plan: &Value, found: &mut Vec<String>) {
-    if let Some(index) = plan["Index Name"].as_str() {
-        found.push(index.to_owned());
-    }
-    for child in plan["Plans"].as_array().into_iter().flatten() {
-        index_names(child, found);
-    }
+    each_node(plan, &mut |node| {
+        found.extend(node["Index Name"].as_str().map(str::to_owned));
+    });
 }
 
 /// Every node of a plan, by type.
 fn node_types(plan: &Value, found: &mut Vec<String>) {
-    if let Some(t) = plan["Node Type"].as_str() {
-        let on = plan["Relation Name"].as_str().unwrap_or("");
-        found.push(format!("{t} {on}").trim().to_owned());
-    }
-    for child in plan["Plans"].as_array().into_iter().flatten() {
-        node_types(child, found);
-    }
+    each_node(plan, &mut |node| {
+        if let Some(t) = node["Node Type"].as_str() {
+            let on = node["Relation Name"].as_str().unwrap_or("");
+            found.push(format!("{t} {on}").trim().to_owned());
+        }
+    });
 }
 
 /// The ordered listing (v1.3) reads the heads' key index forwards or backwards from

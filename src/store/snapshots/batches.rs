@@ -38,30 +38,38 @@ impl Fenced {
         const FENCED: &str = include_str!("sql/fenced.sql");
         const PUT: &str = include_str!("sql/put.sql");
         const DELETE: &str = include_str!("sql/delete.sql");
-        let derived = [TAGS, ("stale_below", stale_below)];
-        let grouped = |parts: &[&'static str], groups: bool| {
+        const PUT_ANSWER: &str = include_str!("sql/put_answer.sql");
+        let bound = [TAGS, ("stale_below", stale_below)];
+        // An upload's body is read where the connection copied it (engine/conns.rs), not bound.
+        let uploaded = [
+            bound[0],
+            bound[1],
+            ("body", "(SELECT body FROM pg_temp.snapfence_upload)"),
+        ];
+        let statement = |parts: &[&'static str], derived: &[_], groups: bool| {
             let mut columns = FencedJob::columns();
             columns.extend(groups.then(FencedJob::group_column));
-            idempotency::changing(columns, &derived, parts)
+            idempotency::changing(columns, derived, parts)
         };
-        let fenced = |parts: &[&'static str]| grouped(parts, false);
-        // An upload's body is read where the connection copied it (engine/conns.rs), not bound.
-        let uploaded = |parts: &[&'static str]| {
-            let upload = ("body", "(SELECT body FROM pg_temp.snapfence_upload)");
-            idempotency::changing(FencedJob::columns(), &[TAGS, derived[1], upload], parts)
-        };
-        let put_answer = include_str!("sql/put_answer.sql");
         Self {
-            put: fenced(&[WRITES, FENCED, PUT, put_answer]),
-            put_uploaded: uploaded(&[WRITES, FENCED, PUT, put_answer]),
-            precheck: fenced(&[WRITES, FENCED, include_str!("sql/precheck.sql")]),
-            delete_head: fenced(&[
-                WRITES,
-                FENCED,
-                DELETE,
-                include_str!("sql/delete_answer.sql"),
-            ]),
-            txn: grouped(
+            put: statement(&[WRITES, FENCED, PUT, PUT_ANSWER], &bound, false),
+            put_uploaded: statement(&[WRITES, FENCED, PUT, PUT_ANSWER], &uploaded, false),
+            precheck: statement(
+                &[WRITES, FENCED, include_str!("sql/precheck.sql")],
+                &bound,
+                false,
+            ),
+            delete_head: statement(
+                &[
+                    WRITES,
+                    FENCED,
+                    DELETE,
+                    include_str!("sql/delete_answer.sql"),
+                ],
+                &bound,
+                false,
+            ),
+            txn: statement(
                 &[
                     include_str!("sql/txn_writes.sql"),
                     FENCED,
@@ -69,6 +77,7 @@ impl Fenced {
                     DELETE,
                     include_str!("sql/txn.sql"),
                 ],
+                &bound,
                 true,
             ),
         }
