@@ -225,6 +225,50 @@ async fn the_first_key_closes_an_open_server_on_every_instance_once_create_retur
     app.stop().await;
 }
 
+#[tokio::test]
+async fn an_instance_started_while_a_key_is_being_made_confirms_it_before_create_returns() {
+    let app = TestApp::spawn().await;
+    let confirmations = keys::Confirmations::listen(app.db()).await.unwrap();
+    let second = app.another_instance().await;
+    let followers = "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND application_name = 'snapfence-key-follower'";
+    let started = Instant::now();
+    while sqlx::query_scalar::<_, i64>(followers)
+        .fetch_one(app.db())
+        .await
+        .unwrap()
+        < 2
+    {
+        assert!(
+            started.elapsed() < A_LOST_LISTENER_IS_NOTICED,
+            "both follow the table"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (_, _, change) = keys::create(
+        app.db(),
+        &KeyName::parse("ops").unwrap(),
+        Scope::Admin,
+        &KeyPrefix::parse("").unwrap(),
+    )
+    .await
+    .unwrap()
+    .expect("a fresh name");
+    let confirmed = confirmations
+        .wait(change, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(
+        confirmed.following, 2,
+        "the instance started after listening counts"
+    );
+    assert!(confirmed.silent.is_empty(), "{confirmed:?}");
+    let r = app.request_to(&second, Method::GET, "/v1/leases").send();
+    problem(r.await.unwrap(), StatusCode::UNAUTHORIZED, "unauthorized").await;
+    second.stop().await;
+    app.stop().await;
+}
+
 /// How long an instance that lost its listening connection may take to notice and check
 /// requests against the table: the connection's end reaching it. A ceiling, generous for a
 /// loaded machine: it is noticed in milliseconds.

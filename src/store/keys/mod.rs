@@ -1,6 +1,6 @@
 //! The `api_keys` table. Each instance keeps the live keys in memory ([`KeyCache`]), reloading on
-//! every notification on its listening connection and confirming on a second channel; `keys create` and `keys revoke`
-//! wait for every instance's confirmation ([`Confirmations`]). Until its copy is known current, an
+//! every notification on its listening connection and confirming each load with its snapshot;
+//! `keys create` and `keys revoke` wait until every instance's copy holds the change ([`Confirmations`]). Until its copy is known current, an
 //! instance checks the table.
 
 use std::collections::{HashMap, HashSet};
@@ -90,53 +90,77 @@ const APPLIED: &str = "snapfence_api_keys_applied";
 /// Listens for the instances' confirmations; made before the change, so none comes unheard.
 pub struct Confirmations {
     listener: PgListener,
-    followers: Vec<i32>,
 }
 
 /// How many of the instances that follow the table confirmed a change.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Confirmed {
-    /// The instances following the table before the change committed.
+    /// The instances following the table once the change committed.
     pub following: usize,
     /// Backend pids of listening connections that did not confirm in time.
     pub silent: Vec<i32>,
 }
 
 impl Confirmations {
-    /// Listens, and finds the instances following the table.
+    /// Listens on the confirmations' channel.
     pub async fn listen(pool: &PgPool) -> Result<Self> {
         let mut listener = PgListener::connect_with(pool).await?;
         listener.listen(APPLIED).await?;
-        let followers = sqlx::query_scalar(include_str!("sql/followers.sql"))
-            .bind(FOLLOWER)
-            .fetch_all(pool)
-            .bounded(pool)
-            .await?;
-        Ok(Self {
-            listener,
-            followers,
-        })
+        Ok(Self { listener })
     }
 
-    /// Waits up to `within` for every following instance to apply `change`.
+    /// Waits up to `within` for every instance following the table once `change` committed to
+    /// load a copy that holds it. Each confirms with the snapshot of its load, so an instance
+    /// that started, or loaded for another reason, after the commit confirms as well as one that
+    /// was told of it; one whose connection is gone has no copy left to confirm.
     pub async fn wait(mut self, change: Change, within: Duration) -> Result<Confirmed> {
-        let following = self.followers.len();
-        let mut silent: HashSet<i32> = self.followers.into_iter().collect();
-        let payload = change.0.to_string();
+        let mut silent: HashSet<i32> = self.followers().await?.into_iter().collect();
+        let following = silent.len();
         let deadline = tokio::time::Instant::now() + within;
+        let mut recount = tokio::time::interval(Duration::from_millis(500));
+        recount.tick().await;
         while !silent.is_empty() {
-            match tokio::time::timeout_at(deadline, self.listener.try_recv()).await {
+            let heard = tokio::select! {
+                heard = tokio::time::timeout_at(deadline, self.listener.try_recv()) => heard,
+                _ = recount.tick() => {
+                    let live: HashSet<i32> = self.followers().await?.into_iter().collect();
+                    silent.retain(|pid| live.contains(pid));
+                    continue;
+                }
+            };
+            match heard {
                 Err(_) | Ok(Ok(None)) => break,
                 Ok(Err(e)) => return Err(e.into()),
-                Ok(Ok(Some(n))) if n.payload() == payload => {
-                    silent.remove(&(n.process_id() as i32));
+                Ok(Ok(Some(n))) => {
+                    let pid = n.process_id() as i32;
+                    if silent.contains(&pid) && self.holds(change, n.payload()).await? {
+                        silent.remove(&pid);
+                    }
                 }
-                Ok(Ok(Some(_))) => {}
             }
         }
         let mut silent: Vec<i32> = silent.into_iter().collect();
         silent.sort_unstable();
         Ok(Confirmed { following, silent })
+    }
+
+    async fn followers(&mut self) -> Result<Vec<i32>> {
+        Ok(sqlx::query_scalar(include_str!("sql/followers.sql"))
+            .bind(FOLLOWER)
+            .fetch_all(&mut self.listener)
+            .await?)
+    }
+
+    /// Whether a confirmation's snapshot sees `change` (an older instance confirms by its id).
+    async fn holds(&mut self, change: Change, seen: &str) -> Result<bool> {
+        if seen.parse::<i64>().is_ok() {
+            return Ok(seen == change.0.to_string());
+        }
+        Ok(sqlx::query_scalar(include_str!("sql/holds.sql"))
+            .bind(change.0)
+            .bind(seen)
+            .fetch_one(&mut self.listener)
+            .await?)
     }
 }
 
@@ -301,9 +325,17 @@ impl Follower {
         }
     }
 
+    /// Loads the live keys and confirms with the load's snapshot, which says which changes the
+    /// copy holds.
     async fn reload(&self, conn: &mut PgListener) -> sqlx::Result<()> {
         self.set(None);
-        self.set(Some(load(conn).await?));
+        let (keys, seen) = load(conn).await?;
+        self.set(Some(keys));
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(APPLIED)
+            .bind(seen)
+            .execute(&mut *conn)
+            .await?;
         Ok(())
     }
 }
@@ -330,19 +362,10 @@ impl Subscriber for Follower {
 
     fn heard<'a>(
         &'a self,
-        payload: &'a str,
+        _payload: &'a str,
         conn: &'a mut PgListener,
     ) -> BoxFuture<'a, sqlx::Result<()>> {
-        async move {
-            self.reload(conn).await?;
-            sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(APPLIED)
-                .bind(payload)
-                .execute(&mut *conn)
-                .await?;
-            Ok(())
-        }
-        .boxed()
+        self.reload(conn).boxed()
     }
 
     fn lost(&self, error: Option<&sqlx::Error>) {
@@ -355,34 +378,39 @@ impl Subscriber for Follower {
 
 #[derive(FromRow)]
 struct LiveRow {
-    id: i64,
-    name: String,
-    scope: String,
-    prefix: String,
-    secret_sha256: Vec<u8>,
+    seen: String,
+    id: Option<i64>,
+    name: Option<String>,
+    scope: Option<String>,
+    prefix: Option<String>,
+    secret_sha256: Option<Vec<u8>>,
 }
 
-/// Read on the listening connection, which never waits for the pool.
-async fn load(conn: &mut PgListener) -> sqlx::Result<LiveKeys> {
+/// Read on the listening connection, which never waits for the pool; with the snapshot it read.
+async fn load(conn: &mut PgListener) -> sqlx::Result<(LiveKeys, String)> {
     let rows: Vec<LiveRow> = sqlx::query_as(include_str!("sql/live.sql"))
         .fetch_all(conn)
         .await?;
-    Ok(rows
+    let seen = rows.first().map(|r| r.seen.clone()).unwrap_or_default();
+    let keys = rows
         .into_iter()
-        .map(|r| {
+        .filter_map(|r| {
+            let (id, name, scope, prefix, secret_sha256) =
+                (r.id?, r.name?, r.scope?, r.prefix?, r.secret_sha256?);
             let principal = Principal {
-                id: r.id,
-                name: r.name,
-                scope: Scope::parse(&r.scope).expect("the table's check constraint"),
-                prefix: r.prefix,
+                id,
+                name,
+                scope: Scope::parse(&scope).expect("the table's check constraint"),
+                prefix,
             };
-            (
-                r.id,
+            Some((
+                id,
                 LiveKey {
                     principal,
-                    secret_sha256: r.secret_sha256,
+                    secret_sha256,
                 },
-            )
+            ))
         })
-        .collect())
+        .collect();
+    Ok((keys, seen))
 }
