@@ -9,6 +9,7 @@ mod auth;
 mod batching;
 mod concurrency;
 mod connections;
+mod dashboard;
 mod fencing_race;
 mod idempotency;
 mod inputs;
