@@ -211,6 +211,11 @@ pub struct ServeConfig {
     #[arg(long, env = "SNAPFENCE_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
 
+    /// How long start-up waits for the database while it cannot be reached (connections refused
+    /// or dropped, a standby not yet promoted), retrying with backoff, before it gives up.
+    #[arg(long, env = "SNAPFENCE_STARTUP_TIMEOUT", value_parser = positive_duration, default_value = "2m")]
+    pub startup_timeout: Duration,
+
     /// Database connections per instance.
     #[arg(long, env = "SNAPFENCE_DB_POOL_SIZE", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub db_pool_size: u32,

@@ -81,23 +81,28 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
 
 async fn serve_on(config: &ServeConfig, options: PgConnectOptions) -> Result<(), String> {
     let pool = store::pool(options, &config.db());
+    let give_up = tokio::time::Instant::now() + config.startup_timeout;
     let mut delay = Duration::from_millis(200);
     loop {
         match store::prepare(&pool).await {
             Ok(()) => break,
-            Err(store::StoreError::Unavailable(e)) => {
+            Err(store::StoreError::Unavailable(e)) if tokio::time::Instant::now() < give_up => {
                 tracing::warn!(error = %e, retry_in = ?delay, "waiting for the database");
                 tokio::select! {
-                    () = tokio::time::sleep(delay) => {}
+                    () = tokio::time::sleep(delay.min(give_up - tokio::time::Instant::now())) => {}
                     () = shutdown_signal() => return Ok(()),
                 }
                 delay = (delay * 2).min(Duration::from_secs(5));
             }
-            Err(e) => {
+            Err(store::StoreError::Unavailable(e)) => {
                 return Err(format!(
-                    "{e}; check that DATABASE_URL points at a database this user may create tables in"
+                    "the database stayed unavailable for {} ({e}); check that PostgreSQL runs \
+                     at the address in DATABASE_URL and accepts connections (pg_isready), or \
+                     allow longer with --startup-timeout",
+                    humantime::format_duration(config.startup_timeout)
                 ));
             }
+            Err(e) => return Err(format!("{e}; {}", start_up_hint(&e))),
         }
     }
     tracing::info!("database migrated");
@@ -128,6 +133,32 @@ async fn serve_on(config: &ServeConfig, options: PgConnectOptions) -> Result<(),
     tracing::info!("shut down; requests in flight were finished");
     pool.close().await;
     Ok(())
+}
+
+/// What to do about a start-up failure that waiting would not mend, by the SQLSTATE it carries.
+fn start_up_hint(e: &store::StoreError) -> &'static str {
+    use sqlx::migrate::MigrateError::{Execute, ExecuteMigration};
+    let sql = match e {
+        store::StoreError::Internal(e) => Some(e),
+        store::StoreError::Migrate(Execute(e) | ExecuteMigration(e, _)) => Some(e),
+        _ => None,
+    };
+    let code = sql.and_then(|e| e.as_database_error()?.code().map(|c| c.into_owned()));
+    match code.as_deref() {
+        Some("42501") => {
+            "this user may not create tables there: connect as the database's owner, or grant it CREATE on the schema"
+        }
+        Some("3D000") => {
+            "that database does not exist: create it (createdb NAME) or name another in DATABASE_URL"
+        }
+        Some(c) if c.starts_with("28") => {
+            "PostgreSQL refused the login: check the user and password in DATABASE_URL"
+        }
+        _ if matches!(e, store::StoreError::Migrate(_)) => {
+            "the database's migration history does not match this build's (was it migrated by another version of snapfence?)"
+        }
+        _ => "see PostgreSQL's log for the cause",
+    }
 }
 
 /// The operator page's URL for a browser here: loopback for an unspecified listen address.

@@ -12,6 +12,9 @@ use nix::unistd::Pid;
 use reqwest::{Body, StatusCode};
 use serde_json::{Value, json};
 use snapfence::embedded::{EmbeddedPostgres, Settings};
+use sqlx::Connection;
+
+use snapfence_testkit::proxy::{Mode, Proxy};
 
 use crate::harness::{Instance, free_port, problem, rules, token};
 
@@ -358,4 +361,127 @@ fn serve_as_root_names_the_directory_postgres_cannot_enter_and_the_fix_once() {
     );
     assert!(!stderr.contains("Permission denied"), "{stderr}");
     assert!(!data.exists(), "nothing was created");
+}
+
+/// A database reached through a proxy on a loopback port that drops the first `dropped`
+/// connections as soon as they send their first bytes, as a balancer does while its leader
+/// settles; with the cluster (removed with its directory) and the URL to give `serve`.
+async fn flaky_database(dropped: usize) -> (EmbeddedPostgres, Proxy, String) {
+    // Kept past a failing test: the watchdog removes it with the cluster once the test process
+    // has exited.
+    let dir = short_tempdir().keep();
+    let settings = Settings {
+        tcp_port: Some(free_port()),
+        ..Settings::default()
+    };
+    let pg = tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&dir, &settings))
+        .await
+        .unwrap()
+        .unwrap();
+    pg.remove_when_process_exits(std::process::id()).unwrap();
+    pg.ensure_database("blip").await.unwrap();
+    let user = pg.connect_options("blip").get_username().to_owned();
+    let target = std::net::SocketAddr::from(([127, 0, 0, 1], pg.port()));
+    let proxy = Proxy::start(target).await;
+    proxy.next_connections(vec![Mode::Reset; dropped]);
+    let url = format!("postgres://{user}@{}/blip", proxy.addr());
+    (pg, proxy, url)
+}
+
+async fn stop(pg: EmbeddedPostgres) {
+    tokio::task::spawn_blocking(move || pg.stop())
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_waits_out_dropped_connections_and_serves_once_they_heal() {
+    let (pg, proxy, url) = flaky_database(6).await;
+    let dir = short_tempdir();
+    let log = dir.path().join("serve.log");
+    let served = serve_with(&[OsStr::new("--database-url"), OsStr::new(&url)], &log).await;
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(logged.contains("waiting for the database"), "{logged}");
+    assert!(
+        proxy.connections() > 6,
+        "it connected again after the drops"
+    );
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/leases/after-the-blip", served.base))
+        .json(&json!({"owner": "w", "ttl_ms": 60000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    served.terminate();
+    assert!(served.wait().await.success());
+    stop(pg).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_gives_up_at_its_bound_and_names_the_lost_connection_not_rights() {
+    let (pg, _proxy, url) = flaky_database(100_000).await;
+    let started = Instant::now();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_snapfence"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--startup-timeout",
+                "2s",
+            ])
+            .args(["--database-url", &url])
+            .env_remove("DATABASE_URL")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(20), "{stderr}");
+    assert!(
+        stderr.contains("the database stayed unavailable for 2s"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--startup-timeout"), "{stderr}");
+    assert!(!stderr.contains("create tables"), "{stderr}");
+    stop(pg).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_names_a_missing_right_to_create_tables_and_exits_at_once() {
+    let (pg, _proxy, _) = flaky_database(0).await;
+    let mut admin = sqlx::PgConnection::connect_with(&pg.connect_options("blip"))
+        .await
+        .unwrap();
+    for sql in [
+        "CREATE ROLE visitor LOGIN",
+        "REVOKE CREATE ON SCHEMA public FROM PUBLIC",
+    ] {
+        sqlx::query(sql).execute(&mut admin).await.unwrap();
+    }
+    let url = pg
+        .url("blip")
+        .replacen("postgres://postgres@", "postgres://visitor@", 1);
+    let started = Instant::now();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_snapfence"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--database-url", &url])
+            .env_remove("DATABASE_URL")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "not waited out: {stderr}"
+    );
+    assert!(stderr.contains("may not create tables"), "{stderr}");
+    stop(pg).await;
 }

@@ -73,7 +73,19 @@ pub enum StoreError {
     Internal(#[source] sqlx::Error),
     /// Applying the migrations failed.
     #[error("applying the migrations failed: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
+    Migrate(#[source] sqlx::migrate::MigrateError),
+}
+
+/// A migration that failed because the database went away is [`StoreError::Unavailable`]: a
+/// lost connection is not a schema or rights problem, and start-up waits it out.
+impl From<sqlx::migrate::MigrateError> for StoreError {
+    fn from(e: sqlx::migrate::MigrateError) -> Self {
+        use sqlx::migrate::MigrateError::{Execute, ExecuteMigration};
+        match e {
+            Execute(e) | ExecuteMigration(e, _) if is_unavailable(&e) => Self::Unavailable(e),
+            e => Self::Migrate(e),
+        }
+    }
 }
 
 impl From<sqlx::Error> for StoreError {
