@@ -76,6 +76,10 @@ pub struct Metrics {
     pub pool_waiting: Gauge,
     /// That pool's size limit.
     pub pool_max: Gauge,
+    /// Batches sent, by kind (`put`, `acquire`, `txn`, ...), read at scrape time.
+    pub batches: Family<Label, Counter>,
+    /// Requests those batches carried, by kind: over `batches`, the mean batch size.
+    pub batched_requests: Family<Label, Counter>,
     /// Acquires of this instance waiting in a key's queue, read at scrape time.
     pub lease_waiters: Gauge,
     /// Watch streams this instance serves, read at scrape time.
@@ -105,6 +109,8 @@ impl Metrics {
             pool_connections: Family::default(),
             pool_waiting: Gauge::default(),
             pool_max: Gauge::default(),
+            batches: Family::default(),
+            batched_requests: Family::default(),
             lease_waiters: Gauge::default(),
             watch_streams: Gauge::default(),
             registry: Registry::default(),
@@ -174,6 +180,16 @@ impl Metrics {
             "db_pool_max_connections",
             "Database pool size limit",
             m.pool_max.clone(),
+        );
+        registry.register(
+            "batches",
+            "Batched statements sent, by kind (acquire, put, txn, ...)",
+            m.batches.clone(),
+        );
+        registry.register(
+            "batched_requests",
+            "Requests carried by batched statements, by kind; over batches, the mean batch size",
+            m.batched_requests.clone(),
         );
         registry.register(
             "lease_waiters",

@@ -43,6 +43,19 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         .set(hot.idle as i64);
     m.pool_waiting.set(hot.waiting as i64);
     m.pool_max.set(hot.max as i64);
+    // The store counts; the counters take its totals as they are.
+    for t in state.db.batch_totals() {
+        let label = [("kind", t.kind)];
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        m.batches
+            .get_or_create(&label)
+            .inner()
+            .store(t.batches, relaxed);
+        m.batched_requests
+            .get_or_create(&label)
+            .inner()
+            .store(t.requests, relaxed);
+    }
     m.lease_waiters.set(state.waiters.waiting() as i64);
     m.watch_streams.set(state.changes.watching() as i64);
     match store::audit::sizes(&state.db).await {

@@ -16,11 +16,11 @@ use std::sync::Arc;
 
 use sqlx::postgres::PgPool;
 
-pub(crate) use engine::{Bounded, Tasks};
 pub use engine::{
-    DbSettings, Engine, HOT_SETTINGS, HotPoolStatus, MIGRATOR, Result, StoreError, has_schema,
-    pool, ready, restart_deadline, server_timeout, within,
+    BatchTotals, DbSettings, Engine, HOT_SETTINGS, HotPoolStatus, MIGRATOR, Result, StoreError,
+    has_schema, pool, ready, restart_deadline, server_timeout, within,
 };
+pub(crate) use engine::{Bounded, Tasks};
 use leases::{timeline, waiters};
 
 /// An instance's database: the engine (sqlx's pool is its `Deref`) and the features' batches,
@@ -67,6 +67,11 @@ impl Db {
             snapshots: Arc::new(snapshots::Batches::start(engine.conns())),
             engine,
         }
+    }
+
+    /// Every batch kind's batches and requests since start, for the metrics.
+    pub fn batch_totals(&self) -> Vec<BatchTotals> {
+        self.engine.conns().batch_totals()
     }
 
     /// The hot pool's state, for the metrics.

@@ -330,3 +330,35 @@ async fn a_lone_client_after_a_burst_keeps_to_the_hot_connection_used_last() {
     );
     app.stop().await;
 }
+
+#[tokio::test]
+async fn the_metrics_count_each_batch_and_the_requests_it_carried() {
+    let app = TestApp::spawn().await;
+    let mut tokens = Vec::new();
+    for n in 0..10 {
+        tokens.push(token(&app.acquire(&format!("m-{n}"), "w", 60000).await));
+    }
+    let count = |text: &str, family: &str| sample(text, &format!("{family}{{kind=\"put\"}}"));
+    let before = scrape(&app).await;
+    let blocked = Blocked::take(&app, Kind::Writes).await;
+    let gathered: Vec<_> = (0..10)
+        .map(|n| put_later(&app, &format!("m-{n}"), tokens[n], "v"))
+        .collect();
+    until_waiting(&app, 10.0).await;
+    blocked.release().await;
+    for w in gathered {
+        assert_eq!(w.await.unwrap().status(), StatusCode::CREATED);
+    }
+    let after = scrape(&app).await;
+    let requests = count(&after, "snapfence_batched_requests_total")
+        - count(&before, "snapfence_batched_requests_total");
+    let batches =
+        count(&after, "snapfence_batches_total") - count(&before, "snapfence_batches_total");
+    assert_eq!(requests, (IN_FLIGHT + 10) as f64, "every put in a batch");
+    // The blocked ones went one to a batch, the ten gathered behind them together.
+    assert!(
+        batches > IN_FLIGHT as f64 && batches <= (IN_FLIGHT + 2) as f64,
+        "{batches} batches"
+    );
+    app.stop().await;
+}

@@ -1,7 +1,9 @@
 //! [`Conns`]: the instance's connections. The hot paths use a deadpool pool, since sqlx's tests
 //! every returned connection with a round trip, doubling a one-statement request's work.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use deadpool::managed::{self, Metrics, Object, PoolError, RecycleError, RecycleResult, Timeouts};
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgPool, PgRow};
@@ -9,6 +11,7 @@ use sqlx::query::QueryAs;
 use sqlx::{Connection, Executor, FromRow, PgConnection, Postgres};
 use tokio::time::Instant;
 
+use super::batch::Counts;
 use super::{
     CHECK_IDLE_AFTER, Result, StoreError, deadline, rolled_back_race, timed_out, timeout_at,
 };
@@ -74,6 +77,19 @@ fn never_sent(e: &StoreError) -> bool {
 pub(crate) struct Conns {
     pool: PgPool,
     hot: managed::Pool<Connector>,
+    /// Each batch kind's counts, by name (a kind started twice counts once).
+    batches: Arc<Mutex<BTreeMap<&'static str, Arc<Counts>>>>,
+}
+
+/// The batches of one kind sent since start, and the requests they carried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchTotals {
+    /// The kind: `acquire`, `put`, `txn`, ...
+    pub kind: &'static str,
+    /// Batches sent.
+    pub batches: u64,
+    /// Requests they carried.
+    pub requests: u64,
 }
 
 /// How many requests are using a hot connection, and how many wait for one.
@@ -109,7 +125,31 @@ impl Conns {
             .runtime(deadpool::Runtime::Tokio1)
             .build()
             .expect("a runtime is set, so the timeouts can be");
-        Self { pool, hot }
+        Self {
+            pool,
+            hot,
+            batches: Arc::default(),
+        }
+    }
+
+    pub(crate) fn batch_counts(&self, kind: &'static str) -> Arc<Counts> {
+        let mut batches = self.batches.lock().expect("never poisoned");
+        batches.entry(kind).or_default().clone()
+    }
+
+    pub(crate) fn batch_totals(&self) -> Vec<BatchTotals> {
+        let batches = self.batches.lock().expect("never poisoned");
+        batches
+            .iter()
+            .map(|(&kind, counts)| {
+                let (batches, requests) = counts.totals();
+                BatchTotals {
+                    kind,
+                    batches,
+                    requests,
+                }
+            })
+            .collect()
     }
 
     pub(crate) fn pool(&self) -> &PgPool {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
-pub use conns::{HOT_SETTINGS, HotPoolStatus};
+pub use conns::{BatchTotals, HOT_SETTINGS, HotPoolStatus};
 
 /// An instance's database as every feature sees it: sqlx's pool (its `Deref`), the hot connections
 /// and the one LISTEN connection. Cheap to clone.

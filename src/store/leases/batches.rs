@@ -97,6 +97,7 @@ impl Change for AcquireJob {
 }
 
 impl Kind for AcquireBatch {
+    const NAME: &'static str = "acquire";
     type Job = AcquireJob;
     type Row = GatedRow<AcquireAnswer>;
     const EFFECT: Effect = Effect::Changes;
@@ -146,6 +147,7 @@ impl<C> Change for ChangeJob<C> {
 pub(crate) struct RenewBatch;
 
 impl Kind for RenewBatch {
+    const NAME: &'static str = "renew";
     type Job = ChangeJob<Option<TtlMs>>;
     type Row = GatedRow<ChangeAnswer>;
     const EFFECT: Effect = Effect::Changes;
@@ -159,6 +161,7 @@ impl Kind for RenewBatch {
 pub(crate) struct EndBatch;
 
 impl Kind for EndBatch {
+    const NAME: &'static str = "end";
     type Job = ChangeJob<&'static str>;
     type Row = GatedRow<ChangeAnswer>;
     const EFFECT: Effect = Effect::Changes;
@@ -197,6 +200,7 @@ pub(crate) static RECONCILED: LazyLock<Batched<ChangeJob<()>>> = LazyLock::new(|
 pub(crate) struct ReconciledBatch;
 
 impl Kind for ReconciledBatch {
+    const NAME: &'static str = "reconciled";
     type Job = ChangeJob<()>;
     type Row = GatedRow<ChangeAnswer>;
     const EFFECT: Effect = Effect::Changes;

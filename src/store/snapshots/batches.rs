@@ -298,6 +298,7 @@ impl Batches {
 pub(crate) struct PutBatch;
 
 impl Kind for PutBatch {
+    const NAME: &'static str = "put";
     type Job = FencedJob;
     type Row = GatedRow<FencedRow>;
     const EFFECT: Effect = Effect::Changes;
@@ -315,6 +316,7 @@ impl Kind for PutBatch {
 pub(crate) struct PrecheckBatch;
 
 impl Kind for PrecheckBatch {
+    const NAME: &'static str = "precheck";
     type Job = FencedJob;
     type Row = GatedRow<FencedRow>;
     const EFFECT: Effect = Effect::Changes;
@@ -355,6 +357,7 @@ impl Job for GetJob {
 pub(crate) struct GetBatch;
 
 impl Kind for GetBatch {
+    const NAME: &'static str = "get";
     type Job = GetJob;
     type Row = BodyRow;
     const EFFECT: Effect = Effect::Reads;

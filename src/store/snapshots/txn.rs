@@ -135,6 +135,7 @@ const TXN_BATCH: usize = 8;
 pub(crate) struct TxnBatch;
 
 impl Kind for TxnBatch {
+    const NAME: &'static str = "txn";
     type Job = TxnJob;
     type Row = GatedRow<TxnRow>;
     const EFFECT: Effect = Effect::Changes;

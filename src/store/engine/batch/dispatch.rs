@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 
-use super::{GIVEN_UP, Indexed, Job, Kind, MAX_BYTES, Pending, SENT, STALL_FACTOR, STALLED};
+use super::{
+    Counts, GIVEN_UP, Indexed, Job, Kind, MAX_BYTES, Pending, SENT, STALL_FACTOR, STALLED,
+};
 use crate::store::engine::conns::Conns;
 
 /// A kind's typical batch time (an exponentially weighted mean, µs), which sets the stall bound. A
@@ -116,6 +118,7 @@ pub(super) async fn dispatch<K: Kind>(
     conns: Conns,
     mut requests: mpsc::UnboundedReceiver<Pending<K>>,
     in_flight: usize,
+    counts: Arc<Counts>,
 ) {
     let slots = Arc::new(Semaphore::new(in_flight));
     let busy = Arc::new(Mutex::new(HashSet::new()));
@@ -189,7 +192,7 @@ pub(super) async fn dispatch<K: Kind>(
             pace: pace.clone(),
             sent: last_sent,
         };
-        tokio::spawn(run(conns.clone(), batch.jobs, flight));
+        tokio::spawn(run(conns.clone(), batch.jobs, flight, counts.clone()));
     }
 }
 
@@ -215,11 +218,12 @@ impl Drop for Flight {
     }
 }
 
-async fn run<K: Kind>(conns: Conns, jobs: Vec<Pending<K>>, flight: Flight) {
+async fn run<K: Kind>(conns: Conns, jobs: Vec<Pending<K>>, flight: Flight, counts: Arc<Counts>) {
     let mut jobs: Vec<Pending<K>> = jobs.into_iter().filter(|p| p.leave(SENT)).collect();
     if jobs.is_empty() {
         return;
     }
+    counts.sent(jobs.len());
     jobs.sort_by(|a, b| K::order(&a.job).cmp(K::order(&b.job)));
     let deadline = jobs.iter().map(|p| p.deadline).max().expect("not empty");
     for p in &jobs {

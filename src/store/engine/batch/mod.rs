@@ -4,7 +4,7 @@
 //! never holds two requests for one key or Idempotency-Key, and sends rows in key order, the order
 //! every statement locks in, so batches never wait in a cycle.
 
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use sqlx::postgres::PgRow;
@@ -41,6 +41,8 @@ pub(crate) trait Job {
 }
 
 pub(crate) trait Kind: Send + Sync + 'static {
+    /// Its name in the metrics.
+    const NAME: &'static str;
     type Job: Job + Send + Sync + 'static;
     type Row: Send + Unpin + for<'r> FromRow<'r, PgRow> + 'static;
     const EFFECT: Effect;
@@ -122,6 +124,26 @@ impl<K: Kind> Pending<K> {
     }
 }
 
+/// The batches of one kind sent so far and the requests they carried (their ratio is the mean
+/// batch size), for the metrics.
+#[derive(Debug, Default)]
+pub(crate) struct Counts {
+    batches: AtomicU64,
+    requests: AtomicU64,
+}
+
+impl Counts {
+    pub(super) fn sent(&self, requests: usize) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.requests.fetch_add(requests as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn totals(&self) -> (u64, u64) {
+        let requests = self.requests.load(Ordering::Relaxed);
+        (self.batches.load(Ordering::Relaxed), requests)
+    }
+}
+
 pub(crate) struct Batcher<K: Kind> {
     queue: mpsc::UnboundedSender<Pending<K>>,
     conns: Conns,
@@ -142,7 +164,13 @@ impl<K: Kind> Batcher<K> {
     /// A batcher with at most `in_flight` batches running at once.
     pub(crate) fn start_with(conns: Conns, in_flight: usize) -> Self {
         let (queue, requests) = mpsc::unbounded_channel();
-        tokio::spawn(dispatch::dispatch::<K>(conns.clone(), requests, in_flight));
+        let counts = conns.batch_counts(K::NAME);
+        tokio::spawn(dispatch::dispatch::<K>(
+            conns.clone(),
+            requests,
+            in_flight,
+            counts,
+        ));
         Self {
             queue,
             conns,

@@ -35,6 +35,7 @@ pub(super) struct Queued {
 pub(super) struct EnqueueBatch;
 
 impl Kind for EnqueueBatch {
+    const NAME: &'static str = "wait_enqueue";
     type Job = Enqueue;
     type Row = Queued;
     const EFFECT: Effect = Effect::Changes;
