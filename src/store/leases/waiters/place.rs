@@ -118,6 +118,11 @@ impl Drop for Place {
         };
         runtime.spawn(async move {
             let pool = &inner.pool;
+            // Shutting down: the rows of an instance that is gone are the sweep's, one per waiter
+            // is no news.
+            if pool.is_closed() {
+                return;
+            }
             let left = sqlx::query(include_str!("../sql/wait_leave.sql"))
                 .bind(id)
                 .execute(pool)
