@@ -388,6 +388,29 @@ async fn flaky_database(dropped: usize) -> (EmbeddedPostgres, Proxy, String) {
     (pg, proxy, url)
 }
 
+/// Runs `snapfence serve` with `args`, which must make it exit non-zero within 20 s; its stderr.
+async fn serve_fails(args: &[&str]) -> String {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let started = Instant::now();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_snapfence"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .env_remove("DATABASE_URL")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "not given up: {stderr}"
+    );
+    stderr
+}
+
 async fn stop(pg: EmbeddedPostgres) {
     tokio::task::spawn_blocking(move || pg.stop())
         .await
@@ -422,26 +445,7 @@ async fn start_up_waits_out_dropped_connections_and_serves_once_they_heal() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_up_gives_up_at_its_bound_and_names_the_lost_connection_not_rights() {
     let (pg, _proxy, url) = flaky_database(100_000).await;
-    let started = Instant::now();
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_snapfence"))
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--startup-timeout",
-                "2s",
-            ])
-            .args(["--database-url", &url])
-            .env_remove("DATABASE_URL")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
-    assert!(started.elapsed() < Duration::from_secs(20), "{stderr}");
+    let stderr = serve_fails(&["--startup-timeout", "2s", "--database-url", &url]).await;
     assert!(
         stderr.contains("the database stayed unavailable for 2s"),
         "{stderr}"
@@ -466,22 +470,7 @@ async fn start_up_names_a_missing_right_to_create_tables_and_exits_at_once() {
     let url = pg
         .url("blip")
         .replacen("postgres://postgres@", "postgres://visitor@", 1);
-    let started = Instant::now();
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_snapfence"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--database-url", &url])
-            .env_remove("DATABASE_URL")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
-    assert!(
-        started.elapsed() < Duration::from_secs(20),
-        "not waited out: {stderr}"
-    );
+    let stderr = serve_fails(&["--database-url", &url]).await;
     assert!(stderr.contains("may not create tables"), "{stderr}");
     stop(pg).await;
 }
