@@ -19,6 +19,8 @@
 #                          least 2 s there); etcd: Lock after Unlock / after the lease ran out
 #                 watch    fenced PUTs at each of --rates writes/s (by the largest of --clients
 #                          writers) to a watcher of /v1/watch; etcd: puts to a Watch
+#                 flood    another client's reads and acquires while 5,000 waiting acquires
+#                          arrive at once (snapfence only; needs an open-file limit above 5,000)
 #                 (they are not run against --baseline, nor over etcd's JSON gateway)
 #
 #   --baseline    also build revision REV (a commit, tag or branch of this repository) and load it
@@ -86,7 +88,7 @@ clients=${clients//,/ } ops=${ops//,/ } rates=${rates//,/ }
 load_ops= timing_ops=
 for op in $ops; do
     case $op in
-    handoff | watch) timing_ops+=" $op" ;;
+    handoff | watch | flood) timing_ops+=" $op" ;;
     *) load_ops+=" $op" ;;
     esac
 done
@@ -447,6 +449,10 @@ for op in $load_ops; do
     if [ "$op" = put ]; then put_rss=$(rss_peak); fi
 done
 
+# Lines printed under the tables.
+extra=()
+note() { extra+=("$1"); say "$1"; }
+
 # The timing cells: each is one run of snapfence-bench against snapfence and, --with-etcd, against
 # etcd over gRPC; every answer is checked (an error or a failed check fails the script).
 timing_rows=()
@@ -480,6 +486,15 @@ for op in $timing_ops; do
             if [ "$who" != snapfence ]; then n=$expiry_rounds; fi
             say "handoff: $who, $n hand-offs on expiry"
             timing_row expiry "$who" "expiry" "$(target_url=$at bench expiry 1 --target "$who" --rounds "$n")"
+        elif [ "$op" = flood ]; then
+            [ "$who" = snapfence ] || continue
+            say "flood: another client's reads and acquires while 5000 waiting acquires arrive at once, for $duration"
+            # The flood comes from another tenant, so it does not count against the timed
+            # client's own limits (--max-in-flight-per-key).
+            flood_key=${flood_key:-$("$sf" keys create --name flood --scope write 2>/dev/null)}
+            report=$(target_url=$at bench flood 1 --flood 5000 --flood-api-key "$flood_key")
+            timing_row flood "$who" "5000-wait" "$report"
+            note "flood: another client's read p99 $(field latency_ms.p99 <<<"$report") ms, max $(field latency_ms.max <<<"$report") ms; its acquire p99 $(field timing.acquire_ms.p99 <<<"$report") ms, max $(field timing.acquire_ms.max <<<"$report") ms (target: each within 100 ms); the flood $(field timing.flood <<<"$report")"
         else
             for r in $rates; do
                 say "watch: $who, $writers writers at $r writes/s for $duration"
@@ -489,8 +504,6 @@ for op in $timing_ops; do
     done < <(timing_targets)
 done
 
-extra=()
-note() { extra+=("$1"); say "$1"; }
 # The v1.3 cells against the plain put of the same run (issue 47's targets: a put under a
 # namespace fence >= 0.9 x the put; a transaction of ten puts >= 0.3 x its rate, 3 x its writes).
 for c in $clients; do

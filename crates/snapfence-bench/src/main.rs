@@ -19,6 +19,7 @@
 //! waiting acquire (etcd: a blocked `Lock`) takes to be granted after the holder lets go
 //! ([`handoff`]), and `watch` how long a write takes to reach a watcher ([`watch`]).
 
+mod flood;
 mod handoff;
 mod report;
 mod target;
@@ -117,7 +118,8 @@ pub struct BenchArgs {
     /// `put` a fenced write, `get` a snapshot, `mixed` (70% get, 20% put, 10% renew), or
     /// `grant` (etcd only: a bare lease grant, a calibration); or a timing run: `handoff` and `expiry` (a
     /// waiter's grant after the holder's release or expiry, `--rounds` times), `watch` (writes
-    /// at `--rate` to a watcher, for `--duration`).
+    /// at `--rate` to a watcher, for `--duration`), `flood` (another client's reads and acquires
+    /// while `--flood` waiting acquires arrive at once).
     #[arg(long, value_enum)]
     pub op: Op,
     /// Requests in flight at once, one worker each (`watch`: writers, one key each).
@@ -148,6 +150,14 @@ pub struct BenchArgs {
     /// its own.
     #[arg(long, default_value_t = 200)]
     pub rounds: usize,
+    /// `flood`: how many waiting acquires arrive at once, each on a connection of its own (the
+    /// open-file limit must allow as many).
+    #[arg(long, default_value_t = 5000)]
+    pub flood: usize,
+    /// `flood`: the API key of the flooding client [default: --api-key]; another key than the
+    /// timed client's, as another tenant's, so the flood does not count against its limits.
+    #[arg(long, hide_env_values = true)]
+    pub flood_api_key: Option<String>,
     /// `watch`: the writes per second, all writers together.
     #[arg(long, default_value_t = 200.0)]
     pub rate: f64,
@@ -186,6 +196,8 @@ pub enum Op {
     Expiry,
     /// Writes delivered to a watcher (`GET /v1/watch`; etcd: `Watch`).
     Watch,
+    /// Another client's reads and acquires while `--flood` waiting acquires arrive at once.
+    Flood,
 }
 
 /// How etcd's lock cycle is done.
@@ -256,6 +268,7 @@ fn bench(args: BenchArgs, global: &Global) -> ExitCode {
         match args.op {
             Op::Handoff | Op::Expiry => handoff::run(&args, &target, &prefix).await,
             Op::Watch => watch::run(&args, global, target, &prefix).await,
+            Op::Flood => flood::run(&args, global, &target, &prefix).await,
             _ => run(&args, target, &prefix).await,
         }
     });

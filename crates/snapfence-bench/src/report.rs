@@ -192,6 +192,13 @@ pub struct Timing {
     /// A watch run: the same events timed from their write's sending instead (never early).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub from_send_ms: Option<Latencies>,
+    /// A flood run: the other client's acquires (the run's latencies are its reads).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acquire_ms: Option<Latencies>,
+    /// A flood run: the flooding acquires by the status they were answered (`waiting`: still
+    /// queued at the end).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flood: Option<BTreeMap<String, u64>>,
 }
 
 /// Latency quantiles in milliseconds.
@@ -239,6 +246,16 @@ impl fmt::Display for Report {
                     "  writes      {writes:.0}/s (asked {rate:.0}/s); {} events before their write's answer",
                     t.early.unwrap_or(0)
                 )?;
+            }
+            if let Some(l) = &t.acquire_ms {
+                writeln!(
+                    f,
+                    "  acquires    p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}",
+                    l.p50, l.p90, l.p99, l.max
+                )?;
+            }
+            if let Some(flood) = &t.flood {
+                writeln!(f, "  flood       {flood:?}")?;
             }
             if let Some(l) = &t.from_send_ms {
                 writeln!(

@@ -56,7 +56,7 @@ pub(super) enum Target {
 /// Refuses the operations etcd has no equivalent of.
 fn etcd_has(op: Op) -> Result<(), String> {
     match op {
-        Op::Renew | Op::Mixed | Op::Nsput | Op::Txn => Err(format!(
+        Op::Renew | Op::Mixed | Op::Nsput | Op::Txn | Op::Flood => Err(format!(
             "etcd has no equivalent of --op {op:?}; use lock, put or get"
         )),
         Op::Acquire => Err(

@@ -213,3 +213,21 @@ async fn bench_counts_as_lock_cycles_exactly_the_grants_and_releases_the_databas
     );
     app.stop().await;
 }
+
+#[tokio::test]
+async fn bench_floods_with_waiters_that_all_queue_while_another_client_is_served() {
+    let app = TestApp::spawn().await;
+    let more = ["--flood", "300", "--duration", "2s"];
+    let report = timing_run(&app.instance.base, "flood", "f/", &more).await;
+    assert_eq!(
+        report["timing"]["flood"],
+        serde_json::json!({"waiting": 300}),
+        "every flooding acquire queued (the default bounds hold 300): {report}"
+    );
+    assert!(report["ok"].as_u64().unwrap() > 0, "{report}");
+    assert!(
+        report["timing"]["acquire_ms"]["max"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    app.stop().await;
+}
