@@ -138,9 +138,10 @@ impl Counts {
         self.requests.fetch_add(requests as u64, Ordering::Relaxed);
     }
 
+    /// Batches sent, and the requests they carried.
     pub(crate) fn totals(&self) -> (u64, u64) {
-        let requests = self.requests.load(Ordering::Relaxed);
-        (self.batches.load(Ordering::Relaxed), requests)
+        let load = |n: &AtomicU64| n.load(Ordering::Relaxed);
+        (load(&self.batches), load(&self.requests))
     }
 }
 
