@@ -104,8 +104,13 @@ pub(super) async fn run(
     let verified = if !errors.is_empty() {
         Err(format!("the other client was refused: {errors:?}"))
     } else if !unexpected.is_empty() {
+        let hint = if unexpected.iter().any(|(s, _)| s.starts_with("connect")) {
+            "; connections failed: raise the open-file limit (ulimit -n) above --flood"
+        } else {
+            ""
+        };
         Err(format!(
-            "flooding acquires answered otherwise than waiting or 429: {unexpected:?}"
+            "flooding acquires answered otherwise than waiting or 429: {unexpected:?}{hint}"
         ))
     } else {
         Ok(())
