@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use super::report::{Errors, Histogram, Report, Timing};
 use super::target::{Target, code};
-use super::{BenchArgs, Global};
+use super::{BenchArgs, Global, prefixed};
 
 /// The keys the flood waits for, each held through the run.
 const HELD: usize = 20;
@@ -39,9 +39,12 @@ pub(super) async fn run(
         return Err("--op flood loads snapfence only".to_owned());
     };
     let addr = plain_http_address(&global.url)?;
-    let hold = AcquireRequest::new(owner("holder")?, args.duration + Duration::from_secs(120));
+    let hold = AcquireRequest::new(
+        Owner::parse("bench-holder").expect("a valid owner"),
+        args.duration + Duration::from_secs(120),
+    );
     let held: Vec<Key> = (0..HELD)
-        .map(|n| key(prefix, &format!("busy/{n}")))
+        .map(|n| prefixed(prefix, format!("busy/{n}")))
         .collect::<Result<_, _>>()?;
     let mut tokens = Vec::with_capacity(HELD);
     for k in &held {
@@ -63,7 +66,10 @@ pub(super) async fn run(
     };
 
     let (mut reads, mut acquires, mut errors) = (Histogram::new(), Histogram::new(), Errors::new());
-    let free = AcquireRequest::new(owner("probe")?, Duration::from_secs(60));
+    let free = AcquireRequest::new(
+        Owner::parse("bench-probe").expect("a valid owner"),
+        Duration::from_secs(60),
+    );
     let started = Instant::now();
     let mut n = 0;
     while started.elapsed() < args.duration {
@@ -74,7 +80,7 @@ pub(super) async fn run(
         }
         let sent = Instant::now();
         match client
-            .acquire(&key(prefix, &format!("probe/{n}"))?, &free)
+            .acquire(&prefixed(prefix, format!("probe/{n}"))?, &free)
             .await
         {
             Ok(_) => acquires.record(sent.elapsed()),
@@ -125,15 +131,6 @@ pub(super) async fn run(
         ..Timing::default()
     });
     Ok(report)
-}
-
-fn owner(name: &str) -> Result<Owner, String> {
-    Owner::parse(name).map_err(|e| e.to_string())
-}
-
-fn key(prefix: &str, rest: &str) -> Result<Key, String> {
-    Key::parse(format!("{prefix}{rest}"))
-        .map_err(|e| format!("--prefix {prefix:?} does not make valid keys: {e}"))
 }
 
 /// `host:port` of an `http://` URL: the flood writes its requests by hand.

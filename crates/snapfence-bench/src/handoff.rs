@@ -25,7 +25,7 @@ use tokio::time::Instant;
 
 use super::report::{Errors, Histogram, Report, Timing};
 use super::target::{Target, WRONG_ANSWER, check, code};
-use super::{BenchArgs, Op};
+use super::{BenchArgs, Op, prefixed};
 
 /// How long a waiter is given to take its place in the queue before the holder releases: the
 /// service shows no client its queue, so the round waits this long, and a waiter answered
@@ -63,9 +63,8 @@ struct Sample {
 pub(super) async fn run(args: &BenchArgs, target: &Target, prefix: &str) -> Result<Report, String> {
     let expiry = args.op == Op::Expiry;
     let keys = (0..args.rounds)
-        .map(|i| Key::parse(format!("{prefix}{i}")))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("--prefix {prefix:?} does not make valid keys: {e}"))?;
+        .map(|i| prefixed(prefix, i))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut offset = Offset::default();
     let mut samples = Vec::with_capacity(keys.len());
     let mut errors = Errors::new();

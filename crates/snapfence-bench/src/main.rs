@@ -89,6 +89,12 @@ const EXIT_USAGE: u8 = 2;
 /// The exit status of a run that failed or whose check did.
 const EXIT_FAILURE: u8 = 1;
 
+/// The key `rest` under the run's prefix.
+fn prefixed(prefix: &str, rest: impl std::fmt::Display) -> Result<snapfence_client::Key, String> {
+    snapfence_client::Key::parse(format!("{prefix}{rest}"))
+        .map_err(|e| format!("--prefix {prefix:?} does not make valid keys: {e}"))
+}
+
 /// The client of `global`, without retries: every failure is counted.
 fn client_of(global: &Global) -> Result<Client, String> {
     let mut builder = Client::builder(global.url.clone())

@@ -12,7 +12,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
-use super::{EtcdLock, Op};
+use super::{EtcdLock, Op, prefixed};
 use snapfence_client::{AcquireRequest, Client, Error, PutOptions, TxnOp, TxnOpResult};
 use snapfence_client::{FencingToken, Key, LeaseState, Owner, Version};
 
@@ -162,13 +162,11 @@ impl Worker {
     ) -> Result<Self, String> {
         let keys = keys
             .map(|i| {
-                Key::parse(format!("{prefix}{i}"))
-                    .map(|key| KeyState {
-                        key,
-                        token: None,
-                        version: 0,
-                    })
-                    .map_err(|e| format!("--prefix {prefix:?} does not make valid keys: {e}"))
+                prefixed(prefix, i).map(|key| KeyState {
+                    key,
+                    token: None,
+                    version: 0,
+                })
             })
             .collect::<Result<_, _>>()?;
         Ok(Self {

@@ -27,7 +27,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use super::report::{Errors, Histogram, Report, Timing};
 use super::target::{HELD_TTL, Target, check, code};
-use super::{BenchArgs, Global, body_of};
+use super::{BenchArgs, Global, body_of, prefixed};
 
 /// How long the watcher has, after the last write's answer, to receive the events not yet in.
 const DRAIN: Duration = Duration::from_secs(5);
@@ -66,9 +66,8 @@ pub(super) async fn run(
         return Err(format!("--rate must be above 0, got {}", args.rate));
     }
     let keys = (0..args.concurrency)
-        .map(|i| Key::parse(format!("{prefix}{i}")))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("--prefix {prefix:?} does not make valid keys: {e}"))?;
+        .map(|i| prefixed(prefix, i))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut tokens = Vec::with_capacity(keys.len());
     for key in &keys {
         tokens.push(prepare(&target, key).await?);

@@ -122,9 +122,9 @@ refusals_noted AS (
         f.operation, f.highest_token, f.fencing_key
     FROM refused f ORDER BY f.id),
 -- Fenced writes after fenced.sql, in one statement so checks, writes or refusals, and pruning
--- commit together. `w.body` is the bound body, or the connection's upload (put_uploaded derives it). `put_old` bumps
--- the version on the locked head (gapless under any race), `put_new` creates a head; `pruned` drops
--- versions out of the window above `pruned_through`.
+-- commit together. `w.body` is the bound body, or the connection's upload (put_uploaded derives
+-- it). `put_old` bumps the version on the locked head (gapless under any race), `put_new` creates
+-- a head; `pruned` drops versions out of the window above `pruned_through`.
 put_old AS (
     UPDATE snapshot_heads h SET version = h.version + 1, etag = w.etag,
         pruned_through = greatest(h.pruned_through, h.version + 1 - w.keep),
