@@ -1,7 +1,7 @@
 //! The `api_keys` table. Each instance keeps the live keys in memory ([`KeyCache`]), reloading on
 //! every notification on its listening connection and confirming each load with its snapshot;
-//! `keys create` and `keys revoke` wait until every instance's copy holds the change ([`Confirmations`]). Until its copy is known current, an
-//! instance checks the table.
+//! `keys create` and `keys revoke` wait until every instance's copy holds the change
+//! ([`Confirmations`]). Until its copy is known current, an instance checks the table.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock, Weak};
@@ -325,12 +325,14 @@ impl Follower {
         }
     }
 
-    /// Loads the live keys and confirms with the load's snapshot, which says which changes the
-    /// copy holds.
+    /// Loads the live keys and confirms with a snapshot read just before, which says which
+    /// changes the copy holds at least.
     async fn reload(&self, conn: &mut PgListener) -> sqlx::Result<()> {
         self.set(None);
-        let (keys, seen) = load(conn).await?;
-        self.set(Some(keys));
+        let seen: String = sqlx::query_scalar(include_str!("sql/seen.sql"))
+            .fetch_one(&mut *conn)
+            .await?;
+        self.set(Some(load(conn).await?));
         sqlx::query("SELECT pg_notify($1, $2)")
             .bind(APPLIED)
             .bind(seen)
@@ -378,39 +380,34 @@ impl Subscriber for Follower {
 
 #[derive(FromRow)]
 struct LiveRow {
-    seen: String,
-    id: Option<i64>,
-    name: Option<String>,
-    scope: Option<String>,
-    prefix: Option<String>,
-    secret_sha256: Option<Vec<u8>>,
+    id: i64,
+    name: String,
+    scope: String,
+    prefix: String,
+    secret_sha256: Vec<u8>,
 }
 
-/// Read on the listening connection, which never waits for the pool; with the snapshot it read.
-async fn load(conn: &mut PgListener) -> sqlx::Result<(LiveKeys, String)> {
+/// Read on the listening connection, which never waits for the pool.
+async fn load(conn: &mut PgListener) -> sqlx::Result<LiveKeys> {
     let rows: Vec<LiveRow> = sqlx::query_as(include_str!("sql/live.sql"))
         .fetch_all(conn)
         .await?;
-    let seen = rows.first().map(|r| r.seen.clone()).unwrap_or_default();
-    let keys = rows
+    Ok(rows
         .into_iter()
-        .filter_map(|r| {
-            let (id, name, scope, prefix, secret_sha256) =
-                (r.id?, r.name?, r.scope?, r.prefix?, r.secret_sha256?);
+        .map(|r| {
             let principal = Principal {
-                id,
-                name,
-                scope: Scope::parse(&scope).expect("the table's check constraint"),
-                prefix,
+                id: r.id,
+                name: r.name,
+                scope: Scope::parse(&r.scope).expect("the table's check constraint"),
+                prefix: r.prefix,
             };
-            Some((
-                id,
+            (
+                r.id,
                 LiveKey {
                     principal,
-                    secret_sha256,
+                    secret_sha256: r.secret_sha256,
                 },
-            ))
+            )
         })
-        .collect();
-    Ok((keys, seen))
+        .collect())
 }

@@ -1,5 +1,2 @@
--- Every live key, for an instance's copy of the table, with the snapshot it was read in (one row of
--- NULL keys when none is live), which says which changes the copy holds.
-SELECT s.seen, k.id, k.name, k.scope, k.prefix, k.secret_sha256
-FROM (SELECT pg_current_snapshot()::text AS seen) s
-LEFT JOIN api_keys k ON k.revoked_at IS NULL
+-- Every live key, for an instance's copy of the table (reloaded on each change it is told of).
+SELECT id, name, scope, prefix, secret_sha256 FROM api_keys WHERE revoked_at IS NULL
