@@ -6,7 +6,7 @@
 #
 #   bench/compare.sh [--duration 10s] [--clients "1 8 32"] [--keys 10000] [--ops "acquire lock renew put get"]
 #                    [--baseline REV] [--with-etcd] [--with-watcher] [--install] [--memory] [--catch-up]
-#                    [--growth] [--profile]
+#                    [--growth] [--profile] [--via-pgbouncer]
 #                    [--dev] [--clean] [--rounds 200] [--expiry-rounds 40] [--rates "200 2000"]
 #
 #   Lists (--clients, --ops, --rates) are separated by spaces or commas.
@@ -32,6 +32,9 @@
 #                 gateway, in a table of its own: lock as lease grant + txn + revoke and as a
 #                 session mutex (txn + delete on a lease granted once), put as a txn on a fence
 #                 key, get as a range read; and a bare lease grant (no key) as a calibration row
+#   --via-pgbouncer  also load a second instance whose hot statements go through PgBouncer in
+#                 transaction mode (--database-url the pooler, --database-direct-url PostgreSQL),
+#                 on a database of its own: the pgb/s column and x-pgb (through the pooler / direct)
 #   --with-watcher  also run each service cell again with one watcher of every change open
 #                 (`GET /v1/watch`, read to the end by curl): the watched/s column, and x-watch
 #                 (watched / unwatched), the watch's cost as its users pay it
@@ -56,7 +59,7 @@ set -euo pipefail
 
 duration=10s clients="1 8 32" keys=10000 ops="acquire lock renew put get"
 rounds=200 expiry_rounds=40 rates="200 2000" repeat=1
-with_etcd=0 with_watcher=0 install=0 memory=0 catch_up=0 growth=0 profile=0 baseline= profile_dir=release clean=0
+with_etcd=0 with_watcher=0 via_pgbouncer=0 install=0 memory=0 catch_up=0 growth=0 profile=0 baseline= profile_dir=release clean=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --duration) duration=$2; shift ;;
@@ -70,6 +73,7 @@ while [ $# -gt 0 ]; do
     --baseline) baseline=$2; shift ;;
     --with-etcd) with_etcd=1 ;;
     --with-watcher) with_watcher=1 ;;
+    --via-pgbouncer) via_pgbouncer=1 ;;
     --install) install=1 ;;
     --memory) memory=1 ;;
     --catch-up) catch_up=1 ;;
@@ -197,6 +201,47 @@ if [ -n "$base_sf" ]; then
     for _ in $(seq 100); do curl -fs "$base_url/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
     curl -fs "$base_url/readyz" >/dev/null || { cat "$work/baseline.log" >&2; exit 1; }
     baseline_api_key=$(DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/baseline" "$base_sf" keys create --name bench --scope write 2>/dev/null)
+fi
+
+# The instance behind PgBouncer (transaction mode, as Supavisor's 6543 or RDS Proxy pool) serves a
+# database of its own; its sessions (LISTEN, migrations, locks) go straight to PostgreSQL.
+pgb_url=
+if [ "$via_pgbouncer" = 1 ]; then
+    pgbouncer=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
+    [ -x "$pgbouncer" ] || { echo "compare.sh: --via-pgbouncer needs PgBouncer: apt-get install pgbouncer" >&2; exit 2; }
+    "${as_pg[@]}" "$pgbin/createdb" -h 127.0.0.1 -p "$pg_port" -U postgres pooled
+    pgb_port=$(free_port) pgb_dir=$work/pgbouncer
+    mkdir -p "$pgb_dir"
+    printf '"postgres" ""\n' >"$pgb_dir/users.txt"
+    cat >"$pgb_dir/pgbouncer.ini" <<INI
+[databases]
+* = host=127.0.0.1 port=$pg_port
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $pgb_port
+unix_socket_dir =
+pool_mode = transaction
+auth_type = trust
+auth_file = $pgb_dir/users.txt
+ignore_startup_parameters = extra_float_digits
+max_client_conn = 2000
+default_pool_size = $pool_size
+logfile = $pgb_dir/pgbouncer.log
+INI
+    [ -z "${as_pg[*]}" ] || chown -R postgres "$pgb_dir"
+    say "starting PgBouncer $("$pgbouncer" --version | head -1 | awk '{print $2}') on 127.0.0.1:$pgb_port (transaction mode, pool of $pool_size) and an instance behind it"
+    "${as_pg[@]}" "$pgbouncer" "$pgb_dir/pgbouncer.ini" >/dev/null 2>&1 &
+    pids+=("$!")
+    pgb_sf_port=$(free_port)
+    direct="postgres://postgres@127.0.0.1:$pg_port/pooled"
+    for _ in $(seq 50); do (echo >"/dev/tcp/127.0.0.1/$pgb_port") 2>/dev/null && break; sleep 0.1; done
+    DATABASE_URL="postgres://postgres@127.0.0.1:$pgb_port/pooled" DATABASE_DIRECT_URL=$direct \
+        "$sf" serve --listen "127.0.0.1:$pgb_sf_port" --db-pool-size "$pool_size" >"$work/pgbouncer-serve.log" 2>&1 &
+    pids+=("$!")
+    pgb_url=http://127.0.0.1:$pgb_sf_port
+    for _ in $(seq 100); do curl -fs "$pgb_url/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
+    curl -fs "$pgb_url/readyz" >/dev/null || { cat "$work/pgbouncer-serve.log" >&2; exit 1; }
+    pgb_api_key=$(DATABASE_URL=$direct "$sf" keys create --name bench --scope write 2>/dev/null)
 fi
 
 # The floors' table (bench/fenced_write.sql), its read keys written once.
@@ -342,7 +387,7 @@ fi
 
 rss_peak() { awk '/VmHWM/ {printf "%.1f", $2 / 1024}' "/proc/$sf_pid/status"; }
 rows=() peer_rows=() failed=0
-row_format='%-8s %7s %9s %7s %7s %9s %6s %8s %6s %8s %6s %7s %9s %7s %8s  %s'
+row_format='%-8s %7s %9s %7s %7s %9s %6s %8s %6s %8s %6s %7s %9s %7s %7s %6s %8s  %s'
 peer_format='%-8s %7s %11s %7s %7s %9s %7s %7s %7s %8s  %-40s %s'
 declare -A at32
 peer_row() { # cell clients service-report etcd-does [bench args] -> a row of the etcd table
@@ -379,7 +424,7 @@ for op in $load_ops; do
             floor=$(floor_run "$op" "$c")
         fi
         if [ "$op" = acquire ]; then sleep 0.2; fi
-        reports= base_reports= errs=
+        reports= base_reports= pgb_reports= errs=
         for n in $(seq "$repeat"); do
             round=; [ "$repeat" = 1 ] || round=" (round $n of $repeat)"
             say "$op x$c: snapfence bench$round"
@@ -393,6 +438,12 @@ for op in $load_ops; do
                 base_reports+="$(tr -d '\n' <<<"$one")"$'\n'
                 e=$(errors <<<"$one"); [ "$e" = - ] || errs="$errs baseline:$e"
             fi
+            if [ -n "$pgb_url" ]; then
+                say "$op x$c: through PgBouncer$round"
+                one=$(target_url=$pgb_url target_key=$pgb_api_key bench "$op" "$c")
+                pgb_reports+="$(tr -d '\n' <<<"$one")"$'\n'
+                e=$(errors <<<"$one"); [ "$e" = - ] || errs="$errs pgbouncer:$e"
+            fi
         done
         errs=${errs# } errs=${errs:--}
         report=$(median <<<"$reports")
@@ -404,6 +455,11 @@ for op in $load_ops; do
             base_s=$(field ops_per_sec <<<"$base_report")
             base_p50=$(field latency_ms.p50 <<<"$base_report")
             vs_base=$(ratio "$ops_s" "$base_s")
+        fi
+        pgb_s=- vs_pgb=-
+        if [ -n "$pgb_reports" ]; then
+            pgb_s=$(field ops_per_sec <<<"$(median <<<"$pgb_reports")")
+            vs_pgb=$(ratio "$pgb_s" "$ops_s")
         fi
         watched_s=- vs_watched=-
         if [ "$with_watcher" = 1 ]; then
@@ -442,7 +498,7 @@ for op in $load_ops; do
         by_cell[$op/$c]=$ops_s
         rows+=("$(printf "$row_format" "$op" "$c" "$ops_s" "$p50" "$p99" "$pg" "$(ratio "$ops_s" "$pg")" \
             "$floor" "$(ratio "$ops_s" "$floor")" "$base_s" "$vs_base" "$base_p50" "$watched_s" "$vs_watched" \
-            "$wrk_s" "$errs")")
+            "$pgb_s" "$vs_pgb" "$wrk_s" "$errs")")
         say "row: ${rows[-1]}"
         [ "$errs" = - ] || failed=1
     done
@@ -602,7 +658,7 @@ fi
 echo
 if [ ${#rows[@]} -gt 0 ]; then
     echo "snapfence $("$sf" --version | cut -d' ' -f2) vs pgbench (PostgreSQL $("${as_pg[@]}" "$pgbin/postgres" --version | awk '{print $3}')) on $(nproc) cores, loopback, $duration per cell, $keys keys, 1 KiB bodies"
-    printf "$row_format\n" op clients service/s p50ms p99ms pgbench/s x-pg floor/s x-floor base/s x-base b-p50ms watched/s x-watch wrk/s errors
+    printf "$row_format\n" op clients service/s p50ms p99ms pgbench/s x-pg floor/s x-floor base/s x-base b-p50ms watched/s x-watch pgb/s x-pgb wrk/s errors
     for r in "${rows[@]}"; do echo "$r"; done
 fi
 if [ ${#peer_rows[@]} -gt 0 ]; then

@@ -45,6 +45,16 @@ pub struct ServeConfig {
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
 
+    /// PostgreSQL itself, when --database-url is a transaction-mode pooler (PgBouncer, Supavisor,
+    /// RDS Proxy): LISTEN, migrations, locks and the statements off the hot paths use it.
+    #[arg(
+        long,
+        env = "DATABASE_DIRECT_URL",
+        hide_env_values = true,
+        requires = "database_url"
+    )]
+    pub database_direct_url: Option<String>,
+
     /// Where the embedded PostgreSQL keeps its data (only without --database-url); the default
     /// is ./snapfence-data, or /var/lib/snapfence as root.
     #[arg(long, env = "SNAPFENCE_DATA_DIR", default_value_os_t = default_data_dir(), hide_default_value = true)]

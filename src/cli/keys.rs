@@ -20,6 +20,15 @@ pub struct KeysArgs {
     /// PostgreSQL of the service. Without it, the embedded cluster in --data-dir.
     #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
+    /// PostgreSQL itself when DATABASE_URL is a transaction-mode pooler, as for `serve`: the
+    /// keys are managed through it.
+    #[arg(
+        long,
+        global = true,
+        env = "DATABASE_DIRECT_URL",
+        hide_env_values = true
+    )]
+    database_direct_url: Option<String>,
     /// The service's embedded data directory (only without --database-url); the default is
     /// ./snapfence-data, or /var/lib/snapfence as root, as for `serve`.
     #[arg(
@@ -75,7 +84,10 @@ pub fn main(args: KeysArgs, output: Output) -> ExitCode {
     }
 }
 
-async fn run(args: KeysArgs, output: Output) -> Result<Exit, String> {
+async fn run(mut args: KeysArgs, output: Output) -> Result<Exit, String> {
+    if let Some(direct) = args.database_direct_url.take() {
+        args.database_url = Some(direct);
+    }
     // Only `create` may make the database, so the first key can exist before the service starts.
     let may_make = matches!(args.command, KeysCommand::Create { .. });
     let place = match &args.database_url {

@@ -41,13 +41,19 @@ pub fn main(config: ServeConfig) -> ExitCode {
 
 async fn serve(config: ServeConfig) -> Result<(), String> {
     config.check()?;
-    let (options, embedded) = match &config.database_url {
-        Some(url) => {
-            let options = PgConnectOptions::from_str(url)
-                .map_err(|e| format!("DATABASE_URL is not a PostgreSQL URL ({e}); write it as postgres://user:pass@host:5432/db"))?;
-            (options, None)
-        }
-        None => {
+    let parse = |url: &str, name: &str| {
+        PgConnectOptions::from_str(url).map_err(|e| {
+            format!("{name} is not a PostgreSQL URL ({e}); write it as postgres://user:pass@host:5432/db")
+        })
+    };
+    let pooled = match (&config.database_url, &config.database_direct_url) {
+        (Some(url), Some(_)) => Some(parse(url, "DATABASE_URL")?),
+        _ => None,
+    };
+    let (options, embedded) = match (&config.database_direct_url, &config.database_url) {
+        (Some(url), _) => (parse(url, "DATABASE_DIRECT_URL")?, None),
+        (None, Some(url)) => (parse(url, "DATABASE_URL")?, None),
+        (None, None) => {
             let dir = config.data_dir.clone();
             let pg = tokio::task::spawn_blocking(move || {
                 EmbeddedPostgres::start(&dir, &Settings::default())
@@ -66,7 +72,7 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
             (pg.connect_options(EMBEDDED_DATABASE), Some(pg))
         }
     };
-    let result = serve_on(&config, options).await;
+    let result = serve_on(&config, options, pooled).await;
     if let Some(pg) = embedded {
         tracing::info!("stopping the embedded PostgreSQL");
         if let Err(e) = tokio::task::spawn_blocking(move || pg.stop())
@@ -79,30 +85,68 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
     result
 }
 
-async fn serve_on(config: &ServeConfig, options: PgConnectOptions) -> Result<(), String> {
-    let pool = store::pool(options, &config.db());
+/// Connections to PostgreSQL itself behind a pooler: the hot ones go through the pooler.
+const DIRECT_POOL_SIZE: u32 = 4;
+
+async fn serve_on(
+    config: &ServeConfig,
+    options: PgConnectOptions,
+    pooled: Option<PgConnectOptions>,
+) -> Result<(), String> {
+    let pooler = pooled.map(|p| store::pooler(p, &config.db()));
+    let direct = match pooler {
+        Some(_) => store::DbSettings {
+            pool_size: config.db_pool_size.min(DIRECT_POOL_SIZE),
+            ..config.db()
+        },
+        None => config.db(),
+    };
+    let url = if pooler.is_some() {
+        "DATABASE_DIRECT_URL"
+    } else {
+        "DATABASE_URL"
+    };
+    let pool = store::pool(options, &direct);
     let give_up = tokio::time::Instant::now() + config.startup_timeout;
     let mut delay = Duration::from_millis(200);
     loop {
-        match store::prepare(&pool).await {
+        let ready = match store::prepare(&pool).await {
+            Ok(()) => match &pooler {
+                Some(p) => store::check_pooler(p)
+                    .await
+                    .map_err(|e| (e, "DATABASE_URL")),
+                None => Ok(()),
+            },
+            Err(e) => Err((e, url)),
+        };
+        match ready {
             Ok(()) => break,
-            Err(store::StoreError::Unavailable(e)) if tokio::time::Instant::now() < give_up => {
-                tracing::warn!(error = %e, retry_in = ?delay, "waiting for the database");
+            Err((e, _)) if pooler.is_none() && refused_as_a_pooler(&e) => {
+                return Err(format!(
+                    "{e}; DATABASE_URL looks like a connection pooler, which cannot hold the \
+                     sessions snapfence needs (LISTEN, migrations, locks): give PostgreSQL \
+                     itself as --database-direct-url (DATABASE_DIRECT_URL) beside the pooler"
+                ));
+            }
+            Err((store::StoreError::Unavailable(e), url))
+                if tokio::time::Instant::now() < give_up =>
+            {
+                tracing::warn!(error = %e, at = url, retry_in = ?delay, "waiting for the database");
                 tokio::select! {
                     () = tokio::time::sleep(delay.min(give_up - tokio::time::Instant::now())) => {}
                     () = shutdown_signal() => return Ok(()),
                 }
                 delay = (delay * 2).min(Duration::from_secs(5));
             }
-            Err(store::StoreError::Unavailable(e)) => {
+            Err((store::StoreError::Unavailable(e), url)) => {
                 return Err(format!(
                     "the database stayed unavailable for {} ({e}); check that PostgreSQL runs \
-                     at the address in DATABASE_URL and accepts connections (pg_isready), or \
+                     at the address in {url} and accepts connections (pg_isready), or \
                      allow longer with --startup-timeout",
                     humantime::format_duration(config.startup_timeout)
                 ));
             }
-            Err(e) => return Err(format!("{e}; {}", start_up_hint(&e))),
+            Err((e, url)) => return Err(format!("{e}; {}", start_up_hint(&e, url))),
         }
     }
     tracing::info!("database migrated");
@@ -126,7 +170,11 @@ async fn serve_on(config: &ServeConfig, options: PgConnectOptions) -> Result<(),
     };
     let mut rules = config.rules();
     rules.max_connections = connections_within_file_limit(config, rules.max_connections);
-    let state = AppState::new(pool.clone(), rules);
+    let db = match pooler {
+        Some(p) => store::Db::with_pooler(pool.clone(), p),
+        None => store::Db::new(pool.clone()),
+    };
+    let state = AppState::new(db, rules);
     crate::run(listener, state, tls, shutdown_signal())
         .await
         .map_err(|e| format!("the server failed: {e}"))?;
@@ -136,7 +184,7 @@ async fn serve_on(config: &ServeConfig, options: PgConnectOptions) -> Result<(),
 }
 
 /// What to do about a start-up failure that waiting would not mend, by the SQLSTATE it carries.
-fn start_up_hint(e: &store::StoreError) -> &'static str {
+fn start_up_hint(e: &store::StoreError, url: &str) -> String {
     use sqlx::migrate::MigrateError::{Execute, ExecuteMigration};
     let sql = match e {
         store::StoreError::Internal(e) => Some(e),
@@ -145,20 +193,28 @@ fn start_up_hint(e: &store::StoreError) -> &'static str {
     };
     let code = sql.and_then(|e| e.as_database_error()?.code().map(|c| c.into_owned()));
     match code.as_deref() {
-        Some("42501") => {
-            "this user may not create tables there: connect as the database's owner, or grant it CREATE on the schema"
-        }
-        Some("3D000") => {
-            "that database does not exist: create it (createdb NAME) or name another in DATABASE_URL"
-        }
+        Some("42501") => "this user may not create tables there: connect as the database's owner, \
+                          or grant it CREATE on the schema"
+            .to_string(),
+        Some("3D000") => format!(
+            "that database does not exist: create it (createdb NAME) or name another in {url}"
+        ),
         Some(c) if c.starts_with("28") => {
-            "PostgreSQL refused the login: check the user and password in DATABASE_URL"
+            format!("PostgreSQL refused the login: check the user and password in {url}")
         }
         _ if matches!(e, store::StoreError::Migrate(_)) => {
-            "the database's migration history does not match this build's (was it migrated by another version of snapfence?)"
+            "the database's migration history does not match this build's (was it migrated by \
+             another version of snapfence?)"
+                .to_string()
         }
-        _ => "see PostgreSQL's log for the cause",
+        _ => "see PostgreSQL's log for the cause".to_string(),
     }
+}
+
+/// Whether the server refused the startup options as PgBouncer does (`unsupported startup
+/// parameter`), so the URL is a pooler's.
+fn refused_as_a_pooler(e: &store::StoreError) -> bool {
+    e.to_string().contains("unsupported startup parameter")
 }
 
 /// The operator page's URL for a browser here: loopback for an unspecified listen address.

@@ -2,8 +2,6 @@
 
 use std::sync::Arc;
 
-use sqlx::PgPool;
-
 use super::limits::Limits;
 use crate::metrics::Metrics;
 use crate::rules::Rules;
@@ -45,8 +43,8 @@ pub struct Shared {
 
 impl AppState {
     /// Starts following keys, waiters and changes, so it must run within a Tokio runtime.
-    pub fn new(db: PgPool, rules: Rules) -> Self {
-        let db = Db::new(db);
+    pub fn new(db: impl Into<Db>, rules: Rules) -> Self {
+        let db = db.into();
         Self(Arc::new(Shared {
             keys: KeyCache::follow(&db),
             waiters: Waiters::start(&db, rules.waiter_stall_bound),

@@ -17,8 +17,9 @@ use std::sync::Arc;
 use sqlx::postgres::PgPool;
 
 pub use engine::{
-    BatchTotals, DbSettings, Engine, HOT_SETTINGS, HotPoolStatus, MIGRATOR, Result, StoreError,
-    has_schema, pool, ready, restart_deadline, server_timeout, within,
+    BatchTotals, DbSettings, Engine, HOT_SETTINGS, HotPoolStatus, MIGRATOR, Pooler, Result,
+    StoreError, check_pooler, has_schema, pool, pooler, ready, restart_deadline, server_timeout,
+    within,
 };
 pub(crate) use engine::{Bounded, Tasks};
 use leases::{timeline, waiters};
@@ -58,10 +59,26 @@ impl AsRef<snapshots::Batches> for Db {
     }
 }
 
+impl From<PgPool> for Db {
+    fn from(pool: PgPool) -> Self {
+        Self::new(pool)
+    }
+}
+
 impl Db {
     /// Opens no connection until one is needed; needs a Tokio runtime for the dispatchers.
     pub fn new(pool: PgPool) -> Self {
-        let engine = Engine::start(pool);
+        Self::start(pool, None)
+    }
+
+    /// Sends the hot statements through a transaction-mode `pooler`; `pool` (its server direct)
+    /// keeps the sessions: LISTEN, migrations, locks, and the statements off the hot paths.
+    pub fn with_pooler(pool: PgPool, pooler: Pooler) -> Self {
+        Self::start(pool, Some(pooler))
+    }
+
+    fn start(pool: PgPool, pooler: Option<Pooler>) -> Self {
+        let engine = Engine::start(pool, pooler);
         Self {
             leases: Arc::new(leases::Batches::start(engine.conns())),
             snapshots: Arc::new(snapshots::Batches::start(engine.conns())),

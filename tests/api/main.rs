@@ -20,6 +20,7 @@ mod metrics;
 mod namespaces;
 mod openapi;
 mod plans;
+mod pooler;
 mod raw;
 mod reconciling;
 mod recovery;

@@ -389,7 +389,7 @@ async fn flaky_database(dropped: usize) -> (EmbeddedPostgres, Proxy, String) {
 }
 
 /// Runs `snapfence serve` with `args`, which must make it exit non-zero within 20 s; its stderr.
-async fn serve_fails(args: &[&str]) -> String {
+pub(crate) async fn serve_fails(args: &[&str]) -> String {
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     let started = Instant::now();
     let out = tokio::task::spawn_blocking(move || {

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::json;
+use snapfence_testkit::pgbouncer::PgBouncer;
 use tokio::task::JoinHandle;
 
 use crate::checker::{Call, Micros, Outcome, Property, Report, check};
@@ -326,6 +327,46 @@ async fn crash_restarts_of_postgres_lose_no_acknowledged_write_and_never_reissue
     note_mid_txn(mid_txn, faults, "crashes");
     assert_txns_cut(mid_txn, &recorder);
     assert_eq!(faults, crashes, "every crash happened under load");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pgbouncer_killed_and_restarted_under_load_loses_no_acknowledged_write_and_doubles_none() {
+    let dir = scratch();
+    let db = Cluster::primary(dir.path(), &unix_only()).await;
+    let direct: sqlx::postgres::PgConnectOptions = db.url().parse().unwrap();
+    let mut bouncer =
+        tokio::task::block_in_place(|| PgBouncer::start(&direct)).expect("starting PgBouncer");
+    let pooled = bouncer.url(direct.get_database().expect("the URL names its database"));
+    let direct_url = db.url();
+    let args = ["--database-direct-url", direct_url.as_str()];
+    let services = [
+        Service::start_with(&pooled, dir.path(), false, &args).await,
+        Service::start_with(&pooled, dir.path(), false, &args).await,
+    ];
+    let restarts = 3 * scale() as usize;
+    let plan = Plan {
+        duration: Duration::from_secs(3 * restarts as u64 + 2),
+        min_changing_calls: EXACTLY_ONCE_CALLS,
+        ..plan(0)
+    };
+    let load = Load::start(plan, &[&services[0], &services[1]]);
+    let mut faults = 0;
+    let mut mid_txn = 0;
+    while load.running() && faults < restarts {
+        sleep_ms(1000).await;
+        mid_txn += usize::from(load.until_txn_in_flight(&services).await);
+        tokio::task::block_in_place(|| bouncer.restart()).expect("restarting PgBouncer");
+        faults += 1;
+    }
+    let recorder = load.recorder.clone();
+    let report = load
+        .verdict("pgbouncer kill-restart", faults, &services[0])
+        .await;
+    assert_exactly_once(&report, &recorder, EXACTLY_ONCE_CALLS);
+    assert_transactions_ran(&report);
+    note_mid_txn(mid_txn, faults, "PgBouncer kills");
+    assert_txns_cut(mid_txn, &recorder);
+    assert_eq!(faults, restarts, "every kill happened under load");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

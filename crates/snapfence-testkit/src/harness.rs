@@ -14,13 +14,15 @@ use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde_json::{Value, json};
 use snapfence::domain::{KeyName, KeyPrefix, Scope};
 use snapfence::embedded::{EmbeddedPostgres, Settings};
-use snapfence::store::{self, DbSettings, keys};
+use snapfence::store::{self, Db, DbSettings, keys};
 use snapfence::{AppState, Rules};
 use sqlx::postgres::{PgConnectOptions, PgPool};
 use sqlx::{ConnectOptions, Connection, PgConnection};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+
+use crate::pgbouncer::PgBouncer;
 
 /// Where test databases are created.
 enum Cluster {
@@ -78,6 +80,23 @@ fn cluster() -> &'static Cluster {
             .expect("starting the cluster watchdog");
         Cluster::Embedded(pg)
     })
+}
+
+/// With `SNAPFENCE_TEST_POOLER=pgbouncer`, every instance sends its hot statements through one
+/// PgBouncer in transaction mode in front of the run's cluster, as `snapfence serve
+/// --database-url <pooler> --database-direct-url <postgres>` does.
+fn pooler() -> Option<&'static PgBouncer> {
+    static POOLER: OnceLock<Option<PgBouncer>> = OnceLock::new();
+    POOLER
+        .get_or_init(|| match std::env::var("SNAPFENCE_TEST_POOLER").as_deref() {
+            Ok("pgbouncer") => Some(
+                PgBouncer::start(&cluster().options("postgres"))
+                    .expect("starting PgBouncer in front of the test cluster"),
+            ),
+            Ok("") | Err(_) => None,
+            Ok(other) => panic!("SNAPFENCE_TEST_POOLER={other}: the one pooler known is pgbouncer"),
+        })
+        .as_ref()
 }
 
 /// The template every migrated test database is cloned from: made and migrated, as
@@ -271,16 +290,22 @@ impl Instance {
         rules: Rules,
         tls: Option<RustlsConfig>,
     ) -> Self {
-        let db = store::pool(
-            options,
-            &DbSettings {
-                pool_size: 8,
-                ..DbSettings::default()
-            },
-        );
+        let settings = DbSettings {
+            pool_size: 8,
+            ..DbSettings::default()
+        };
+        let db = store::pool(options.clone(), &settings);
         store::prepare(&db)
             .await
             .expect("migrating the test database");
+        let database = match pooler() {
+            Some(bouncer) => {
+                let name = options.get_database().unwrap_or("postgres");
+                let pooler = store::pooler(bouncer.connect_options(name), &settings);
+                Db::with_pooler(db.clone(), pooler)
+            }
+            None => Db::new(db.clone()),
+        };
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
         let port = listener.local_addr().unwrap().port();
         let base = match tls {
@@ -288,7 +313,7 @@ impl Instance {
             Some(_) => format!("https://localhost:{port}"),
         };
         let (tx, rx) = oneshot::channel();
-        let state = AppState::new(db.clone(), rules);
+        let state = AppState::new(database, rules);
         let served = tokio::spawn(snapfence::run(listener, state, tls, async {
             rx.await.ok();
         }));

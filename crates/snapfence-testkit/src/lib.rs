@@ -5,9 +5,13 @@
 //! - [`proxy`]: a loopback TCP proxy that plays the network (cuts, stalls, refusals);
 //! - [`workload`]: many clients doing leases, fenced writes and reads, each call recorded;
 //! - [`checker`]: the one checker of fencing histories, which knows nothing of how a history
-//!   was made.
+//!   was made;
+//! - [`otlp`]: a real OTLP trace receiver (HTTP and gRPC) on loopback, keeping the spans the
+//!   service exports for assertions.
 
 pub mod checker;
 pub mod harness;
+pub mod otlp;
+pub mod pgbouncer;
 pub mod proxy;
 pub mod workload;

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::batch::Counts;
 use super::{
-    CHECK_IDLE_AFTER, Result, StoreError, deadline, rolled_back_race, timed_out, timeout_at,
+    CHECK_IDLE_AFTER, Pooler, Result, StoreError, deadline, rolled_back_race, timed_out, timeout_at,
 };
 
 /// Opens hot connections and checks idle ones.
@@ -46,7 +46,25 @@ macro_rules! hot {
         let mut fresh = false;
         loop {
             let mut conn = $conns.checkout(deadline).await?;
-            let answer = timeout_at(deadline, $q().$fetch(conn.get())).await;
+            let c = conn.get();
+            let answer = match &$conns.pooled_begin {
+                None => timeout_at(deadline, $q().$fetch(c)).await,
+                Some(begin) => {
+                    let pooled = async {
+                        c.execute(&**begin).await?;
+                        match $q().persistent(false).$fetch(&mut *c).await {
+                            Ok(rows) => c.execute("COMMIT").await.map(|_| rows),
+                            Err(e) => {
+                                // A failed rollback leaves a broken link, which the next
+                                // statement on it finds before it is sent.
+                                let _ = c.execute("ROLLBACK").await;
+                                Err(e)
+                            }
+                        }
+                    };
+                    timeout_at(deadline, pooled).await
+                }
+            };
             match conn.finish(answer, &$conns.pool) {
                 Err(e) if !fresh && never_sent(&e) => fresh = true,
                 Err(e) if rolled_back_race(&e) && Instant::now() < deadline => continue,
@@ -64,7 +82,8 @@ pub(crate) enum Effect {
     Changes,
 }
 
-const UPLOAD_BEGIN: &str = "BEGIN; SET LOCAL client_min_messages = warning; \
+/// Run after `BEGIN` (and a pooled connection's settings).
+const UPLOAD_TABLE: &str = "SET LOCAL client_min_messages = warning; \
     CREATE TEMP TABLE IF NOT EXISTS snapfence_upload (body bytea NOT NULL) ON COMMIT DELETE ROWS";
 const UPLOAD_COPY: &str = "COPY pg_temp.snapfence_upload (body) FROM STDIN (FORMAT binary)";
 const UPLOAD_CHUNK: usize = 64 * 1024;
@@ -77,6 +96,8 @@ fn never_sent(e: &StoreError) -> bool {
 pub(crate) struct Conns {
     pool: PgPool,
     hot: managed::Pool<Connector>,
+    /// Through a transaction-mode pooler: what opens each statement's own transaction.
+    pooled_begin: Option<Arc<str>>,
     /// Each batch kind's counts, by name (a kind started twice counts once).
     batches: Arc<Mutex<BTreeMap<&'static str, Arc<Counts>>>>,
 }
@@ -110,12 +131,19 @@ pub struct HotPoolStatus {
 pub const HOT_SETTINGS: [(&str, &str); 1] = [("plan_cache_mode", "force_generic_plan")];
 
 impl Conns {
-    pub(crate) fn new(pool: PgPool) -> Self {
+    pub(crate) fn new(pool: PgPool, pooler: Option<Pooler>) -> Self {
         let timeout = pool.options().get_acquire_timeout();
-        let options = (*pool.connect_options()).clone().options(HOT_SETTINGS);
+        let (options, size, pooled_begin) = match pooler {
+            Some(p) => (p.options, p.size, Some(Arc::from(p.begin))),
+            None => (
+                (*pool.connect_options()).clone().options(HOT_SETTINGS),
+                pool.options().get_max_connections(),
+                None,
+            ),
+        };
         // LIFO keeps a light load on the backends with warm caches (FIFO ran ~1.5x slower).
         let hot = managed::Pool::builder(Connector(options))
-            .max_size(pool.options().get_max_connections() as usize)
+            .max_size(size as usize)
             .queue_mode(managed::QueueMode::Lifo)
             .timeouts(Timeouts {
                 wait: Some(timeout),
@@ -128,6 +156,7 @@ impl Conns {
         Self {
             pool,
             hot,
+            pooled_begin,
             batches: Arc::default(),
         }
     }
@@ -222,7 +251,9 @@ impl Conns {
         let committing = AtomicBool::new(false);
         let work = async {
             let c = conn.get();
-            c.execute(UPLOAD_BEGIN).await?;
+            let begin = self.pooled_begin.as_deref().unwrap_or("BEGIN");
+            c.execute(format!("{begin}; {UPLOAD_TABLE}").as_str())
+                .await?;
             let mut copy = c.copy_in_raw(UPLOAD_COPY).await?;
             let mut head = Vec::with_capacity(25);
             head.extend_from_slice(b"PGCOPY\n\xff\r\n\0");
@@ -235,7 +266,10 @@ impl Conns {
             }
             copy.send(&(-1i16).to_be_bytes()[..]).await?;
             copy.finish().await?;
-            let row = q().fetch_one(&mut *c).await?;
+            let row = q()
+                .persistent(self.pooled_begin.is_none())
+                .fetch_one(&mut *c)
+                .await?;
             committing.store(true, Ordering::Relaxed);
             c.execute("COMMIT").await?;
             Ok::<O, sqlx::Error>(row)
@@ -253,6 +287,18 @@ impl Conns {
         })
     }
 
+    /// A transaction on a hot connection, for work of more than one statement. Dropped unfinished,
+    /// its connection is closed, so the server rolls it back.
+    pub(crate) async fn begin(&self, deadline: Instant) -> Result<HotTx> {
+        let mut conn = self.checkout(deadline).await?;
+        let begin = self.pooled_begin.as_deref().unwrap_or("BEGIN");
+        conn.get().execute(begin).await?;
+        Ok(HotTx {
+            conn,
+            persistent: self.pooled_begin.is_none(),
+        })
+    }
+
     /// deadpool bounds each step of a checkout but not their sum.
     async fn checkout(&self, deadline: Instant) -> Result<Checkout> {
         let limit = deadline.min(Instant::now() + self.pool.options().get_acquire_timeout());
@@ -261,6 +307,43 @@ impl Conns {
             Ok(Err(PoolError::Backend(e))) => Err(StoreError::from(e)),
             Ok(Err(PoolError::Closed)) => Err(StoreError::Unavailable(sqlx::Error::PoolClosed)),
             Ok(Err(_)) | Err(_) => Err(StoreError::Unavailable(sqlx::Error::PoolTimedOut)),
+        }
+    }
+}
+
+/// See [`Conns::begin`].
+pub(crate) struct HotTx {
+    conn: Checkout,
+    /// Whether statements may be prepared for keeps: not through a pooler.
+    persistent: bool,
+}
+
+impl HotTx {
+    pub(crate) fn conn(&mut self) -> &mut PgConnection {
+        self.conn.get()
+    }
+
+    pub(crate) fn persistent(&self) -> bool {
+        self.persistent
+    }
+
+    pub(crate) async fn commit(self) -> Result<()> {
+        self.end("COMMIT").await
+    }
+
+    pub(crate) async fn rollback(self) -> Result<()> {
+        self.end("ROLLBACK").await
+    }
+
+    async fn end(mut self, sql: &str) -> Result<()> {
+        match self.conn.get().execute(sql).await {
+            Ok(_) => {
+                if let Some(mut conn) = self.conn.0.take() {
+                    conn.shrink_buffers();
+                }
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
         }
     }
 }

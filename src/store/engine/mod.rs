@@ -10,6 +10,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{Connection, Executor, PgConnection};
 
 pub use conns::{BatchTotals, HOT_SETTINGS, HotPoolStatus};
 
@@ -23,8 +24,8 @@ pub struct Engine {
 
 impl Engine {
     /// Opens no connection until one is needed; needs a Tokio runtime.
-    pub(crate) fn start(pool: PgPool) -> Self {
-        let conns = conns::Conns::new(pool);
+    pub(crate) fn start(pool: PgPool, pooler: Option<Pooler>) -> Self {
+        let conns = conns::Conns::new(pool, pooler);
         Self {
             hub: std::sync::Arc::new(listen::Hub::start(conns.pool())),
             conns,
@@ -274,16 +275,26 @@ impl Default for DbSettings {
     }
 }
 
+/// The session settings of every connection: the server's timeouts under the service's bound.
+fn session_settings(settings: &DbSettings) -> [(&'static str, String); 4] {
+    let ms = server_timeout(settings.timeout).as_millis().to_string();
+    [
+        ("statement_timeout", ms.clone()),
+        ("lock_timeout", ms),
+        (
+            "idle_in_transaction_session_timeout",
+            settings.timeout.as_millis().to_string(),
+        ),
+        ("jit", "off".to_string()),
+    ]
+}
+
 /// Opens a lazy pool, so the service starts and recovers while the database is down.
 pub fn pool(options: PgConnectOptions, settings: &DbSettings) -> PgPool {
-    let ms = server_timeout(settings.timeout).as_millis().to_string();
-    let idle_ms = settings.timeout.as_millis().to_string();
-    let options = options.application_name("snapfence").options([
-        ("statement_timeout", ms.as_str()),
-        ("lock_timeout", ms.as_str()),
-        ("idle_in_transaction_session_timeout", idle_ms.as_str()),
-        ("jit", "off"),
-    ]);
+    let session = session_settings(settings);
+    let options = options
+        .application_name("snapfence")
+        .options(session.iter().map(|(k, v)| (*k, v.as_str())));
     PgPoolOptions::new()
         .max_connections(settings.pool_size)
         .min_connections(0)
@@ -300,6 +311,53 @@ pub fn pool(options: PgConnectOptions, settings: &DbSettings) -> PgPool {
             })
         })
         .connect_lazy_with(options)
+}
+
+/// A transaction-mode pooler (PgBouncer, Supavisor, RDS Proxy) that the hot connections reach the
+/// database through. A pooled server serves another client between transactions, so each
+/// statement runs in a transaction of its own that sets the session settings with `SET LOCAL`,
+/// as an unnamed statement, with no startup options the pooler could refuse.
+#[derive(Debug, Clone)]
+pub struct Pooler {
+    pub(crate) options: PgConnectOptions,
+    pub(crate) size: u32,
+    /// `BEGIN` and the settings, sent as one simple query.
+    pub(crate) begin: String,
+}
+
+/// The pooler at `options`, for `settings.pool_size` hot connections.
+pub fn pooler(options: PgConnectOptions, settings: &DbSettings) -> Pooler {
+    let begin = std::iter::once("BEGIN".to_string())
+        .chain(
+            session_settings(settings)
+                .iter()
+                .map(|(k, v)| format!("SET LOCAL {k} = '{v}'")),
+        )
+        .collect::<Vec<_>>()
+        .join("; ");
+    Pooler {
+        options: options
+            .application_name("snapfence")
+            .extra_float_digits(None),
+        size: settings.pool_size,
+        begin,
+    }
+}
+
+/// Opens a transaction through the pooler and ends it, as each hot statement will: a pooler that
+/// is down, refuses the login or the settings fails start-up rather than the first request.
+pub async fn check_pooler(pooler: &Pooler) -> Result<()> {
+    let timeout = Duration::from_secs(10);
+    let check = async {
+        let mut conn = PgConnection::connect_with(&pooler.options).await?;
+        conn.execute(format!("{}; COMMIT", pooler.begin).as_str())
+            .await?;
+        conn.close().await
+    };
+    match tokio::time::timeout(timeout, check).await {
+        Ok(done) => Ok(done?),
+        Err(_) => Err(StoreError::Unavailable(sqlx::Error::PoolTimedOut)),
+    }
 }
 
 /// The migrations in `migrations/`, embedded at build time.

@@ -170,7 +170,7 @@ async fn run(
     let mut fresh = false;
     loop {
         let mut committing = false;
-        let attempt = timeout_at(deadline, attempt(conns, txns, &mut committing)).await;
+        let attempt = timeout_at(deadline, attempt(conns, deadline, txns, &mut committing)).await;
         let failed = match attempt {
             Ok(Ok(Some(rows))) => return Ok(rows),
             Ok(Ok(None)) => continue,
@@ -191,6 +191,7 @@ async fn run(
 /// One try of [`run`]: each transaction's answer, or `None` when one is not settled.
 async fn attempt(
     conns: &Conns,
+    deadline: Instant,
     txns: &[&TxnJob],
     committing: &mut bool,
 ) -> Result<Option<Vec<Indexed<GatedRow<TxnRow>>>>> {
@@ -203,8 +204,13 @@ async fn attempt(
             Some(first)
         })
         .collect();
-    let mut tx = conns.pool().begin().await?;
-    let rows: Vec<Indexed<GatedRow<TxnRow>>> = fenced().txn.query(&ops).fetch_all(&mut *tx).await?;
+    let mut tx = conns.begin(deadline).await?;
+    let rows: Vec<Indexed<GatedRow<TxnRow>>> = fenced()
+        .txn
+        .query(&ops)
+        .persistent(tx.persistent())
+        .fetch_all(tx.conn())
+        .await?;
     let mut answers: Vec<Indexed<GatedRow<TxnRow>>> = Vec::with_capacity(txns.len());
     let mut deleted = Vec::new();
     for answer in rows {
@@ -223,7 +229,8 @@ async fn attempt(
     if !deleted.is_empty() {
         sqlx::query(include_str!("sql/delete_versions.sql"))
             .bind(deleted)
-            .execute(&mut *tx)
+            .persistent(tx.persistent())
+            .execute(tx.conn())
             .await?;
     }
     *committing = true;
