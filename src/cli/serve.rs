@@ -18,16 +18,20 @@ pub(super) const EMBEDDED_DATABASE: &str = "snapfence";
 
 /// Runs the service; the exit code is 0 after a clean shutdown, 1 when it could not start.
 pub fn main(config: ServeConfig) -> ExitCode {
-    telemetry::init(config.log_format);
+    let telemetry = telemetry::init(config.log_format);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!(error = %e, "cannot start the async runtime");
+            telemetry.shutdown();
             return ExitCode::FAILURE;
         }
     };
     let log_format = config.log_format;
-    match runtime.block_on(serve(config)) {
+    let served = runtime.block_on(serve(config));
+    drop(runtime);
+    telemetry.shutdown();
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             match log_format {

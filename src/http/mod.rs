@@ -31,8 +31,14 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
+use opentelemetry::propagation::TextMapPropagator as _;
+use opentelemetry_http::{HeaderExtractor, HeaderInjector};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
 use crate::domain::{ErrorCode, Principal};
 use crate::metrics::Metrics;
+use crate::store;
 use error::ApiError;
 use extract::REQUEST_ID;
 pub use state::{AppState, Shared};
@@ -54,7 +60,26 @@ pub fn router(state: AppState) -> Router {
                         .get(&REQUEST_ID)
                         .and_then(|v| v.to_str().ok())
                         .unwrap_or("");
-                    tracing::info_span!("request", method = %req.method(), route, request_id)
+                    if !store::tracing_requests() {
+                        return tracing::info_span!("request", method = %req.method(), route, request_id);
+                    }
+                    let method = req.method();
+                    let span = tracing::info_span!(
+                        target: store::TRACE_TARGET,
+                        "request",
+                        method = %method,
+                        route,
+                        request_id,
+                        otel.name = %format_args!("{method} {route}"),
+                        otel.kind = "server",
+                        http.request.method = %method,
+                        http.route = route,
+                        http.response.status_code = tracing::field::Empty,
+                        otel.status_code = tracing::field::Empty,
+                    );
+                    // A parent that is not a valid `traceparent` leaves the span a root.
+                    let _ = span.set_parent(TraceContextPropagator::new().extract(&HeaderExtractor(req.headers())));
+                    span
                 })
                 // The access log is at `debug`: writing it costs about as much as serving a read.
                 .on_response(DefaultOnResponse::new().level(Level::DEBUG)),
@@ -69,7 +94,7 @@ pub fn router(state: AppState) -> Router {
     let max_header_bytes = state.rules.max_header_bytes;
     let db_bound = state.db.options().get_acquire_timeout();
     // Health checks and scrapes are never shed: an overloaded instance is alive.
-    api_routes()
+    let api = api_routes()
         .router
         .layer(authorize)
         .layer(axum::middleware::from_fn(extract::strict_query))
@@ -86,8 +111,30 @@ pub fn router(state: AppState) -> Router {
             move |req, next: axum::middleware::Next| crate::store::within(db_bound, next.run(req)),
         ))
         .layer(axum::middleware::from_fn_with_state(metrics, observe))
-        .layer(axum::middleware::from_fn(error::log_errors))
-        .layer(middleware)
+        .layer(axum::middleware::from_fn(error::log_errors));
+    let api = if store::tracing_requests() {
+        api.layer(axum::middleware::from_fn(traced))
+    } else {
+        api
+    };
+    api.layer(middleware)
+}
+
+/// The answer's status on the request's span, and its `traceparent`, so a caller can find the
+/// trace.
+async fn traced(req: Request<axum::body::Body>, next: axum::middleware::Next) -> Response {
+    let mut answer = next.run(req).await;
+    let span = tracing::Span::current();
+    span.record("http.response.status_code", answer.status().as_u16());
+    if answer.status().is_server_error() {
+        span.record("otel.status_code", "error");
+    }
+    let headers = answer.headers_mut();
+    TraceContextPropagator::new().inject_context(&span.context(), &mut HeaderInjector(headers));
+    if headers.get("tracestate").is_some_and(|v| v.is_empty()) {
+        headers.remove("tracestate");
+    }
+    answer
 }
 
 /// The longest `x-request-id` kept from a client.

@@ -18,8 +18,8 @@ use sqlx::postgres::PgPool;
 
 pub use engine::{
     BatchTotals, DbSettings, Engine, HOT_SETTINGS, HotPoolStatus, MIGRATOR, Pooler, Result,
-    StoreError, check_pooler, has_schema, pool, pooler, ready, restart_deadline, server_timeout,
-    within,
+    StoreError, TRACE_TARGET, check_pooler, has_schema, pool, pooler, ready, restart_deadline,
+    server_timeout, trace_requests, tracing_requests, within,
 };
 pub(crate) use engine::{Bounded, Tasks};
 use leases::{timeline, waiters};

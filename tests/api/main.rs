@@ -29,6 +29,7 @@ mod snapshots;
 mod tenant_limits;
 mod timeline;
 mod tls;
+mod tracing;
 mod txn;
 mod waiting;
 mod watch;

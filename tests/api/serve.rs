@@ -46,17 +46,29 @@ async fn serve(data_dir: &Path, stderr: &Path) -> Served {
 
 /// Starts `snapfence serve --listen 127.0.0.1:PORT` with `args` (and without `DATABASE_URL`
 /// from the environment), its log in `stderr`, and waits until `/readyz` says it is ready.
+pub(crate) async fn serve_with(args: &[&OsStr], stderr: &Path) -> Served {
+    serve_with_env(args, &[], stderr).await
+}
+
+/// [`serve_with`] with `env` set (and no `OTEL_*` variable of the test's own environment).
 #[allow(
     clippy::zombie_processes,
     reason = "the child is waited on by `Served::wait`, or stopped when a failing test drops it"
 )]
-pub(crate) async fn serve_with(args: &[&OsStr], stderr: &Path) -> Served {
+pub(crate) async fn serve_with_env(args: &[&OsStr], env: &[(&str, &str)], stderr: &Path) -> Served {
     let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_snapfence"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_snapfence"));
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("OTEL_") {
+            command.env_remove(name);
+        }
+    }
+    let child = command
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
         .args(args)
         .env_remove("DATABASE_URL")
         .env("RUST_LOG", "info")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(stderr).unwrap())
         .spawn()

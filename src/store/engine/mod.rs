@@ -5,6 +5,7 @@ pub(crate) mod batch;
 pub(crate) mod conns;
 pub(crate) mod listen;
 pub(crate) mod statement;
+pub(crate) mod trace;
 
 use std::future::Future;
 use std::time::Duration;
@@ -13,6 +14,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection};
 
 pub use conns::{BatchTotals, HOT_SETTINGS, HotPoolStatus};
+pub use trace::{TRACE_TARGET, trace_requests, tracing_requests};
 
 /// An instance's database as every feature sees it: sqlx's pool (its `Deref`), the hot connections
 /// and the one LISTEN connection. Cheap to clone.

@@ -6,11 +6,13 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use super::{
     Counts, GIVEN_UP, Indexed, Job, Kind, MAX_BYTES, Pending, SENT, STALL_FACTOR, STALLED,
 };
 use crate::store::engine::conns::Conns;
+use crate::store::engine::trace;
 
 /// A kind's typical batch time (an exponentially weighted mean, µs), which sets the stall bound. A
 /// fixed millisecond put four small statements in flight instead of one large one, a third fewer
@@ -230,7 +232,9 @@ async fn run<K: Kind>(conns: Conns, jobs: Vec<Pending<K>>, flight: Flight, count
         let _ = p.sent_until.set(deadline);
     }
     let refs: Vec<&K::Job> = jobs.iter().map(|p| &p.job).collect();
-    let answer = K::run(&conns, deadline, &refs).await;
+    let origins = jobs.iter().filter_map(|p| p.origin.as_ref());
+    let span = trace::batch(K::NAME, jobs.len(), origins);
+    let answer = K::run(&conns, deadline, &refs).instrument(span).await;
     drop(refs);
     // Claims go back before answers, so a caller's next request never waits behind its own.
     drop(flight);

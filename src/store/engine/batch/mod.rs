@@ -105,6 +105,8 @@ struct Pending<K: Kind> {
     pub(super) sent_until: Arc<OnceLock<Instant>>,
     pub(super) reply: oneshot::Sender<Result<Option<K::Row>>>,
     pub(super) queued: Arc<AtomicUsize>,
+    /// The request's span, when spans are exported.
+    pub(super) origin: Option<tracing::Span>,
 }
 
 pub(super) fn leave(state: &AtomicU8, queued: &AtomicUsize, to: u8) -> bool {
@@ -207,6 +209,7 @@ impl<K: Kind> Batcher<K> {
             sent_until: sent_until.clone(),
             reply,
             queued: self.queued.clone(),
+            origin: super::trace::origin(),
         };
         self.queued.fetch_add(1, Ordering::Relaxed);
         if let Err(unsent) = self.queue.send(pending) {
