@@ -84,6 +84,8 @@ pub struct Metrics {
     pub lease_waiters: Gauge,
     /// Watch streams this instance serves, read at scrape time.
     pub watch_streams: Gauge,
+    /// Changes this instance's watches are behind, by `stage`, read at scrape time.
+    pub watch_lag: Family<Label, Gauge>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -113,6 +115,7 @@ impl Metrics {
             batched_requests: Family::default(),
             lease_waiters: Gauge::default(),
             watch_streams: Gauge::default(),
+            watch_lag: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -200,6 +203,12 @@ impl Metrics {
             "watch_streams",
             "Watch streams this instance serves",
             m.watch_streams.clone(),
+        );
+        registry.register(
+            "watch_lag_changes",
+            "Changes numbered but not yet handed to this instance's watches (stage=read), and \
+             handed on but not yet taken by its slowest live stream (stage=stream)",
+            m.watch_lag.clone(),
         );
         Arc::new(Metrics { registry, ..m })
     }

@@ -58,6 +58,12 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     }
     m.lease_waiters.set(state.waiters.waiting() as i64);
     m.watch_streams.set(state.changes.watching() as i64);
+    let lag = state.changes.lag();
+    let stages = [("read", lag.read), ("stream", lag.stream)];
+    for (stage, behind) in stages {
+        let behind = i64::try_from(behind).unwrap_or(i64::MAX);
+        m.watch_lag.get_or_create(&[("stage", stage)]).set(behind);
+    }
     match store::audit::sizes(&state.db).await {
         Ok(sizes) => {
             for (log, rows, bytes) in sizes {

@@ -222,3 +222,32 @@ async fn the_audit_logs_size_is_exported() {
     }
     app.stop().await;
 }
+
+#[tokio::test]
+async fn the_watch_lag_is_exported_by_stage_and_settles_at_zero_once_a_stream_has_its_event() {
+    let app = TestApp::spawn().await;
+    let mut watch = app
+        .request(Method::GET, "/v1/watch?prefix=lag%2F")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(watch.status(), StatusCode::OK);
+    app.acquire("lag/a", "w", 30000).await;
+    let mut seen = String::new();
+    while !seen.contains("lease.granted") {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), watch.chunk())
+            .await
+            .expect("the grant is delivered")
+            .unwrap()
+            .expect("the stream stays open");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let text = scrape(&app).await;
+    for stage in ["read", "stream"] {
+        let series = format!("snapfence_watch_lag_changes{{stage=\"{stage}\"}}");
+        assert!(text.lines().any(|l| l.starts_with(&series)), "{text}");
+        assert_eq!(sample(&text, &series), 0.0, "{series}");
+    }
+    drop(watch);
+    app.stop().await;
+}

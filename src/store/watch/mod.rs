@@ -69,6 +69,15 @@ impl std::fmt::Debug for Inner {
     }
 }
 
+/// Changes an instance's watches are behind, for the metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WatchLag {
+    /// Numbered by the relay (as its notification said) but not yet read and handed on here.
+    pub read: u64,
+    /// Handed on, but not yet taken from the live buffer by the slowest live stream.
+    pub stream: u64,
+}
+
 /// Where a watch starts.
 #[derive(Debug)]
 pub enum Opened {
@@ -124,6 +133,17 @@ impl Changes {
     /// How many watches this instance serves, for the metrics.
     pub fn watching(&self) -> usize {
         self.inner.live.receiver_count()
+    }
+
+    /// How far this instance's watches are behind the changes numbered so far.
+    pub fn lag(&self) -> WatchLag {
+        let handed = self.inner.handed.load(Ordering::Acquire);
+        let told = self.inner.told.load(Ordering::Acquire);
+        WatchLag {
+            // Before the first read `handed` is unset (`i64::MAX`): nothing is behind yet.
+            read: u64::try_from(told.saturating_sub(handed)).unwrap_or(0),
+            stream: self.inner.live.len() as u64,
+        }
     }
 
     /// A watch of `prefix` after `since` (or from now); `since` 0 is the oldest kept.
