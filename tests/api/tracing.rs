@@ -117,36 +117,31 @@ fn assert_put_traced(spans: &[ReceivedSpan], put_span: &str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fenced_put_is_a_request_span_in_the_callers_trace_linked_from_its_batch_over_otlp_http()
-{
-    let receiver = OtlpReceiver::start().await;
-    let endpoint = receiver.endpoint();
+/// A service exporting to `receiver` over `protocol` (at `endpoint`): a fenced put's spans.
+async fn a_put_traced_over(receiver: &OtlpReceiver, endpoint: &str, protocol: &str) {
     let env = [
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol),
         ("OTEL_BSP_SCHEDULE_DELAY", "100"),
     ];
     let (served, _db, _dir) = serve_traced(&env).await;
-    let (spans, put_span) = put_traced(&receiver, &served.base).await;
+    let (spans, put_span) = put_traced(receiver, &served.base).await;
     assert_put_traced(&spans, &put_span);
     served.terminate();
     assert!(served.wait().await.success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_put_is_a_request_span_in_the_callers_trace_linked_from_its_batch_over_otlp_http()
+{
+    let receiver = OtlpReceiver::start().await;
+    a_put_traced_over(&receiver, &receiver.endpoint(), "http/protobuf").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_spans_go_over_otlp_grpc() {
     let receiver = OtlpReceiver::start().await;
-    let endpoint = receiver.grpc_endpoint();
-    let env = [
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
-        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
-        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-    ];
-    let (served, _db, _dir) = serve_traced(&env).await;
-    let (spans, put_span) = put_traced(&receiver, &served.base).await;
-    assert_put_traced(&spans, &put_span);
-    served.terminate();
-    assert!(served.wait().await.success());
+    a_put_traced_over(&receiver, &receiver.grpc_endpoint(), "grpc").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
