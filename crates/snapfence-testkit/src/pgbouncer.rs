@@ -29,7 +29,7 @@ use sqlx::postgres::{PgConnectOptions, PgSslMode};
 use sqlx::{ConnectOptions, Connection, Executor, PgConnection};
 use tempfile::TempDir;
 
-use crate::harness::free_port;
+use crate::harness::{enc, free_port};
 
 /// Server connections PgBouncer keeps at most per database and user (`default_pool_size`),
 /// opened only as clients need them. With a database per test, a pool is one test's: the test
@@ -185,7 +185,7 @@ impl PgBouncer {
     pub fn url(&self, database: &str) -> String {
         format!(
             "postgres://{}@127.0.0.1:{}/{database}?sslmode=disable",
-            encode(&self.user),
+            enc(&self.user),
             self.port
         )
     }
@@ -379,18 +379,6 @@ fn conn_value(value: &str) -> String {
         return value.to_string();
     }
     format!("'{}'", value.replace('\'', "''"))
-}
-
-/// Percent-encodes a URL's user name.
-fn encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// Percent-decodes a URL's password.
