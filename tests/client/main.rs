@@ -17,4 +17,5 @@ mod namespaces;
 mod retries;
 mod run;
 mod support;
+mod tracing;
 mod watch;

@@ -30,6 +30,7 @@ use snapfence_types::{
 };
 use tokio::time::Instant;
 
+use crate::trace::TraceContext;
 use crate::transport::Call;
 use crate::{Client, Error, KeeperOptions, LeaseKeeper, Result, Watch, WatchOptions};
 
@@ -186,9 +187,14 @@ async fn newest_change(client: &Client, prefix: &KeyPrefix) -> Result<Option<Cha
         method: reqwest::Method::GET,
         path: "/v1/watch",
     };
+    let trace = TraceContext::current();
     let response = client
-        .watch_http
-        .get(format!("{}{}", client.base, call.path))
+        .begin(
+            &client.watch_http,
+            reqwest::Method::GET,
+            call.path,
+            trace.as_ref(),
+        )
         .header(header::ACCEPT, "text/event-stream")
         .query(&[("prefix", prefix.as_str())])
         .send()

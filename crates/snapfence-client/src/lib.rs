@@ -102,6 +102,34 @@
 //! attempt did. So a grant or a write whose answer was lost happens exactly once, and its caller
 //! still learns the token or the version. [`Error::is_indeterminate`] tells a failure that left
 //! the outcome unknown even after the last attempt, and [`Error`] says how to find out.
+//!
+//! # Passing a trace on
+//!
+//! A server that exports traces (`OTEL_*` variables, `docs/operations.md`) makes each request's
+//! span a child of the caller's W3C `traceparent`. Calls inside [`trace::scope`] send the
+//! caller's [`TraceContext`] with every request they make: each attempt and retry, a waiting
+//! acquire, and what they start, which keeps it: a [`Watch`]'s reconnections, a
+//! [`LeaseKeeper`]'s renewals and its release on drop, an [`Election`]'s keeper and observation.
+//! Outside any scope nothing is sent. A malformed `traceparent` is refused by
+//! [`TraceContext::parse`] ([`Error::InvalidRequest`]), never sent:
+//!
+//! ```no_run
+//! use snapfence_client::trace::{self, TraceContext};
+//! use snapfence_client::{Client, Key};
+//!
+//! # async fn example(traceparent: &str) -> Result<(), Box<dyn std::error::Error>> {
+//! let client = Client::new("http://127.0.0.1:7878")?;
+//! let key = Key::parse("jobs/42")?;
+//! // A traceparent that is not valid W3C starts no trace: the call goes without one.
+//! let context = TraceContext::parse(traceparent).ok();
+//! let status = trace::scope(context, client.lease_status(&key)).await?;
+//! println!("{:?}", status.state);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! With the `opentelemetry` feature, the current OpenTelemetry context's span is sent when no
+//! scope says otherwise ([`TraceContext::current`]).
 
 mod audit;
 mod builder;
@@ -111,6 +139,7 @@ mod keeper;
 mod leases;
 mod retry;
 mod snapshots;
+pub mod trace;
 mod transport;
 mod types;
 mod watch;
@@ -123,6 +152,7 @@ pub use self::error::Error;
 pub use self::keeper::{KeeperOptions, LeaseKeeper, LostReason};
 use self::retry::OnRetry;
 pub use self::retry::RetryPolicy;
+pub use self::trace::TraceContext;
 pub use self::types::{
     AuditFilter, LeaseFilter, PageRequest, PutOptions, Snapshot, SnapshotFilter, SnapshotHead,
     Written,

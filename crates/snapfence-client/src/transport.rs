@@ -10,6 +10,7 @@ use snapfence_types::Key;
 use snapfence_types::headers::IDEMPOTENCY_KEY;
 
 use crate::retry::{CallKind, OnRetry};
+use crate::trace::TraceContext;
 use crate::{Client, Error, Result};
 
 /// A buffered answer: every answer of the contract is small except snapshot bodies, which the
@@ -34,9 +35,27 @@ impl fmt::Display for Call<'_> {
 }
 
 impl Client {
+    /// The one place a request is begun, on `http` (the calls' connections, or the watches'):
+    /// `method` on `path` under the base URL, with the caller's trace context `trace` (the
+    /// [`TraceContext::current`] of the call, or the one a watch or keeper kept).
+    pub(crate) fn begin(
+        &self,
+        http: &reqwest::Client,
+        method: Method,
+        path: &str,
+        trace: Option<&TraceContext>,
+    ) -> RequestBuilder {
+        let request = http.request(method, format!("{}{path}", self.base));
+        match trace {
+            Some(trace) => trace.apply(request),
+            None => request,
+        }
+    }
+
     /// Sends a request, retrying the attempts that `kind` allows, and returns the answer when
     /// its status is one of `ok`; any other status becomes its [`Error`]. A change carries a
-    /// fresh `Idempotency-Key`, the same on every attempt.
+    /// fresh `Idempotency-Key`, the same on every attempt, and every attempt the caller's trace
+    /// context as it was when the call began.
     pub(crate) async fn send(
         &self,
         kind: CallKind,
@@ -44,14 +63,15 @@ impl Client {
         ok: &[StatusCode],
         build: impl Fn(RequestBuilder) -> RequestBuilder,
     ) -> Result<Answer> {
-        let url = format!("{}{}", self.base, call.path);
+        let trace = TraceContext::current();
         let idempotency_key = (kind == CallKind::Change).then(|| uuid::Uuid::new_v4().to_string());
         let mut attempt = 1;
         // Whether an earlier attempt of this change may have taken effect: then an answer that
         // says "nothing changed" speaks for its own attempt only, not for the call.
         let mut earlier_unknown = false;
         loop {
-            let mut request = build(self.http.request(call.method.clone(), &url));
+            let begun = self.begin(&self.http, call.method.clone(), call.path, trace.as_ref());
+            let mut request = build(begun);
             if let Some(key) = &idempotency_key {
                 request = request.header(IDEMPOTENCY_KEY, key);
             }

@@ -10,6 +10,7 @@ use reqwest::{Method, StatusCode, header};
 use snapfence_types::headers::{LAST_EVENT_ID, WATCH_AFTER};
 use snapfence_types::{ChangeData, ChangeEvent, ChangeId, ChangeKind, KeyPrefix};
 
+use crate::trace::TraceContext;
 use crate::transport::Call;
 use crate::{Client, Error, Result};
 
@@ -97,9 +98,13 @@ impl Client {
     /// - an event cannot be read ([`Error::Protocol`]).
     ///
     /// Events of kinds this client does not know (a newer server's) are skipped.
+    ///
+    /// Every connection carries the trace context current when the watch was made
+    /// ([`trace`](crate::trace)), wherever the watch is polled.
     pub fn watch(&self, options: &WatchOptions) -> Watch {
         let follow = Follow {
             client: self.clone(),
+            trace: TraceContext::current(),
             prefix: options.prefix.clone(),
             since: options.since,
             last: None,
@@ -133,6 +138,8 @@ type Events = Pin<
 /// A watch's state between its items.
 struct Follow {
     client: Client,
+    /// The trace context of the call that made the watch, sent on every connection.
+    trace: Option<TraceContext>,
     prefix: Option<KeyPrefix>,
     /// Where the caller asked to start.
     since: Option<ChangeId>,
@@ -161,7 +168,7 @@ impl Follow {
     async fn next(&mut self) -> Option<Result<ChangeEvent>> {
         while !self.ended {
             if self.open.is_none() {
-                match connect(&self.client, &self.resume()).await {
+                match connect(&self.client, self.trace.as_ref(), &self.resume()).await {
                     Ok((after, events)) => {
                         // Before its first event, a watch resumes from where the server said
                         // its stream starts, so a cut then misses nothing either.
@@ -293,10 +300,13 @@ struct Resume {
 /// stream starts after (`Watch-After`), when the server says it. A function, not a method of
 /// [`Follow`]: a borrow of it held while the request waits would need its open connection to be
 /// `Sync`, which the byte stream is not.
-async fn connect(client: &Client, resume: &Resume) -> Result<(Option<ChangeId>, Events)> {
+async fn connect(
+    client: &Client,
+    trace: Option<&TraceContext>,
+    resume: &Resume,
+) -> Result<(Option<ChangeId>, Events)> {
     let mut request = client
-        .watch_http
-        .get(format!("{}{}", client.base, CALL.path))
+        .begin(&client.watch_http, CALL.method, CALL.path, trace)
         .header(header::ACCEPT, "text/event-stream");
     // The same URL every time, as an EventSource sends it; the header, which the server
     // prefers, says how far the watch got.

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use self::state::LostReason;
 use self::state::{Held, Shared, keep};
+use crate::trace::{self, TraceContext};
 use crate::{AcquireRequest, Client, Error, Result, RetryPolicy};
 use snapfence_types::{FencingToken, Key, Lease};
 
@@ -84,6 +85,10 @@ impl KeeperOptions {
 /// background and on a best-effort basis, so prefer `release` when you want to know it worked.
 /// The keeper must be started, and dropped, inside a Tokio runtime.
 ///
+/// The renewals, and the release on drop, carry the trace context that was current when the
+/// keeper started ([`trace`](crate::trace)); [`release`](Self::release) and the calls of
+/// [`fenced`](Self::fenced) carry the one current where they are awaited.
+///
 /// ```no_run
 /// use std::time::Duration;
 ///
@@ -130,6 +135,9 @@ pub struct LeaseKeeper {
     stop: CancellationToken,
     /// The renewal task; `None` once released.
     task: Option<JoinHandle<()>>,
+    /// The trace context current when the keeper started: its own requests' (renewals, the
+    /// release on drop).
+    trace: Option<TraceContext>,
 }
 
 impl LeaseKeeper {
@@ -185,12 +193,16 @@ impl LeaseKeeper {
         let stop = CancellationToken::new();
         // The keeper retries on its own schedule, against the deadline.
         let renewer = client.with_retry(RetryPolicy::none());
-        let task = tokio::spawn(keep(renewer, shared.clone(), stop.clone(), margin, every));
+        // A spawned task has no task-local value of its own: the renewals are the caller's.
+        let trace = TraceContext::current();
+        let renewals = keep(renewer, shared.clone(), stop.clone(), margin, every);
+        let task = tokio::spawn(trace::scope(trace.clone(), renewals));
         Ok(Self {
             client: client.clone(),
             shared,
             stop,
             task: Some(task),
+            trace,
         })
     }
 
@@ -294,12 +306,13 @@ impl Drop for LeaseKeeper {
         };
         let client = self.client.clone();
         let lease = self.lease();
-        runtime.spawn(async move {
+        let release = async move {
             let _ = task.await;
             if let Err(e) = client.release(&lease.key, lease.token).await {
                 tracing::warn!(key = %lease.key, error = %e, "releasing a dropped keeper's lease failed");
             }
-        });
+        };
+        runtime.spawn(trace::scope(self.trace.take(), release));
     }
 }
 
