@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # CI of the Python client (clients/python), run from the repository root (by .ci/run, or by hand):
 # a fresh virtual environment under target/, the package built as a wheel and installed in it
-# with its `langgraph` extra and the dev tools (pytest, mypy, ruff, LangGraph's conformance suite:
-# in the venv only), then `mypy --strict` and `ruff check` on the package, pytest, and the report
-# of LangGraph's conformance suite on snapfence.langgraph's savers (run by one of the tests).
+# with its `langgraph` and `otel` extras and the dev tools (pytest, mypy, ruff, LangGraph's
+# conformance suite, the OpenTelemetry SDK of the trace tests: in the venv only), then
+# `mypy --strict` and `ruff check` on the package, pytest, and the report of LangGraph's
+# conformance suite on snapfence.langgraph's savers (run by one of the tests).
 # The tests start `snapfence serve` themselves, from target/debug/snapfence (built here when
 # missing) with an embedded PostgreSQL, so the PostgreSQL server binaries must be there too; the
 # TLS test makes its CA with openssl.
@@ -54,13 +55,16 @@ rm -rf "$venv"
 rm -rf clients/python/build clients/python/src/snapfence.egg-info
 wheel=$(ls "$venv"/wheels/snapfence-*.whl)
 langgraph=()
+otel=()
 if "$venv/bin/python" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
   # The versions snapfence.langgraph is tested with; the extra itself takes any 1.x / 4.x.
   langgraph=(langgraph==1.2.24 langgraph-checkpoint==4.3.2 langgraph-checkpoint-conformance==0.0.2)
+  # The SDK the trace tests make their spans with (it needs 3.10+); the `otel` extra is the API.
+  otel=(opentelemetry-sdk==1.45.2)
 fi
-"$venv/bin/python" -m pip install -q "$wheel[langgraph]" "${langgraph[@]}" \
+"$venv/bin/python" -m pip install -q "$wheel[langgraph,otel]" "${langgraph[@]}" "${otel[@]}" \
   pytest==9.2.0 pytest-timeout==2.4.0 mypy==2.4.1 ruff==0.17.6
-"$venv/bin/python" -m pip list --format=freeze | grep -iE '^(snapfence|httpx|langgraph[a-z-]*)=='
+"$venv/bin/python" -m pip list --format=freeze | grep -iE '^(snapfence|httpx|langgraph[a-z-]*|opentelemetry-(api|sdk))=='
 # The core package depends on httpx alone; LangGraph comes with the extra only.
 "$venv/bin/python" - <<'PY'
 from importlib.metadata import requires

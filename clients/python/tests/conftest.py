@@ -114,9 +114,10 @@ def start_server(
     prepare: Optional[Callable[[str, str], None]] = None,
     scheme: str = "http",
     dir_: Optional[str] = None,
+    env: Optional[Dict[str, str]] = None,
 ) -> Server:
     """Starts ``snapfence serve`` on a free port and waits for /readyz; ``prepare(bin, data_dir)``
-    runs first (e.g. to make API keys)."""
+    runs first (e.g. to make API keys); ``env`` is added to the environment it inherits."""
     bin_ = binary()
     d = dir_ or new_temp_dir()
     data = os.path.join(d, "data")
@@ -133,6 +134,7 @@ def start_server(
                     stdout=f,
                     stderr=subprocess.STDOUT,
                     preexec_fn=_die_with_parent,
+                    env=None if env is None else {**os.environ, **env},
                 )
             url = f"{scheme}://127.0.0.1:{port}"
             deadline = time.monotonic() + READY_TIMEOUT

@@ -3,6 +3,8 @@
 ``Client`` (blocking) and ``AsyncClient`` (asyncio) speak the same protocol, written once:
 every changing call is sent with a fresh ``Idempotency-Key`` that every retry repeats, so it
 happens exactly once; failures are exceptions, one per code of the contract (``ERRORS``).
+Every request carries the caller's trace context: the one set with ``trace_context``, else the
+current OpenTelemetry span's (the ``otel`` extra).
 """
 
 from ._async import AsyncClient, AsyncLeaseKeeper, AsyncWatch
@@ -39,6 +41,7 @@ from ._errors import (
     UnknownToken,
 )
 from ._sync import Client, LeaseKeeper, Watch
+from ._trace import trace_context
 from ._types import (
     CHANGE_KINDS,
     ChangeEvent,
@@ -123,4 +126,5 @@ __all__ = [
     "Waiter",
     "Watch",
     "__version__",
+    "trace_context",
 ]

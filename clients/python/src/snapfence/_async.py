@@ -14,6 +14,7 @@ from typing import (
     AsyncIterator,
     Awaitable,
     Callable,
+    Dict,
     Literal,
     Mapping,
     Optional,
@@ -31,6 +32,7 @@ from ._config import OnRetry, from_env, make_config
 from ._core import Answer, Attempts, Call, RetryPolicy, Seconds, WatchState, jittered, transport_error
 from ._errors import LeaseLost, LossReason, SnapfenceError
 from ._keeper import KeeperState, slow_grant
+from ._trace import trace_headers
 from ._types import (
     ChangeEvent,
     Grant,
@@ -65,6 +67,9 @@ class AsyncClient:
     ``False``). Times are seconds (or ``timedelta``): ``timeout`` bounds one attempt (a waiting
     acquire gets its wait on top), ``watch_idle_timeout`` how long a watch may hear nothing,
     heartbeats included, before it resumes on a new connection.
+
+    Every request carries the caller's trace context: the one :func:`snapfence.trace_context`
+    set, else the current OpenTelemetry span's, else none.
     """
 
     def __init__(
@@ -123,8 +128,11 @@ class AsyncClient:
 
     # ---- The driver ------------------------------------------------------------------------
 
-    async def _run(self, call: Call[T], policy: Optional[RetryPolicy] = None) -> T:
-        attempts = Attempts(call, policy or self._cfg.retry)
+    async def _run(
+        self, call: Call[T], policy: Optional[RetryPolicy] = None, trace: Optional[Dict[str, str]] = None
+    ) -> T:
+        # ``trace``: the trace headers to send instead of the caller's current ones (a keeper's).
+        attempts = Attempts(call, policy or self._cfg.retry, trace)
         url = self._cfg.base + call.path
         while True:
             got: Union[Answer, SnapfenceError]
@@ -151,10 +159,16 @@ class AsyncClient:
                 self._cfg.on_retry(error, pause)
             await asyncio.sleep(pause)
 
-    async def _pages(self, make: Callable[[Optional[str]], Call[Page[T]]]) -> AsyncIterator[T]:
+    def _pages(self, make: Callable[[Optional[str]], Call[Page[T]]]) -> AsyncIterator[T]:
+        # Every page is asked for in the trace context of the call that made the iterator.
+        return self._pages_in(make, trace_headers())
+
+    async def _pages_in(
+        self, make: Callable[[Optional[str]], Call[Page[T]]], trace: Dict[str, str]
+    ) -> AsyncIterator[T]:
         cursor: Optional[str] = None
         while True:
-            page = await self._run(make(cursor))
+            page = await self._run(make(cursor), trace=trace)
             for item in page.items:
                 yield item
             if page.next_cursor is None:
@@ -689,6 +703,8 @@ class AsyncLeaseKeeper:
         self.lost_event = asyncio.Event()
         self._task: Optional[asyncio.Task[None]] = None
         self._released = False
+        #: The trace context of the caller that started the keeper, which it acts for.
+        self._trace: Dict[str, str] = {}
 
     async def start(self) -> AsyncLeaseKeeper:
         """Acquires the key (or renews the adopted lease) and starts renewing (what entering
@@ -696,19 +712,22 @@ class AsyncLeaseKeeper:
         if self._state is not None:
             raise RuntimeError("this keeper was started already")
         margin, every = self._periods
+        self._trace = trace_headers()
         if self._adopt is not None:
             sent = time.monotonic()
-            lease = await self._client.renew(self._adopt.key, self._adopt.token, self._ttl)
+            lease = await self._client._run(
+                _core.renew(self._adopt.key, self._adopt.token, self._ttl), trace=self._trace
+            )
             self._grant = Grant(lease=lease)
         else:
             assert self._acquire is not None
             sent = time.monotonic()
-            self._grant = await self._client._run(self._acquire)
+            self._grant = await self._client._run(self._acquire, trace=self._trace)
             lease = self._grant.lease
             if slow_grant(sent, time.monotonic(), lease.ttl):
                 again = time.monotonic()
                 try:
-                    lease = await self._client.renew(lease.key, lease.token)
+                    lease = await self._client._run(_core.renew(lease.key, lease.token), trace=self._trace)
                     sent = again
                 except LeaseLost:
                     raise
@@ -881,7 +900,9 @@ class AsyncLeaseKeeper:
                 sent = time.monotonic()
                 renewal = asyncio.ensure_future(
                     self._client._run(
-                        _core.renew(lease.key, lease.token, self._ttl), RetryPolicy(max_attempts=1)
+                        _core.renew(lease.key, lease.token, self._ttl),
+                        RetryPolicy(max_attempts=1),
+                        self._trace,
                     )
                 )
                 # A renewal in flight never delays the lapse: it is raced against it.

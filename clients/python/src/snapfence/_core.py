@@ -34,6 +34,7 @@ from ._errors import (
     UnexpectedAnswer,
     _Refused,
 )
+from ._trace import trace_headers
 from ._types import (
     CHANGE_KINDS,
     ChangeEvent,
@@ -155,16 +156,20 @@ class Attempts(Generic[T]):
     """The attempts of one call: the headers of each, and after each its outcome (a value, a
     pause before the next attempt, or the error that ends the call)."""
 
-    def __init__(self, call: Call[T], policy: RetryPolicy) -> None:
+    def __init__(self, call: Call[T], policy: RetryPolicy, trace: Optional[Dict[str, str]] = None) -> None:
         self.call = call
         self.policy = policy
         #: One fresh key per changing call, the same on every attempt.
         self.idempotency_key = str(uuid.uuid4()) if call.kind == CHANGE else None
+        #: The caller's trace context, as it is when the call is made (or as a keeper took it
+        #: when it started, for the renewals it makes on its own), on every attempt.
+        self.trace = trace_headers() if trace is None else trace
         self.attempt = 1
         self.earlier_unknown = False
 
     def headers(self) -> Dict[str, str]:
-        h = dict(self.call.headers)
+        h = dict(self.trace)
+        h.update(self.call.headers)
         if self.idempotency_key is not None:
             h["Idempotency-Key"] = self.idempotency_key
         return h
@@ -845,10 +850,13 @@ class WatchState:
         self.failures = 0
         self.delivered = False
         self.parser = SSEParser()
+        #: The trace context of the call that made the watch, on each of its connections.
+        self.trace = trace_headers()
 
     def request(self) -> Tuple[List[Tuple[str, str]], Dict[str, str]]:
         params = _params(prefix=self.prefix or None, since=self.since)
-        headers = {"Accept": "text/event-stream"}
+        headers = dict(self.trace)
+        headers["Accept"] = "text/event-stream"
         if self.last is not None:
             headers["Last-Event-ID"] = str(self.last)
         return params, headers

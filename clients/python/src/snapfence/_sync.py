@@ -8,7 +8,20 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Callable, Iterator, Literal, Mapping, Optional, Sequence, Tuple, Type, TypeVar, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    Literal,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    TypeVar,
+    Union,
+)
 
 import httpx
 
@@ -17,6 +30,7 @@ from ._config import OnRetry, from_env, make_config
 from ._core import Answer, Attempts, Call, RetryPolicy, Seconds, WatchState, jittered, transport_error
 from ._errors import LeaseLost, LossReason, SnapfenceError
 from ._keeper import KeeperState, slow_grant
+from ._trace import trace_headers
 from ._types import (
     ChangeEvent,
     Grant,
@@ -51,6 +65,9 @@ class Client:
     ``False``). Times are seconds (or ``timedelta``): ``timeout`` bounds one attempt (a waiting
     acquire gets its wait on top), ``watch_idle_timeout`` how long a watch may hear nothing,
     heartbeats included, before it resumes on a new connection.
+
+    Every request carries the caller's trace context: the one :func:`snapfence.trace_context`
+    set, else the current OpenTelemetry span's, else none.
     """
 
     def __init__(
@@ -107,8 +124,11 @@ class Client:
 
     # ---- The driver ------------------------------------------------------------------------
 
-    def _run(self, call: Call[T], policy: Optional[RetryPolicy] = None) -> T:
-        attempts = Attempts(call, policy or self._cfg.retry)
+    def _run(
+        self, call: Call[T], policy: Optional[RetryPolicy] = None, trace: Optional[Dict[str, str]] = None
+    ) -> T:
+        # ``trace``: the trace headers to send instead of the caller's current ones (a keeper's).
+        attempts = Attempts(call, policy or self._cfg.retry, trace)
         url = self._cfg.base + call.path
         while True:
             got: Union[Answer, SnapfenceError]
@@ -136,9 +156,13 @@ class Client:
             time.sleep(pause)
 
     def _pages(self, make: Callable[[Optional[str]], Call[Page[T]]]) -> Iterator[T]:
+        # Every page is asked for in the trace context of the call that made the iterator.
+        return self._pages_in(make, trace_headers())
+
+    def _pages_in(self, make: Callable[[Optional[str]], Call[Page[T]]], trace: Dict[str, str]) -> Iterator[T]:
         cursor: Optional[str] = None
         while True:
-            page = self._run(make(cursor))
+            page = self._run(make(cursor), trace=trace)
             yield from page.items
             if page.next_cursor is None:
                 return
@@ -703,6 +727,8 @@ class LeaseKeeper:
         self._pool: Optional[ThreadPoolExecutor] = None
         self._inflight: Optional[Future[Lease]] = None
         self._released = False
+        #: The trace context of the caller that started the keeper, which it acts for.
+        self._trace: Dict[str, str] = {}
 
     # ---- Starting and stopping ------------------------------------------------------------------
 
@@ -713,21 +739,24 @@ class LeaseKeeper:
         if self._state is not None:
             raise RuntimeError("this keeper was started already")
         margin, every = self._periods
+        self._trace = trace_headers()
         if self._adopt is not None:
             sent = time.monotonic()
-            lease = self._client.renew(self._adopt.key, self._adopt.token, self._ttl)
+            lease = self._client._run(
+                _core.renew(self._adopt.key, self._adopt.token, self._ttl), trace=self._trace
+            )
             self._grant = Grant(lease=lease)
         else:
             assert self._acquire is not None
             sent = time.monotonic()
-            self._grant = self._client._run(self._acquire)
+            self._grant = self._client._run(self._acquire, trace=self._trace)
             lease = self._grant.lease
             if slow_grant(sent, time.monotonic(), lease.ttl):
                 # The grant came long after the request was sent (it waited in the queue): date
                 # the lease from a renewal sent now, not from the start of the wait.
                 again = time.monotonic()
                 try:
-                    lease = self._client.renew(lease.key, lease.token)
+                    lease = self._client._run(_core.renew(lease.key, lease.token), trace=self._trace)
                     sent = again
                 except LeaseLost:
                     raise
@@ -886,8 +915,9 @@ class LeaseKeeper:
             self._declared(e)
 
     def _renew_once(self, key: str, token: int) -> Lease:
-        # The keeper retries on its own schedule, against the deadline.
-        return self._client._run(_core.renew(key, token, self._ttl), RetryPolicy(max_attempts=1))
+        # The keeper retries on its own schedule, against the deadline; its thread has no
+        # context of the caller's: the trace context is the one it started in.
+        return self._client._run(_core.renew(key, token, self._ttl), RetryPolicy(max_attempts=1), self._trace)
 
     def _keep(self) -> None:
         st = self._st()

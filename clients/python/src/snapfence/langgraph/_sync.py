@@ -5,12 +5,14 @@ the server (``StaleToken``, audited) however late it wakes up."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import os
 import socket
 import threading
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import Any, Dict, List, Optional, Set, Tuple, Type
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple, Type, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -29,6 +31,15 @@ from .._errors import InvalidRequest, LeaseLost, NotFound, PreconditionFailed
 from .._sync import Client, LeaseKeeper
 from .._types import Grant, SnapshotMeta, TxnOp
 from . import _layout as L
+
+T = TypeVar("T")
+
+
+def _in_executor(fn: Callable[..., T], *args: Any) -> Awaitable[T]:
+    """``fn(*args)`` in the loop's executor, in a copy of the caller's context (as
+    ``asyncio.to_thread`` runs it), so its calls carry the caller's trace context."""
+    ctx = contextvars.copy_context()
+    return asyncio.get_running_loop().run_in_executor(None, functools.partial(ctx.run, fn, *args))
 
 
 def default_owner() -> str:
@@ -447,7 +458,7 @@ class SnapfenceSaver(BaseCheckpointSaver[int]):
     # ---- The async forms: the blocking ones, in the loop's executor ----------------------------
 
     async def aget_tuple(self, config: RunnableConfig) -> Optional[CheckpointTuple]:
-        return await asyncio.get_running_loop().run_in_executor(None, self.get_tuple, config)
+        return await _in_executor(self.get_tuple, config)
 
     async def alist(
         self,
@@ -457,9 +468,7 @@ class SnapfenceSaver(BaseCheckpointSaver[int]):
         before: Optional[RunnableConfig] = None,
         limit: Optional[int] = None,
     ) -> AsyncIterator[CheckpointTuple]:
-        items = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: list(self.list(config, filter=filter, before=before, limit=limit))
-        )
+        items = await _in_executor(lambda: list(self.list(config, filter=filter, before=before, limit=limit)))
         for item in items:
             yield item
 
@@ -470,9 +479,7 @@ class SnapfenceSaver(BaseCheckpointSaver[int]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        return await asyncio.get_running_loop().run_in_executor(
-            None, self.put, config, checkpoint, metadata, new_versions
-        )
+        return await _in_executor(self.put, config, checkpoint, metadata, new_versions)
 
     async def aput_writes(
         self,
@@ -481,25 +488,19 @@ class SnapfenceSaver(BaseCheckpointSaver[int]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        await asyncio.get_running_loop().run_in_executor(
-            None, self.put_writes, config, writes, task_id, task_path
-        )
+        await _in_executor(self.put_writes, config, writes, task_id, task_path)
 
     async def adelete_thread(self, thread_id: str) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, self.delete_thread, thread_id)
+        await _in_executor(self.delete_thread, thread_id)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, self.delete_for_runs, run_ids)
+        await _in_executor(self.delete_for_runs, run_ids)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        await asyncio.get_running_loop().run_in_executor(
-            None, self.copy_thread, source_thread_id, target_thread_id
-        )
+        await _in_executor(self.copy_thread, source_thread_id, target_thread_id)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        await asyncio.get_running_loop().run_in_executor(
-            None, lambda: self.prune(thread_ids, strategy=strategy)
-        )
+        await _in_executor(lambda: self.prune(thread_ids, strategy=strategy))
 
 
 def _listing(
