@@ -41,6 +41,7 @@ type Client struct {
 	timeout   time.Duration
 	retry     RetryPolicy
 	userAgent string
+	trace     func(ctx context.Context, header http.Header)
 }
 
 // Option configures a Client made by New or NewFromEnv.
@@ -53,6 +54,7 @@ type config struct {
 	timeout    time.Duration
 	retry      RetryPolicy
 	userAgent  string
+	trace      func(ctx context.Context, header http.Header)
 }
 
 // WithAPIKey sends key (the sf_... token of `snapfence keys create`) as a Bearer token on every
@@ -152,6 +154,29 @@ func WithUserAgent(ua string) Option {
 	}
 }
 
+// WithTraceContext has inject write the trace context of each call's ctx into header, for the
+// call's requests (all its attempts; a Watch's connections, with the ctx given to Watch): the
+// hook of a tracing library's propagator, so this module needs no tracing dependency. With
+// OpenTelemetry:
+//
+//	snapfence.WithTraceContext(func(ctx context.Context, h http.Header) {
+//		otel.GetTextMapPropagator().Inject(ctx, propagation.HeaderCarrier(h))
+//	})
+//
+// header starts empty for each call; what inject leaves in it is sent, except header fields
+// that are not valid HTTP (they are dropped) and the client's own headers (Authorization,
+// Idempotency-Key, Content-Type, ...), which it cannot replace. A traceparent given with
+// ContextWithTraceparent takes precedence over the one inject writes.
+func WithTraceContext(inject func(ctx context.Context, header http.Header)) Option {
+	return func(c *config) error {
+		if inject == nil {
+			return errors.New("snapfence: WithTraceContext needs a function")
+		}
+		c.trace = inject
+		return nil
+	}
+}
+
 // New makes a client of the service at baseURL (e.g. "http://127.0.0.1:7878", or an https://
 // address; a path prefix is kept).
 func New(baseURL string, opts ...Option) (*Client, error) {
@@ -191,6 +216,7 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 		timeout:   cfg.timeout,
 		retry:     cfg.retry,
 		userAgent: cfg.userAgent,
+		trace:     cfg.trace,
 	}, nil
 }
 
@@ -297,6 +323,7 @@ func (c *Client) send(ctx context.Context, r request, ok ...int) (*answer, error
 			idemKey = NewIdempotencyKey()
 		}
 	}
+	trace := c.traceHeader(ctx)
 	var last error
 	for attempt := 1; ; attempt++ {
 		if err := ctx.Err(); err != nil {
@@ -305,7 +332,7 @@ func (c *Client) send(ctx context.Context, r request, ok ...int) (*answer, error
 			}
 			return nil, &TransportError{Method: r.method, URL: target, IdempotencyKey: idemKey, Attempts: attempt - 1, Err: err}
 		}
-		a, err := c.attempt(ctx, r, target, idemKey)
+		a, err := c.attempt(ctx, r, target, idemKey, trace)
 		var delay time.Duration
 		if err != nil {
 			err.Attempts = attempt
@@ -354,8 +381,8 @@ func callJSON[T any](ctx context.Context, c *Client, r request) (*T, error) {
 	return &v, nil
 }
 
-// attempt sends r once.
-func (c *Client) attempt(ctx context.Context, r request, target, idemKey string) (*answer, *TransportError) {
+// attempt sends r once, with the call's trace context (traceHeader).
+func (c *Client) attempt(ctx context.Context, r request, target, idemKey string, trace http.Header) (*answer, *TransportError) {
 	actx, cancel := context.WithTimeout(ctx, c.timeout+r.wait)
 	defer cancel()
 	var body io.Reader
@@ -365,6 +392,9 @@ func (c *Client) attempt(ctx context.Context, r request, target, idemKey string)
 	req, err := http.NewRequestWithContext(actx, r.method, target, body)
 	if err != nil {
 		return nil, &TransportError{Method: r.method, URL: target, Err: err}
+	}
+	for name, values := range trace {
+		req.Header[name] = values
 	}
 	for name, values := range r.header {
 		req.Header[name] = values

@@ -13,6 +13,10 @@
 // Retry-After honoured, bounded). API keys (WithAPIKey) are sent as Bearer tokens; a server
 // with a private CA is trusted with WithCACertFile, WithCACertPEM or WithRootCAs.
 //
+// A caller's W3C trace context goes with every request of its calls, so that a server exporting
+// traces makes its request spans children of the caller's span: ContextWithTraceparent for a
+// traceparent in hand, or WithTraceContext to plug in a tracing library's propagator.
+//
 // The coordination and execution packages of this module build a Locker, a lease keeper and a
 // worktree lease with recovery on this client.
 package snapfence

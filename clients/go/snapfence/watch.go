@@ -85,8 +85,9 @@ type WatchOptions struct {
 // invalid_request), or after the client's RetryPolicy.MaxAttempts failed connections in a row.
 // Close ends it. Use it from one goroutine at a time.
 type Watch struct {
-	c    *Client
-	opts WatchOptions
+	c     *Client
+	opts  WatchOptions
+	trace http.Header // the trace context of Watch's ctx, sent on every connection
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -114,13 +115,15 @@ type watchLine struct {
 }
 
 // Watch opens a watch and connects at once, so that every change from now on is delivered
-// (what a reader that reads the current state next needs).
+// (what a reader that reads the current state next needs). Every connection of the watch, the
+// resumed ones included, carries the trace context of ctx (ContextWithTraceparent,
+// WithTraceContext).
 func (c *Client) Watch(ctx context.Context, opts WatchOptions) (*Watch, error) {
 	if opts.IdleTimeout <= 0 {
 		opts.IdleTimeout = 45 * time.Second
 	}
 	wctx, cancel := context.WithCancel(context.Background())
-	w := &Watch{c: c, opts: opts, ctx: wctx, cancel: cancel}
+	w := &Watch{c: c, opts: opts, trace: c.traceHeader(ctx), ctx: wctx, cancel: cancel}
 	if opts.Since != 0 {
 		w.last, w.hasLast = opts.Since, true
 	}
@@ -177,6 +180,9 @@ func (w *Watch) connect(ctx context.Context) error {
 	req, err := http.NewRequestWithContext(w.ctx, http.MethodGet, target, nil)
 	if err != nil {
 		return err
+	}
+	for name, values := range w.trace {
+		req.Header[name] = values
 	}
 	req.Header.Set("Accept", "text/event-stream")
 	if w.hasLast {

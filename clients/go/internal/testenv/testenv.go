@@ -138,6 +138,9 @@ type StartOptions struct {
 	Prepare func(bin, dataDir string) error
 	// Scheme is "http" (default) or "https".
 	Scheme string
+	// Env are "NAME=value" entries added to the server's environment (the test process's),
+	// overriding the variables of the same name (e.g. the OTEL_* variables of traces).
+	Env []string
 }
 
 // NewTempDir makes a directory (prefix sf-go-) that the postgres user can reach: as root the
@@ -182,7 +185,7 @@ func Start(bin, dir string, opts StartOptions) (*Server, error) {
 			return nil, err
 		}
 		addr := "127.0.0.1:" + strconv.Itoa(port)
-		s, err := startOn(bin, dir, dataDir, addr, scheme, opts.Args)
+		s, err := startOn(bin, dir, dataDir, addr, scheme, opts.Args, opts.Env)
 		if err == nil {
 			return s, nil
 		}
@@ -192,7 +195,7 @@ func Start(bin, dir string, opts StartOptions) (*Server, error) {
 	return nil, lastErr
 }
 
-func startOn(bin, dir, dataDir, addr, scheme string, args []string) (*Server, error) {
+func startOn(bin, dir, dataDir, addr, scheme string, args, env []string) (*Server, error) {
 	logPath := filepath.Join(dir, fmt.Sprintf("serve-%s.log", strings.ReplaceAll(addr, ":", "_")))
 	logFile, err := os.Create(logPath)
 	if err != nil {
@@ -202,6 +205,10 @@ func startOn(bin, dir, dataDir, addr, scheme string, args []string) (*Server, er
 	cmd := exec.Command(bin, append([]string{"serve", "--data-dir", dataDir, "--listen", addr}, args...)...)
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
+	if len(env) > 0 {
+		// The last of a name wins.
+		cmd.Env = append(os.Environ(), env...)
+	}
 	// On Linux, if the test binary dies (a panic skips TestMain's cleanup), the server is told
 	// to stop.
 	stopWithParent(cmd)
