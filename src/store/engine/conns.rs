@@ -47,23 +47,15 @@ macro_rules! hot {
         loop {
             let mut conn = $conns.checkout(deadline).await?;
             let c = conn.get();
-            let answer = match &$conns.pooled_begin {
-                None => timeout_at(deadline, $q().$fetch(c)).await,
-                Some(begin) => {
-                    let pooled = async {
-                        c.execute(&**begin).await?;
-                        match $q().persistent(false).$fetch(&mut *c).await {
-                            Ok(rows) => c.execute("COMMIT").await.map(|_| rows),
-                            Err(e) => {
-                                // A failed rollback leaves a broken link, which the next
-                                // statement on it finds before it is sent.
-                                let _ = c.execute("ROLLBACK").await;
-                                Err(e)
-                            }
-                        }
-                    };
-                    timeout_at(deadline, pooled).await
-                }
+            let answer = if $conns.opening.persistent {
+                timeout_at(deadline, $q().$fetch(c)).await
+            } else {
+                let pooled = async {
+                    $conns.opening.begin(c).await?;
+                    let rows = $q().persistent(false).$fetch(&mut *c).await;
+                    $conns.opening.end(c, rows).await
+                };
+                timeout_at(deadline, pooled).await
             };
             match conn.finish(answer, &$conns.pool) {
                 Err(e) if !fresh && never_sent(&e) => fresh = true,
@@ -96,8 +88,7 @@ fn never_sent(e: &StoreError) -> bool {
 pub(crate) struct Conns {
     pool: PgPool,
     hot: managed::Pool<Connector>,
-    /// Through a transaction-mode pooler: what opens each statement's own transaction.
-    pooled_begin: Option<Arc<str>>,
+    opening: Opening,
     /// Each batch kind's counts, by name (a kind started twice counts once).
     batches: Arc<Mutex<BTreeMap<&'static str, Arc<Counts>>>>,
 }
@@ -133,12 +124,12 @@ pub const HOT_SETTINGS: [(&str, &str); 1] = [("plan_cache_mode", "force_generic_
 impl Conns {
     pub(crate) fn new(pool: PgPool, pooler: Option<Pooler>) -> Self {
         let timeout = pool.options().get_acquire_timeout();
-        let (options, size, pooled_begin) = match pooler {
-            Some(p) => (p.options, p.size, Some(Arc::from(p.begin))),
+        let (options, size, opening) = match pooler {
+            Some(p) => (p.options, p.size, Opening::pooled(p.begin)),
             None => (
                 (*pool.connect_options()).clone().options(HOT_SETTINGS),
                 pool.options().get_max_connections(),
-                None,
+                Opening::direct(),
             ),
         };
         // LIFO keeps a light load on the backends with warm caches (FIFO ran ~1.5x slower).
@@ -156,7 +147,7 @@ impl Conns {
         Self {
             pool,
             hot,
-            pooled_begin,
+            opening,
             batches: Arc::default(),
         }
     }
@@ -251,7 +242,7 @@ impl Conns {
         let committing = AtomicBool::new(false);
         let work = async {
             let c = conn.get();
-            let begin = self.pooled_begin.as_deref().unwrap_or("BEGIN");
+            let begin = &self.opening.begin;
             c.execute(format!("{begin}; {UPLOAD_TABLE}").as_str())
                 .await?;
             let mut copy = c.copy_in_raw(UPLOAD_COPY).await?;
@@ -267,7 +258,7 @@ impl Conns {
             copy.send(&(-1i16).to_be_bytes()[..]).await?;
             copy.finish().await?;
             let row = q()
-                .persistent(self.pooled_begin.is_none())
+                .persistent(self.opening.persistent)
                 .fetch_one(&mut *c)
                 .await?;
             committing.store(true, Ordering::Relaxed);
@@ -291,11 +282,10 @@ impl Conns {
     /// its connection is closed, so the server rolls it back.
     pub(crate) async fn begin(&self, deadline: Instant) -> Result<HotTx> {
         let mut conn = self.checkout(deadline).await?;
-        let begin = self.pooled_begin.as_deref().unwrap_or("BEGIN");
-        conn.get().execute(begin).await?;
+        self.opening.begin(conn.get()).await?;
         Ok(HotTx {
             conn,
-            persistent: self.pooled_begin.is_none(),
+            opening: self.opening.clone(),
         })
     }
 
@@ -311,11 +301,52 @@ impl Conns {
     }
 }
 
+/// How a hot connection's transactions open, and whether its statements may be kept prepared:
+/// through a transaction-mode pooler each opens with the pooler's settings and statements stay
+/// unnamed, since the next transaction may run on another server connection.
+#[derive(Debug, Clone)]
+struct Opening {
+    begin: Arc<str>,
+    persistent: bool,
+}
+
+impl Opening {
+    fn direct() -> Self {
+        Self {
+            begin: Arc::from("BEGIN"),
+            persistent: true,
+        }
+    }
+
+    fn pooled(begin: impl Into<Arc<str>>) -> Self {
+        Self {
+            begin: begin.into(),
+            persistent: false,
+        }
+    }
+
+    async fn begin(&self, c: &mut PgConnection) -> sqlx::Result<()> {
+        c.execute(&*self.begin).await.map(drop)
+    }
+
+    /// Commits after `work` succeeded, else rolls back.
+    async fn end<T>(&self, c: &mut PgConnection, work: sqlx::Result<T>) -> sqlx::Result<T> {
+        match work {
+            Ok(t) => c.execute("COMMIT").await.map(|_| t),
+            Err(e) => {
+                // A failed rollback leaves a broken link, which the next statement on it finds
+                // before it is sent.
+                let _ = c.execute("ROLLBACK").await;
+                Err(e)
+            }
+        }
+    }
+}
+
 /// See [`Conns::begin`].
 pub(crate) struct HotTx {
     conn: Checkout,
-    /// Whether statements may be prepared for keeps: not through a pooler.
-    persistent: bool,
+    opening: Opening,
 }
 
 impl HotTx {
@@ -324,7 +355,7 @@ impl HotTx {
     }
 
     pub(crate) fn persistent(&self) -> bool {
-        self.persistent
+        self.opening.persistent
     }
 
     pub(crate) async fn commit(self) -> Result<()> {
@@ -336,15 +367,11 @@ impl HotTx {
     }
 
     async fn end(mut self, sql: &str) -> Result<()> {
-        match self.conn.get().execute(sql).await {
-            Ok(_) => {
-                if let Some(mut conn) = self.conn.0.take() {
-                    conn.shrink_buffers();
-                }
-                Ok(())
-            }
-            Err(e) => Err(e.into()),
+        self.conn.get().execute(sql).await?;
+        if let Some(mut conn) = self.conn.0.take() {
+            conn.shrink_buffers();
         }
+        Ok(())
     }
 }
 
