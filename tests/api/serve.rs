@@ -3,18 +3,17 @@
 
 use std::ffi::OsStr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use futures_util::{StreamExt, stream};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use reqwest::{Body, StatusCode};
 use serde_json::{Value, json};
 use snapfence::embedded::{EmbeddedPostgres, Settings};
 use sqlx::Connection;
 
 use snapfence_testkit::proxy::{Mode, Proxy};
+pub(crate) use snapfence_testkit::serve::Served;
 
 use crate::harness::{Instance, free_port, problem, rules, token};
 
@@ -23,13 +22,6 @@ pub(crate) fn short_tempdir() -> tempfile::TempDir {
         .prefix("sf-serve-")
         .tempdir_in("/tmp")
         .unwrap()
-}
-
-/// A `snapfence serve` process.
-pub(crate) struct Served {
-    child: Option<Child>,
-    /// `http://127.0.0.1:PORT`.
-    pub(crate) base: String,
 }
 
 /// Starts the binary on a data directory and waits until `/readyz` says it is ready.
@@ -51,83 +43,10 @@ pub(crate) async fn serve_with(args: &[&OsStr], stderr: &Path) -> Served {
 }
 
 /// [`serve_with`] with `env` set (and no `OTEL_*` variable of the test's own environment).
-#[allow(
-    clippy::zombie_processes,
-    reason = "the child is waited on by `Served::wait`, or stopped when a failing test drops it"
-)]
 pub(crate) async fn serve_with_env(args: &[&OsStr], env: &[(&str, &str)], stderr: &Path) -> Served {
-    let port = free_port();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_snapfence"));
-    for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("OTEL_") {
-            command.env_remove(name);
-        }
-    }
-    let child = command
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .args(args)
-        .env_remove("DATABASE_URL")
-        .env("RUST_LOG", "info")
-        .envs(env.iter().copied())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(stderr).unwrap())
-        .spawn()
-        .expect("starting snapfence serve");
-    let base = format!("http://127.0.0.1:{port}");
-    let served = Served {
-        child: Some(child),
-        base,
-    };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(r) = reqwest::get(format!("{}/readyz", served.base)).await {
-            if r.status() == StatusCode::OK {
-                return served;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "serve did not become ready: {}",
-            std::fs::read_to_string(stderr).unwrap()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-impl Served {
-    /// The process id.
-    pub(crate) fn pid(&self) -> u32 {
-        self.child.as_ref().expect("a running server").id()
-    }
-
-    pub(crate) fn terminate(&self) {
-        let child = self.child.as_ref().expect("a running server");
-        kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
-    }
-
-    pub(crate) async fn wait(mut self) -> std::process::ExitStatus {
-        let mut child = self.child.take().expect("a running server");
-        tokio::task::spawn_blocking(move || child.wait().unwrap())
-            .await
-            .unwrap()
-    }
-}
-
-/// A test that fails half-way stops its server as a user would (SIGTERM, which stops the
-/// embedded PostgreSQL too; SIGKILL if that takes over 30 s), so that nothing is left running.
-impl Drop for Served {
-    fn drop(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-    }
+    // First, so that `env` may set another filter.
+    let env = [&[("RUST_LOG", "info")], env].concat();
+    Served::start(env!("CARGO_BIN_EXE_snapfence"), args, &env, stderr).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,18 +5,16 @@
 //! without a context, each request's span is the root of a trace of its own. (In-process
 //! instances export nothing: only the binary sets up the exporter from the `OTEL_*` variables.)
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use snapfence_client::trace::{self, TraceContext};
 use snapfence_client::{
     AcquireRequest, ChangeId, KeeperOptions, KeyPrefix, LeaseKeeper, PutOptions, WatchOptions,
 };
 use snapfence_testkit::otlp::{OtlpReceiver, ReceivedSpan, SpanKind};
+use snapfence_testkit::serve::Served;
 
-use crate::harness::{TestDatabase, free_port, migrated_database, url_of};
+use crate::harness::{TestDatabase, migrated_database, url_of};
 use crate::support::{client, grant, key, owner};
 
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -43,21 +41,18 @@ fn assert_under_caller(span: &ReceivedSpan) {
 /// `snapfence serve` on a database of its own, exporting its spans to a receiver of its own
 /// every 100 ms.
 struct Traced {
-    child: Option<Child>,
+    // First: fields drop in order, and the server stops before its receiver and database go.
+    _served: Served,
     /// `http://127.0.0.1:PORT`.
     base: String,
     receiver: OtlpReceiver,
     _db: TestDatabase,
     /// Its stderr.
-    log: tempfile::NamedTempFile,
+    _log: tempfile::NamedTempFile,
 }
 
 impl Traced {
     /// Starts it with `args` added to `serve`'s, and waits until `/readyz` says it is ready.
-    #[allow(
-        clippy::zombie_processes,
-        reason = "the child is waited on when the value is dropped"
-    )]
     async fn start(args: &[&str]) -> Self {
         let receiver = OtlpReceiver::start().await;
         let db = migrated_database().await;
@@ -65,45 +60,23 @@ impl Traced {
             .prefix("sf-tmp-tracing-")
             .tempfile()
             .unwrap();
-        let port = free_port();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_snapfence"));
-        // Only the variables of the test: none of the environment it runs in.
-        for (name, _) in std::env::vars_os() {
-            if name.to_string_lossy().starts_with("OTEL_") {
-                command.env_remove(name);
-            }
-        }
-        let child = command
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--database-url", &url_of(db.options())])
-            .args(args)
-            .env_remove("DATABASE_URL")
-            .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())
-            .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-            .stdout(Stdio::null())
-            .stderr(log.reopen().unwrap())
-            .spawn()
-            .expect("starting snapfence serve");
-        let served = Self {
-            child: Some(child),
-            base: format!("http://127.0.0.1:{port}"),
+        let url = url_of(db.options());
+        let served = Served::start(
+            env!("CARGO_BIN_EXE_snapfence"),
+            ["--database-url", &url].iter().chain(args),
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.endpoint()),
+                ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ],
+            log.path(),
+        )
+        .await;
+        Self {
+            base: served.base.clone(),
+            _served: served,
             receiver,
             _db: db,
-            log,
-        };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Ok(r) = reqwest::get(format!("{}/readyz", served.base)).await
-                && r.status() == reqwest::StatusCode::OK
-            {
-                return served;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "serve did not become ready: {}",
-                std::fs::read_to_string(served.log.path()).unwrap()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            _log: log,
         }
     }
 
@@ -117,22 +90,6 @@ impl Traced {
                     .all(|&(name, n)| named(spans, name).len() >= n)
             })
             .await
-    }
-}
-
-/// Stops the server as a user would (SIGTERM; SIGKILL if that takes over 30 s).
-impl Drop for Traced {
-    fn drop(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
     }
 }
 

@@ -7,11 +7,14 @@
 //! - [`checker`]: the one checker of fencing histories, which knows nothing of how a history
 //!   was made;
 //! - [`otlp`]: a real OTLP trace receiver (HTTP and gRPC) on loopback, keeping the spans the
-//!   service exports for assertions.
+//!   service exports for assertions;
+//! - [`serve`]: the `snapfence serve` binary as a child process, started and waited on until
+//!   ready, stopped when dropped.
 
 pub mod checker;
 pub mod harness;
 pub mod otlp;
 pub mod pgbouncer;
 pub mod proxy;
+pub mod serve;
 pub mod workload;
