@@ -1,28 +1,16 @@
 package coordination_test
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"testing"
 	"time"
 
 	"github.com/snapfence/snapfence/clients/go/coordination"
 	"github.com/snapfence/snapfence/clients/go/internal/testenv"
-	"github.com/snapfence/snapfence/clients/go/snapfence"
 )
 
 func TestAKeepersAcquireRenewalsSavesAndReleaseAreChildrenOfTheCallersSpan(t *testing.T) {
-	srv, spans := testenv.StartTraced(t)
-	c, err := snapfence.New(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ids [24]byte
-	if _, err := rand.Read(ids[:]); err != nil {
-		t.Fatal(err)
-	}
-	traceID, spanID := hex.EncodeToString(ids[:16]), hex.EncodeToString(ids[16:])
-	ctx := snapfence.ContextWithTraceparent(testenv.Context(t), "00-"+traceID+"-"+spanID+"-01", "")
+	tr := testenv.StartTracedCaller(t)
+	c, spans, ctx, traceID, spanID := tr.Client, tr.Spans, tr.Ctx, tr.TraceID, tr.SpanID
 	locker := coordination.NewLocker(c)
 	key := testenv.UniqueKey(t, "k")
 	// The keeper renews in the background with a context derived from Hold's: every third of

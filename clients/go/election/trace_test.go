@@ -2,28 +2,16 @@ package election_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"testing"
 	"time"
 
 	"github.com/snapfence/snapfence/clients/go/election"
 	"github.com/snapfence/snapfence/clients/go/internal/testenv"
-	"github.com/snapfence/snapfence/clients/go/snapfence"
 )
 
 func TestACampaignItsProclaimAndObserveAreChildrenOfTheCallersSpan(t *testing.T) {
-	srv, spans := testenv.StartTraced(t)
-	c, err := snapfence.New(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ids [24]byte
-	if _, err := rand.Read(ids[:]); err != nil {
-		t.Fatal(err)
-	}
-	traceID, spanID := hex.EncodeToString(ids[:16]), hex.EncodeToString(ids[16:])
-	ctx := snapfence.ContextWithTraceparent(testenv.Context(t), "00-"+traceID+"-"+spanID+"-01", "")
+	tr := testenv.StartTracedCaller(t)
+	c, spans, ctx, traceID, spanID := tr.Client, tr.Spans, tr.Ctx, tr.TraceID, tr.SpanID
 	e := election.New(c, testenv.UniqueKey(t, "election"), election.Options{TTL: 5 * time.Second})
 	if err := e.Campaign(ctx, "node-a"); err != nil {
 		t.Fatal(err)
