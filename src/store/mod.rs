@@ -17,9 +17,9 @@ use std::sync::Arc;
 use sqlx::postgres::PgPool;
 
 pub use engine::{
-    BatchTotals, DbSettings, Engine, HOT_SETTINGS, HotPoolStatus, MIGRATOR, Pooler, Result,
-    StoreError, TRACE_TARGET, check_pooler, has_schema, pool, pooler, ready, restart_deadline,
-    server_timeout, trace_requests, tracing_requests, within,
+    BatchTotals, Connector, DbSettings, Engine, HOT_SETTINGS, HotConn, HotPoolStatus, MIGRATOR,
+    Pooler, REPLAN_AFTER, Result, StoreError, TRACE_TARGET, check_pooler, has_schema, pool, pooler,
+    ready, restart_deadline, server_timeout, trace_requests, tracing_requests, within,
 };
 pub(crate) use engine::{Bounded, Tasks};
 use leases::{timeline, waiters};

@@ -1,14 +1,15 @@
-//! The hot statements' generic plans read a batch's rows by key, whatever the statistics said
-//! when the plans were made: a hot connection plans each statement once and keeps the plan for
-//! its life (`snapfence::store::HOT_SETTINGS`), so a plan made while a table was empty (a new
-//! database, a new connection before autovacuum looked) must not scan that table once it has
-//! grown. Checked on the generic plans themselves, as PostgreSQL makes them on an empty
-//! database, rather than by timing anything.
+//! The hot statements' generic plans read a batch's rows by key: a hot connection plans each
+//! statement once and keeps the plan (`snapfence::store::HOT_SETTINGS`) until it plans again as
+//! it ages, so a plan made on a new database must not scan a table, and one made while a table
+//! was small must not outlive its growth for long. Checked on the generic plans themselves, as
+//! PostgreSQL makes them, rather than by timing anything.
 
+use deadpool::managed::{Manager, Metrics};
 use serde_json::Value;
+use snapfence::store::{Connector, HotConn, REPLAN_AFTER};
 use sqlx::{Connection, PgConnection};
 
-use crate::harness::TestApp;
+use crate::harness::{TestApp, token};
 
 /// The scans in `plan` (PostgreSQL's JSON plan) that read a table other than by key: a
 /// sequential scan of it, or an index scan with no condition (a walk of the whole index).
@@ -30,6 +31,24 @@ fn scans_not_by_key(plan: &Value, found: &mut Vec<String>) {
     }
 }
 
+/// The generic plan of prepared statement `name` (all its parameters NULL) on `conn`.
+async fn generic_plan(conn: &mut PgConnection, name: &str) -> Value {
+    let params: i32 = sqlx::query_scalar(
+        "SELECT cardinality(parameter_types) FROM pg_prepared_statements WHERE name = $1",
+    )
+    .bind(name)
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    let nulls = vec!["NULL"; usize::try_from(params).unwrap()].join(", ");
+    let (plan,): (Value,) =
+        sqlx::query_as(&format!("EXPLAIN (FORMAT JSON) EXECUTE {name}({nulls})"))
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+    plan[0]["Plan"].clone()
+}
+
 /// Plans each of `statements` generically on a new, empty database, on a connection with the
 /// hot connections' settings (a generic plan, as any connection keeps one once it looks no
 /// dearer than planning), and asserts that none reads a table other than by key.
@@ -49,20 +68,8 @@ async fn assert_planned_on_empty_tables_by_key<'a>(
             .execute(&mut conn)
             .await
             .unwrap_or_else(|e| panic!("{name}: {e}"));
-        let params: i32 = sqlx::query_scalar(
-            "SELECT cardinality(parameter_types) FROM pg_prepared_statements WHERE name = 'planned'",
-        )
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
-        let nulls = vec!["NULL"; usize::try_from(params).unwrap()].join(", ");
-        let (plan,): (Value,) =
-            sqlx::query_as(&format!("EXPLAIN (FORMAT JSON) EXECUTE planned({nulls})"))
-                .fetch_one(&mut conn)
-                .await
-                .unwrap();
         let mut scans = Vec::new();
-        scans_not_by_key(&plan[0]["Plan"], &mut scans);
+        scans_not_by_key(&generic_plan(&mut conn, "planned").await, &mut scans);
         found.extend(scans.into_iter().map(|s| format!("{name}: {s}")));
         sqlx::raw_sql("DEALLOCATE planned")
             .execute(&mut conn)
@@ -77,6 +84,64 @@ async fn assert_planned_on_empty_tables_by_key<'a>(
 #[tokio::test]
 async fn hot_statements_planned_on_empty_tables_read_rows_by_key_only() {
     assert_planned_on_empty_tables_by_key(snapfence::store::hot_statements()).await;
+}
+
+/// A hot connection keeps a plan made for small tables only for a while: a table that has grown
+/// since is read by key once the connection has planned again, as it does when its plans are as
+/// old as it was when it made them.
+#[tokio::test]
+async fn a_hot_connection_plans_again_for_a_table_that_has_grown() {
+    let app = TestApp::spawn().await;
+    for n in 0..5 {
+        let key = format!("plans/{n}");
+        let token = token(&app.acquire(&key, "planner", 60_000).await);
+        assert!(app.put(&key, token, "v").await.status().is_success());
+    }
+    let mut other = PgConnection::connect_with(&app.options).await.unwrap();
+    // Only this test's growth changes the statistics' view, not autovacuum's timing.
+    sqlx::raw_sql("ALTER TABLE snapshot_versions SET (autovacuum_enabled = false); ANALYZE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let connector = Connector::new(app.options.clone().options(snapfence::store::HOT_SETTINGS));
+    let metrics = Metrics::default();
+    let mut hot = connector.create().await.unwrap();
+    let put = snapfence::store::hot_statements()
+        .into_iter()
+        .find(|(name, _)| *name == "put")
+        .unwrap()
+        .1;
+    sqlx::raw_sql(&format!("PREPARE put AS {put}"))
+        .execute(&mut *hot)
+        .await
+        .unwrap();
+    let versions_read_whole = async |hot: &mut HotConn| {
+        let mut scans = Vec::new();
+        scans_not_by_key(&generic_plan(hot, "put").await, &mut scans);
+        scans.contains(&"Seq Scan on snapshot_versions".to_owned())
+    };
+    assert!(
+        versions_read_whole(&mut hot).await,
+        "five versions are read whole, as they should be"
+    );
+    sqlx::raw_sql(
+        "INSERT INTO snapshot_versions (key, version, token, etag, size, content_type, updated_at, body) \
+         SELECT 'grown/' || n, 1, 1, 'e', 1, 'text/plain', now(), 'x' FROM generate_series(1, 20000) n",
+    )
+    .execute(&mut other)
+    .await
+    .unwrap();
+    assert!(
+        versions_read_whole(&mut hot).await,
+        "the plan is kept until it is due"
+    );
+    tokio::time::sleep(REPLAN_AFTER).await;
+    connector.recycle(&mut hot, &metrics).await.unwrap();
+    assert!(
+        !versions_read_whole(&mut hot).await,
+        "20,000 versions are read by key"
+    );
+    app.stop().await;
 }
 
 /// The relay reports a few hundred expiries at a time under load; a plan that read all of

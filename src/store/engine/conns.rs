@@ -9,6 +9,8 @@ use deadpool::managed::{self, Metrics, Object, PoolError, RecycleError, RecycleR
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgPool, PgRow};
 use sqlx::query::QueryAs;
 use sqlx::{Connection, Executor, FromRow, PgConnection, Postgres};
+use std::time::Duration;
+
 use tokio::time::Instant;
 
 use super::batch::Counts;
@@ -16,21 +18,82 @@ use super::{
     CHECK_IDLE_AFTER, Pooler, Result, StoreError, deadline, rolled_back_race, timed_out, timeout_at,
 };
 
-/// Opens hot connections and checks idle ones.
+/// Opens hot connections, checks idle ones, and has their plans made again as they age.
 #[derive(Debug)]
-pub struct Connector(PgConnectOptions);
+pub struct Connector {
+    options: PgConnectOptions,
+    /// Whether connections keep their plans: not through a pooler, where nothing is kept.
+    keeps_plans: bool,
+}
+
+impl Connector {
+    /// Opens connections with `options` that keep their statements' plans (the hot settings).
+    pub fn new(options: PgConnectOptions) -> Self {
+        Self {
+            options,
+            keeps_plans: true,
+        }
+    }
+}
+
+/// A hot connection, and when its plans were made: PostgreSQL plans for the tables' size at the
+/// time, so plans made while a table was small would read it whole once it has grown.
+#[derive(Debug)]
+pub struct HotConn {
+    conn: PgConnection,
+    planned: std::time::Instant,
+}
+
+impl HotConn {
+    /// Plans made again once they are three times as old as the connection was when they were
+    /// made (at 1, 4, 16, 64 and 256 s of its life: a table growing steadily is then never over
+    /// four times the size it was planned for), and then every [`REPLAN_AT_MOST`].
+    fn plans_due(&self, created: std::time::Instant) -> bool {
+        let made_at_age = self.planned.saturating_duration_since(created);
+        let due = (made_at_age * 3).clamp(REPLAN_AFTER, REPLAN_AT_MOST);
+        self.planned.elapsed() >= due
+    }
+}
+
+impl std::ops::Deref for HotConn {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        &self.conn
+    }
+}
+
+impl std::ops::DerefMut for HotConn {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.conn
+    }
+}
+
+/// See [`HotConn::plans_due`].
+pub const REPLAN_AFTER: Duration = Duration::from_secs(1);
+const REPLAN_AT_MOST: Duration = Duration::from_secs(300);
 
 impl managed::Manager for Connector {
-    type Type = PgConnection;
+    type Type = HotConn;
     type Error = sqlx::Error;
 
-    async fn create(&self) -> sqlx::Result<PgConnection> {
-        PgConnection::connect_with(&self.0).await
+    async fn create(&self) -> sqlx::Result<HotConn> {
+        Ok(HotConn {
+            conn: PgConnection::connect_with(&self.options).await?,
+            planned: std::time::Instant::now(),
+        })
     }
 
-    async fn recycle(&self, conn: &mut PgConnection, m: &Metrics) -> RecycleResult<sqlx::Error> {
-        if m.last_used() >= CHECK_IDLE_AFTER {
-            conn.ping().await.map_err(RecycleError::Backend)?;
+    async fn recycle(&self, hot: &mut HotConn, m: &Metrics) -> RecycleResult<sqlx::Error> {
+        if self.keeps_plans && hot.plans_due(m.created) {
+            // Prepared statements stay; each is planned again at its next use, for the tables'
+            // size then (PostgreSQL scales the sizes its statistics saw to the current ones).
+            hot.conn
+                .execute("DISCARD PLANS")
+                .await
+                .map_err(RecycleError::Backend)?;
+            hot.planned = std::time::Instant::now();
+        } else if m.last_used() >= CHECK_IDLE_AFTER {
+            hot.conn.ping().await.map_err(RecycleError::Backend)?;
         }
         Ok(())
     }
@@ -117,8 +180,8 @@ pub struct HotPoolStatus {
     pub max: usize,
 }
 
-/// The hot connections' settings: generic plans, kept for the connection's life, so every statement
-/// reads a batch's rows by key whatever the statistics said (`tests/api/plans.rs`).
+/// The hot connections' settings: generic plans, made once for every batch size and kept until
+/// [`HotConn::plans_due`], so a statement reads a batch's rows by key (`tests/api/plans.rs`).
 pub const HOT_SETTINGS: [(&str, &str); 1] = [("plan_cache_mode", "force_generic_plan")];
 
 impl Conns {
@@ -133,7 +196,11 @@ impl Conns {
             ),
         };
         // LIFO keeps a light load on the backends with warm caches (FIFO ran ~1.5x slower).
-        let hot = managed::Pool::builder(Connector(options))
+        let connector = Connector {
+            options,
+            keeps_plans: opening.persistent,
+        };
+        let hot = managed::Pool::builder(connector)
             .max_size(size as usize)
             .queue_mode(managed::QueueMode::Lifo)
             .timeouts(Timeouts {
