@@ -68,7 +68,8 @@ impl std::ops::DerefMut for HotConn {
     }
 }
 
-/// See [`HotConn::plans_due`].
+/// A hot connection's first plans are made again after this; later ones at three times the
+/// connection's age when they were made, up to every five minutes.
 pub const REPLAN_AFTER: Duration = Duration::from_secs(1);
 const REPLAN_AT_MOST: Duration = Duration::from_secs(300);
 
@@ -181,7 +182,7 @@ pub struct HotPoolStatus {
 }
 
 /// The hot connections' settings: generic plans, made once for every batch size and kept until
-/// [`HotConn::plans_due`], so a statement reads a batch's rows by key (`tests/api/plans.rs`).
+/// [`REPLAN_AFTER`] says, so a statement reads a batch's rows by key (`tests/api/plans.rs`).
 pub const HOT_SETTINGS: [(&str, &str); 1] = [("plan_cache_mode", "force_generic_plan")];
 
 impl Conns {
