@@ -198,17 +198,21 @@ deleted_noted AS (
         d.txn_size
     FROM cleared d WHERE d.current_etag IS NOT NULL ORDER BY d.key),
 -- Each transaction's one answer, on its first request's row, after fenced, put and delete: all
--- written or none. Not settled when a put lost the race to create its head.
+-- written or none. Not settled when a put lost the race to create its head. Each stored version
+-- is one `written` row, stored at now(); looked up in arrays, since the generic plan, taking
+-- `written` for a row or two, would rescan it for every op.
+written_at AS MATERIALIZED (
+    SELECT coalesce(array_agg(h.i), '{}') AS i, array_agg(h.version) AS version FROM written h),
 op_results AS (
     SELECT r.i, r.gi, CASE r.op
-        WHEN 'put' THEN json_build_object('version', s.version, 'updated_at', s.updated_at,
-            'created', v.created)
+        WHEN 'put' THEN json_build_object('version', x.version[array_position(x.i, r.i)],
+            'updated_at', now(), 'created', v.created)
         WHEN 'delete' THEN json_build_object('deleted',
             EXISTS (SELECT FROM cleared d WHERE d.key = r.key AND d.current_etag IS NOT NULL))
         ELSE json_build_object('deleted',
             (SELECT count(*) FROM expanded x JOIN cleared d ON d.key = x.key WHERE x.prefix_i = r.i))
     END AS result
-    FROM req r JOIN verdict v ON v.i = r.i LEFT JOIN stored s ON s.key = r.key),
+    FROM req r JOIN verdict v ON v.i = r.i CROSS JOIN written_at x),
 result AS (
     SELECT v.i, v.outcome, v.highest_token,
         (SELECT f.id FROM refused f JOIN w ON w.subject = f.key WHERE w.i = v.failed_i)
@@ -220,8 +224,8 @@ result AS (
         (SELECT array_agg(d.key) FROM cleared d JOIN w ON w.i = d.i
             WHERE w.gi = v.gi AND d.current_etag IS NOT NULL) AS deleted_keys,
         v.outcome <> 'accepted'
-            OR (SELECT count(*) FROM req r WHERE r.gi = v.gi AND r.op = 'put')
-                = (SELECT count(*) FROM stored s JOIN req r ON r.key = s.key WHERE r.gi = v.gi)
+            OR NOT EXISTS (SELECT FROM req r CROSS JOIN written_at x
+                WHERE r.gi = v.gi AND r.op = 'put' AND array_position(x.i, r.i) IS NULL)
             AS settled
     FROM verdict v WHERE v.i = v.gi),
 -- The last part of every changing statement: one answer row per request, `settled` false when it
