@@ -3,7 +3,6 @@ package coordination_test
 import (
 	"context"
 	"errors"
-	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -125,15 +124,7 @@ func newFreezer(t *testing.T) freezer {
 			return err
 		}}
 	}
-	u, err := url.Parse(s.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := testenv.NewProxy(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
+	p := testenv.ProxyFor(t, s.URL)
 	return freezer{url: p.URL, freeze: func() error { p.Stall(); return nil }, thaw: func() error { p.Unstall(); return nil }}
 }
 

@@ -16,15 +16,7 @@ import (
 // proxied is a client of the shared server through a new proxy.
 func proxied(t *testing.T) (*snapfence.Client, *testenv.Proxy) {
 	t.Helper()
-	u, err := url.Parse(testenv.Shared.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := testenv.NewProxy(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
+	p := testenv.ProxyFor(t, testenv.Shared.URL)
 	c, err := snapfence.New(p.URL, snapfence.WithRetry(snapfence.RetryPolicy{BaseDelay: 10 * time.Millisecond}))
 	if err != nil {
 		t.Fatal(err)

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
-	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -202,15 +201,7 @@ func TestACallWithoutATraceparentIsARootSpanOfAnotherTrace(t *testing.T) {
 
 func TestEveryAttemptOfARetriedCallCarriesTheCallersTraceparent(t *testing.T) {
 	srv, spans := testenv.StartTraced(t)
-	u, err := url.Parse(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := testenv.NewProxy(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
+	p := testenv.ProxyFor(t, srv.URL)
 	c, err := snapfence.New(p.URL, snapfence.WithRetry(snapfence.RetryPolicy{BaseDelay: 10 * time.Millisecond}))
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package snapfence_test
 
 import (
 	"context"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -111,15 +110,7 @@ func TestTheOperationsEndpointsAnswer(t *testing.T) {
 }
 
 func TestWatchResumesWithoutAGapAfterItsConnectionIsCut(t *testing.T) {
-	u, err := url.Parse(testenv.Shared.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := testenv.NewProxy(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	p := testenv.ProxyFor(t, testenv.Shared.URL)
 	behind, err := snapfence.New(p.URL)
 	if err != nil {
 		t.Fatal(err)

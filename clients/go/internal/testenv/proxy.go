@@ -3,8 +3,10 @@ package testenv
 import (
 	"bytes"
 	"net"
+	"net/url"
 	"regexp"
 	"sync"
+	"testing"
 )
 
 // Proxy is a loopback TCP proxy in front of a server that the tests stall and cut: it plays the
@@ -172,4 +174,19 @@ func (p *Proxy) pipe(src, dst net.Conn, fromClient bool, closeBoth func()) {
 			return // EOF or a closed connection: closeBoth ends the other direction too
 		}
 	}
+}
+
+// ProxyFor is a Proxy in front of the server at serverURL, closed when the test ends.
+func ProxyFor(t testing.TB, serverURL string) *Proxy {
+	t.Helper()
+	u, err := url.Parse(serverURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewProxy(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
 }
