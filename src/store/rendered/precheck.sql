@@ -85,7 +85,10 @@ checked AS (
             THEN 'precondition_failed'
         WHEN w.if_none_match AND h.etag IS NOT NULL THEN 'precondition_failed'
         ELSE 'accepted'
-    END AS rule
+    END AS rule,
+        -- The write itself, carried on: a join of two CTEs is a nested loop in the generic plan.
+        w.subject, w.fence, w.token, w.operation, w.request_id, w.remote_addr, w.principal,
+        w.etag, w.size, w.content_type, w.keep, w.metadata, w.body
     FROM w JOIN gate g ON g.i = w.gi LEFT JOIN cur c ON c.i = w.i LEFT JOIN heads h ON h.i = w.i),
 -- A group (a request, or a transaction) is decided by its first failing write: all of it is
 -- written, or none.
@@ -103,14 +106,16 @@ verdict AS (
         CASE f.rule WHEN 'stale_written' THEN 'stale_token' ELSE coalesce(f.rule, 'accepted') END
             AS outcome,
         CASE f.rule WHEN 'stale_written' THEN f.written_token ELSE f.fence_token END
-            AS highest_token
+            AS highest_token,
+        k.op, k.subject, k.fence, k.token, k.operation, k.request_id, k.remote_addr,
+        k.principal, k.etag, k.size, k.content_type, k.keep, k.metadata, k.body
     FROM checked k LEFT JOIN failed f ON f.gi = k.gi),
 refused AS (
     INSERT INTO rejections (key, reason, presented_token, highest_token, holder,
         operation, request_id, remote_addr, principal, fencing_key)
-    SELECT w.subject, v.outcome, w.token, v.highest_token, v.holder, w.operation,
-        w.request_id, w.remote_addr, w.principal, w.fence
-    FROM verdict v JOIN w ON w.i = v.i
+    SELECT v.subject, v.outcome, v.token, v.highest_token, v.holder, v.operation,
+        v.request_id, v.remote_addr, v.principal, v.fence
+    FROM verdict v
     WHERE v.i = v.failed_i AND v.outcome IN ('stale_token', 'unknown_token')
     ORDER BY v.gi
     RETURNING id, key, at, reason, presented_token, highest_token, holder, operation,

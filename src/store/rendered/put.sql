@@ -85,7 +85,10 @@ checked AS (
             THEN 'precondition_failed'
         WHEN w.if_none_match AND h.etag IS NOT NULL THEN 'precondition_failed'
         ELSE 'accepted'
-    END AS rule
+    END AS rule,
+        -- The write itself, carried on: a join of two CTEs is a nested loop in the generic plan.
+        w.subject, w.fence, w.token, w.operation, w.request_id, w.remote_addr, w.principal,
+        w.etag, w.size, w.content_type, w.keep, w.metadata, w.body
     FROM w JOIN gate g ON g.i = w.gi LEFT JOIN cur c ON c.i = w.i LEFT JOIN heads h ON h.i = w.i),
 -- A group (a request, or a transaction) is decided by its first failing write: all of it is
 -- written, or none.
@@ -103,14 +106,16 @@ verdict AS (
         CASE f.rule WHEN 'stale_written' THEN 'stale_token' ELSE coalesce(f.rule, 'accepted') END
             AS outcome,
         CASE f.rule WHEN 'stale_written' THEN f.written_token ELSE f.fence_token END
-            AS highest_token
+            AS highest_token,
+        k.op, k.subject, k.fence, k.token, k.operation, k.request_id, k.remote_addr,
+        k.principal, k.etag, k.size, k.content_type, k.keep, k.metadata, k.body
     FROM checked k LEFT JOIN failed f ON f.gi = k.gi),
 refused AS (
     INSERT INTO rejections (key, reason, presented_token, highest_token, holder,
         operation, request_id, remote_addr, principal, fencing_key)
-    SELECT w.subject, v.outcome, w.token, v.highest_token, v.holder, w.operation,
-        w.request_id, w.remote_addr, w.principal, w.fence
-    FROM verdict v JOIN w ON w.i = v.i
+    SELECT v.subject, v.outcome, v.token, v.highest_token, v.holder, v.operation,
+        v.request_id, v.remote_addr, v.principal, v.fence
+    FROM verdict v
     WHERE v.i = v.failed_i AND v.outcome IN ('stale_token', 'unknown_token')
     ORDER BY v.gi
     RETURNING id, key, at, reason, presented_token, highest_token, holder, operation,
@@ -122,31 +127,35 @@ refusals_noted AS (
         f.operation, f.highest_token, f.fencing_key
     FROM refused f ORDER BY f.id),
 -- Fenced writes after fenced.sql, in one statement so checks, writes or refusals, and pruning
--- commit together. `w.body` is the bound body, or the connection's upload (put_uploaded derives
+-- commit together. `body` is the bound body, or the connection's upload (put_uploaded derives
 -- it). `put_old` bumps the version on the locked head (gapless under any race), `put_new` creates
 -- a head; `pruned` drops versions out of the window above `pruned_through`.
 put_old AS (
-    UPDATE snapshot_heads h SET version = h.version + 1, etag = w.etag,
-        pruned_through = greatest(h.pruned_through, h.version + 1 - w.keep),
-        written_token = greatest(h.written_token, w.token)
-    FROM verdict v JOIN w ON w.i = v.i
-    WHERE h.key = w.key AND v.outcome = 'accepted' AND v.has_head AND w.op = 'put'
-    RETURNING w.i, h.key, h.version, v.pruned_through, w.token, w.etag, w.size,
-        w.content_type, w.keep, w.fence, w.metadata, v.txn_size, w.body),
+    UPDATE snapshot_heads h SET version = h.version + 1, etag = v.etag,
+        pruned_through = greatest(h.pruned_through, h.version + 1 - v.keep),
+        written_token = greatest(h.written_token, v.token)
+    FROM verdict v
+    WHERE h.key = v.key AND v.outcome = 'accepted' AND v.has_head AND v.op = 'put'
+    RETURNING v.i, h.key, h.version, v.pruned_through, v.token, v.etag, v.size,
+        v.content_type, v.keep, v.fence, v.metadata, v.txn_size, v.body),
 put_new AS (
     INSERT INTO snapshot_heads (key, version, etag, written_token)
-    SELECT w.key, 1, w.etag, w.token
-    FROM verdict v JOIN w ON w.i = v.i
-    WHERE v.outcome = 'accepted' AND NOT v.has_head AND w.op = 'put'
-    ORDER BY w.key
+    SELECT v.key, 1, v.etag, v.token
+    FROM verdict v
+    WHERE v.outcome = 'accepted' AND NOT v.has_head AND v.op = 'put'
+    ORDER BY v.key
     ON CONFLICT (key) DO NOTHING
     RETURNING key),
+-- The heads made, as one array: a put that lost the race to make its head is not written.
+made AS MATERIALIZED (
+    SELECT coalesce(array_agg(n.key), '{}') AS keys FROM put_new n),
 written AS (
     SELECT * FROM put_old
     UNION ALL
-    SELECT w.i, n.key, 1, 0, w.token, w.etag, w.size, w.content_type, w.keep, w.fence,
-        w.metadata, v.txn_size, w.body
-    FROM put_new n JOIN w ON w.key = n.key JOIN verdict v ON v.i = w.i),
+    SELECT v.i, v.key, 1, 0, v.token, v.etag, v.size, v.content_type, v.keep, v.fence,
+        v.metadata, v.txn_size, v.body
+    FROM verdict v CROSS JOIN made m
+    WHERE v.outcome = 'accepted' AND NOT v.has_head AND v.op = 'put' AND v.key = ANY(m.keys)),
 stored AS (
     INSERT INTO snapshot_versions (key, version, token, etag, size, content_type, updated_at,
         body, fencing_key, metadata)

@@ -1,29 +1,33 @@
 -- Fenced writes after fenced.sql, in one statement so checks, writes or refusals, and pruning
--- commit together. `w.body` is the bound body, or the connection's upload (put_uploaded derives
+-- commit together. `body` is the bound body, or the connection's upload (put_uploaded derives
 -- it). `put_old` bumps the version on the locked head (gapless under any race), `put_new` creates
 -- a head; `pruned` drops versions out of the window above `pruned_through`.
 put_old AS (
-    UPDATE snapshot_heads h SET version = h.version + 1, etag = w.etag,
-        pruned_through = greatest(h.pruned_through, h.version + 1 - w.keep),
-        written_token = greatest(h.written_token, w.token)
-    FROM verdict v JOIN w ON w.i = v.i
-    WHERE h.key = w.key AND v.outcome = 'accepted' AND v.has_head AND w.op = 'put'
-    RETURNING w.i, h.key, h.version, v.pruned_through, w.token, w.etag, w.size,
-        w.content_type, w.keep, w.fence, w.metadata, v.txn_size, w.body),
+    UPDATE snapshot_heads h SET version = h.version + 1, etag = v.etag,
+        pruned_through = greatest(h.pruned_through, h.version + 1 - v.keep),
+        written_token = greatest(h.written_token, v.token)
+    FROM verdict v
+    WHERE h.key = v.key AND v.outcome = 'accepted' AND v.has_head AND v.op = 'put'
+    RETURNING v.i, h.key, h.version, v.pruned_through, v.token, v.etag, v.size,
+        v.content_type, v.keep, v.fence, v.metadata, v.txn_size, v.body),
 put_new AS (
     INSERT INTO snapshot_heads (key, version, etag, written_token)
-    SELECT w.key, 1, w.etag, w.token
-    FROM verdict v JOIN w ON w.i = v.i
-    WHERE v.outcome = 'accepted' AND NOT v.has_head AND w.op = 'put'
-    ORDER BY w.key
+    SELECT v.key, 1, v.etag, v.token
+    FROM verdict v
+    WHERE v.outcome = 'accepted' AND NOT v.has_head AND v.op = 'put'
+    ORDER BY v.key
     ON CONFLICT (key) DO NOTHING
     RETURNING key),
+-- The heads made, as one array: a put that lost the race to make its head is not written.
+made AS MATERIALIZED (
+    SELECT coalesce(array_agg(n.key), '{}') AS keys FROM put_new n),
 written AS (
     SELECT * FROM put_old
     UNION ALL
-    SELECT w.i, n.key, 1, 0, w.token, w.etag, w.size, w.content_type, w.keep, w.fence,
-        w.metadata, v.txn_size, w.body
-    FROM put_new n JOIN w ON w.key = n.key JOIN verdict v ON v.i = w.i),
+    SELECT v.i, v.key, 1, 0, v.token, v.etag, v.size, v.content_type, v.keep, v.fence,
+        v.metadata, v.txn_size, v.body
+    FROM verdict v CROSS JOIN made m
+    WHERE v.outcome = 'accepted' AND NOT v.has_head AND v.op = 'put' AND v.key = ANY(m.keys)),
 stored AS (
     INSERT INTO snapshot_versions (key, version, token, etag, size, content_type, updated_at,
         body, fencing_key, metadata)

@@ -22,8 +22,8 @@ result AS (
         CASE WHEN v.outcome = 'accepted' THEN
             (SELECT json_agg(o.result ORDER BY o.i) FROM op_results o WHERE o.gi = v.gi) END
             AS results,
-        (SELECT array_agg(d.key) FROM cleared d JOIN w ON w.i = d.i
-            WHERE w.gi = v.gi AND d.current_etag IS NOT NULL) AS deleted_keys,
+        (SELECT array_agg(d.key) FROM cleared d
+            WHERE d.gi = v.gi AND d.current_etag IS NOT NULL) AS deleted_keys,
         v.outcome <> 'accepted'
             OR NOT EXISTS (SELECT FROM req r CROSS JOIN written_at x
                 WHERE r.gi = v.gi AND r.op = 'put' AND array_position(x.i, r.i) IS NULL)
