@@ -134,6 +134,11 @@ if [ "$(id -u)" = 0 ]; then
     as_pg=(runuser -u postgres --)
 fi
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# Waits for the instance at URL to answer /readyz; if it never does, prints LOG and exits.
+wait_ready() { # url log
+    for _ in $(seq 100); do curl -fs "$1/readyz" >/dev/null 2>&1 && return; sleep 0.2; done
+    curl -fs "$1/readyz" >/dev/null || { cat "$2" >&2; exit 1; }
+}
 pg_port=$(free_port) sf_port=$(free_port)
 pids=()
 cleanup() {
@@ -184,8 +189,7 @@ export DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/snapfence"
 sf_pid=$!
 pids+=("$sf_pid")
 url=http://127.0.0.1:$sf_port
-for _ in $(seq 100); do curl -fs "$url/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
-curl -fs "$url/readyz" >/dev/null || { cat "$work/serve.log" >&2; exit 1; }
+wait_ready "$url" "$work/serve.log"
 # Measured as it runs in production: every request carries an API key.
 api_key=$("$sf" keys create --name bench --scope write 2>/dev/null)
 
@@ -199,8 +203,7 @@ if [ -n "$base_sf" ]; then
         "$base_sf" serve --listen "127.0.0.1:$base_port" --db-pool-size "$pool_size" >"$work/baseline.log" 2>&1 &
     pids+=("$!")
     base_url=http://127.0.0.1:$base_port
-    for _ in $(seq 100); do curl -fs "$base_url/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
-    curl -fs "$base_url/readyz" >/dev/null || { cat "$work/baseline.log" >&2; exit 1; }
+    wait_ready "$base_url" "$work/baseline.log"
     baseline_api_key=$(DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/baseline" "$base_sf" keys create --name bench --scope write 2>/dev/null)
 fi
 
@@ -240,8 +243,7 @@ INI
         "$sf" serve --listen "127.0.0.1:$pgb_sf_port" --db-pool-size "$pool_size" >"$work/pgbouncer-serve.log" 2>&1 &
     pids+=("$!")
     pgb_url=http://127.0.0.1:$pgb_sf_port
-    for _ in $(seq 100); do curl -fs "$pgb_url/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
-    curl -fs "$pgb_url/readyz" >/dev/null || { cat "$work/pgbouncer-serve.log" >&2; exit 1; }
+    wait_ready "$pgb_url" "$work/pgbouncer-serve.log"
     pgb_api_key=$(DATABASE_URL=$direct "$sf" keys create --name bench --scope write 2>/dev/null)
 fi
 
@@ -555,7 +557,7 @@ for op in $timing_ops; do
             "$sf" serve --listen "127.0.0.1:$flood_port" >"$work/flood-serve.log" 2>&1 &
             flood_pid=$!
             pids+=("$flood_pid")
-            for _ in $(seq 100); do curl -fs "127.0.0.1:$flood_port/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
+            wait_ready "http://127.0.0.1:$flood_port" "$work/flood-serve.log"
             report=$(target_url=http://127.0.0.1:$flood_port bench flood 1 --flood 5000 --flood-api-key "$flood_key")
             kill "$flood_pid" && wait "$flood_pid" 2>/dev/null || true
             timing_row flood "$who" "5000-wait" "$report"
