@@ -20,7 +20,8 @@
 #                 watch    fenced PUTs at each of --rates writes/s (by the largest of --clients
 #                          writers) to a watcher of /v1/watch; etcd: puts to a Watch
 #                 flood    another client's reads and acquires while 5,000 waiting acquires
-#                          arrive at once at an instance of its own at the default limits
+#                          arrive at once at an instance of its own at the default limits,
+#                          wait, and hang up at once (two thirds into --duration)
 #                          (snapfence only; needs an open-file limit above 5,000)
 #                 (they are not run against --baseline, nor over etcd's JSON gateway)
 #
@@ -547,7 +548,7 @@ for op in $timing_ops; do
             timing_row expiry "$who" "expiry" "$(target_url=$at bench expiry 1 --target "$who" --rounds "$n")"
         elif [ "$op" = flood ]; then
             [ "$who" = snapfence ] || continue
-            say "flood: another client's reads and acquires while 5000 waiting acquires arrive at once, for $duration"
+            say "flood: another client's reads and acquires while 5000 waiting acquires arrive at once, wait and hang up, for $duration"
             # The flood comes from another tenant, so it does not count against the timed
             # client's own limits (--max-in-flight-per-key).
             flood_key=${flood_key:-$("$sf" keys create --name flood --scope write 2>/dev/null)}

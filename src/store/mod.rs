@@ -116,6 +116,7 @@ pub fn hot_statements() -> Vec<(&'static str, &'static str)> {
         ("get", snapshots::GET.text()),
         ("status", leases::STATUS),
         ("wait_enqueue", waiters::ENQUEUE),
+        ("wait_leave", waiters::LEAVE),
     ]
 }
 

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use crate::connections::raise_file_limit;
 use crate::harness::{Instance, TestApp, enc, problem, token};
+use crate::metrics::{sample, scrape};
 
 /// How long a condition that must come about may take at most (a generous ceiling on a loaded
 /// machine, never a speed expectation).
@@ -563,6 +564,45 @@ async fn waiters_past_their_keys_or_their_instances_most_are_429_and_take_no_pla
     let again = spawn_waiter(&app, "a", "a4", 60_000);
     until_queued(app.db(), "a", 2).await;
     again.abort();
+    app.stop().await;
+}
+
+/// A hundred waiters whose clients hang up together leave the queue as a few statements, not one
+/// each, so a flood that hangs up does not take its instance's connections from everyone else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiters_that_hang_up_together_leave_the_queue_in_a_few_statements() {
+    const WAITERS: usize = 100;
+    let app = TestApp::spawn().await;
+    app.acquire("k", "holder", 60_000).await;
+    let waiting: Vec<_> = (0..WAITERS)
+        .map(|n| {
+            let (http, base) = (app.http.clone(), app.instance.base.clone());
+            tokio::spawn(async move {
+                http.post(format!("{base}/v1/leases/k"))
+                    .json(&json!({"owner": format!("w{n}"), "ttl_ms": 30000, "wait_ms": 60000}))
+                    .send()
+                    .await
+            })
+        })
+        .collect();
+    until_queued(app.db(), "k", WAITERS as i64).await;
+    let leaves =
+        |text: &str, family: &str| sample(text, &format!("{family}{{kind=\"wait_leave\"}}"));
+    let before = scrape(&app).await;
+    for w in &waiting {
+        w.abort();
+    }
+    until_queued(app.db(), "k", 0).await;
+    let after = scrape(&app).await;
+    let left = leaves(&after, "snapfence_batched_requests_total")
+        - leaves(&before, "snapfence_batched_requests_total");
+    let statements =
+        leaves(&after, "snapfence_batches_total") - leaves(&before, "snapfence_batches_total");
+    assert_eq!(left, WAITERS as f64, "each waiter left through the batch");
+    assert!(
+        statements <= (WAITERS / 10) as f64,
+        "{WAITERS} waiters left in {statements} statements"
+    );
     app.stop().await;
 }
 

@@ -5,7 +5,8 @@
 //! as its waiter bounds allow and refuses the rest `429`. Meanwhile one client, on one keep-alive
 //! connection, reads a held key's status and acquires a free key in turn for `--duration`: each
 //! must be answered as usual, and the run's latencies are its reads (its acquires' are beside
-//! them). The flood's answers are counted by status.
+//! them). Two thirds into the run the flood's connections all close at once, so the probe also
+//! covers its waiters leaving the queues. The flood's answers are counted by status.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -71,8 +72,12 @@ pub(super) async fn run(
         Duration::from_secs(60),
     );
     let started = Instant::now();
+    let leave_at = args.duration * 2 / 3;
     let mut n = 0;
     while started.elapsed() < args.duration {
+        if started.elapsed() >= leave_at {
+            end.send_replace(true);
+        }
         let sent = Instant::now();
         match client.lease_status(&held[1]).await {
             Ok(_) => reads.record(sent.elapsed()),
@@ -125,7 +130,8 @@ pub(super) async fn run(
     (report.concurrency, report.keys) = (1, HELD);
     report.timing = Some(Timing {
         from_to: "another client's read of a held key's status, sent to answered (its acquires \
-            of free keys below), while the flood waits (this machine's monotonic clock)",
+            of free keys below), while the flood arrives, waits and (after two thirds of the run) \
+            leaves (this machine's monotonic clock)",
         acquire_ms: Some(acquires.latencies()),
         flood: Some(statuses),
         ..Timing::default()

@@ -15,6 +15,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 mod enqueue;
+mod leave;
 mod place;
 mod tasks;
 
@@ -24,6 +25,8 @@ use crate::store::idempotency::{self, Gated};
 use crate::store::{Engine, RequestContext, Result, StoreError, Tasks, restart_deadline};
 pub(crate) use enqueue::ENQUEUE;
 use enqueue::{Enqueue, EnqueueBatch, Queued};
+pub(crate) use leave::LEAVE;
+use leave::LeaveBatch;
 use place::Place;
 use tasks::{Wakeups, sweep};
 
@@ -46,6 +49,7 @@ struct Inner {
     stopping: watch::Sender<bool>,
     tries: Batcher<AcquireBatch>,
     enqueues: Batcher<EnqueueBatch>,
+    leaves: Batcher<LeaveBatch>,
     pool: PgPool,
     stall_bound: Duration,
     /// Waiters passed over while this instance was frozen: each makes one last try.
@@ -78,6 +82,7 @@ impl Waiters {
             stopping: watch::Sender::new(false),
             tries: Batcher::start_with(db.conns().clone(), WAITERS_IN_FLIGHT),
             enqueues: Batcher::start_with(db.conns().clone(), WAITERS_IN_FLIGHT),
+            leaves: Batcher::start_with(db.conns().clone(), WAITERS_IN_FLIGHT),
             pool,
             stall_bound,
             passed_over: Mutex::default(),
@@ -238,7 +243,7 @@ impl Waiters {
         }
         let place = Place {
             inner: self.inner.clone(),
-            key: key.as_str().to_owned(),
+            key: key.clone(),
             id,
             notify,
             left: false,

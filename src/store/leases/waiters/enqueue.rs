@@ -52,8 +52,8 @@ impl Kind for EnqueueBatch {
         };
         let pool = conns.pool().clone();
         tokio::spawn(async move {
-            let left = sqlx::query(include_str!("../sql/wait_leave.sql"))
-                .bind(id)
+            let left = sqlx::query(super::LEAVE)
+                .bind(vec![id])
                 .execute(&pool)
                 .bounded(&pool)
                 .await;

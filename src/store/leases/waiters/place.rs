@@ -5,6 +5,8 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 
 use super::Inner;
+use super::leave::Leave;
+use crate::domain::Key;
 use crate::store::{Bounded, Result};
 
 impl Inner {
@@ -51,7 +53,7 @@ impl Inner {
     pub(super) fn first_here(&self, place: &Place) -> bool {
         let queues = self.queues.lock().expect("never poisoned");
         queues
-            .get(&place.key)
+            .get(place.key.as_str())
             .and_then(|q| q.keys().next())
             .is_some_and(|&first| first == place.id)
     }
@@ -74,7 +76,7 @@ impl Inner {
 /// A waiter's place; dropped with its request, it leaves the queue and wakes the next waiter here.
 pub(super) struct Place {
     pub inner: Arc<Inner>,
-    pub key: String,
+    pub key: Key,
     pub id: i64,
     pub notify: Arc<Notify>,
     /// Whether the statement that answered it took its row out already.
@@ -97,12 +99,12 @@ impl Drop for Place {
         }
         {
             let mut queues = self.inner.queues.lock().expect("never poisoned");
-            if let Some(queue) = queues.get_mut(&self.key) {
+            if let Some(queue) = queues.get_mut(self.key.as_str()) {
                 queue.remove(&self.id);
                 match queue.values().next() {
                     Some(next) => next.notify_one(),
                     None => {
-                        queues.remove(&self.key);
+                        queues.remove(self.key.as_str());
                     }
                 }
             }
@@ -111,24 +113,22 @@ impl Drop for Place {
             return;
         }
         let inner = self.inner.clone();
-        let id = self.id;
+        let leave = Leave {
+            key: self.key.clone(),
+            id: self.id,
+        };
         // Without a runtime (shutting down) the sweep takes the row out.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
         runtime.spawn(async move {
-            let pool = &inner.pool;
             // Shutting down: the rows of an instance that is gone are the sweep's, one per waiter
             // is no news.
-            if pool.is_closed() {
+            if inner.pool.is_closed() {
                 return;
             }
-            let left = sqlx::query(include_str!("../sql/wait_leave.sql"))
-                .bind(id)
-                .execute(pool)
-                .bounded(pool)
-                .await;
-            if let Err(e) = left {
+            let id = leave.id;
+            if let Err(e) = inner.leaves.submit(leave).await {
                 tracing::warn!(error = %e, waiter = id, "could not take a waiter out of its queue; the sweep will");
             }
         });
