@@ -6,5 +6,11 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
+    // mimalloc asks for transparent huge pages, so each first touch of its memory zeroed 2 MiB: half
+    // the instance's CPU while 5,000 connections arrived at once, and 150 MB resident against 86.
+    #[cfg(target_os = "linux")]
+    if let Err(e) = nix::sys::prctl::set_thp_disable(true) {
+        eprintln!("snapfence: could not turn transparent huge pages off ({e}); running with them");
+    }
     snapfence::cli::main()
 }
