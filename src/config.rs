@@ -230,6 +230,12 @@ pub struct ServeConfig {
     #[arg(long, env = "SNAPFENCE_DB_POOL_SIZE", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub db_pool_size: u32,
 
+    /// Hot connections opened as the instance starts, each with every hot statement planned, so
+    /// that a burst right after start does not wait for connections and plans (0: opened as load
+    /// needs them). At most --db-pool-size; through a pooler none are opened ahead.
+    #[arg(long, env = "SNAPFENCE_DB_POOL_WARM", default_value_t = 4, value_parser = clap::value_parser!(u32).range(0..=1000))]
+    pub db_pool_warm: u32,
+
     /// The bound on a request's database work in all, from its arrival (from its body's, for one
     /// with a body): then it is answered 503. PostgreSQL's own statement and lock timeouts are a
     /// fifth shorter, at most a second, so that it cancels (and says so) first.

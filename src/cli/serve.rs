@@ -174,10 +174,34 @@ async fn serve_on(
     };
     let mut rules = config.rules();
     rules.max_connections = connections_within_file_limit(config, rules.max_connections);
+    // Through a pooler no connection keeps its plans, so none is opened ahead.
+    let warm = match pooler {
+        Some(_) => 0,
+        None => config.db_pool_warm.min(config.db_pool_size) as usize,
+    };
     let db = match pooler {
         Some(p) => store::Db::with_pooler(pool.clone(), p),
         None => store::Db::new(pool.clone()),
     };
+    if warm > 0 {
+        let db = db.clone();
+        // In the background: the instance serves meanwhile.
+        tokio::spawn(async move {
+            match db.warm(warm).await {
+                Ok(w) => {
+                    tracing::info!(
+                        connections = w.connections,
+                        plans = w.plans,
+                        "hot connections opened and planned"
+                    );
+                }
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "could not open hot connections ahead of load; they open as requests need them"
+                ),
+            }
+        });
+    }
     let state = AppState::new(db, rules);
     crate::run(listener, state, tls, shutdown_signal())
         .await

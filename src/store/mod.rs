@@ -18,8 +18,8 @@ use sqlx::postgres::PgPool;
 
 pub use engine::{
     BatchTotals, Connector, DbSettings, Engine, HOT_SETTINGS, HotConn, HotPoolStatus, MIGRATOR,
-    Pooler, REPLAN_AFTER, Result, StoreError, TRACE_TARGET, check_pooler, has_schema, pool, pooler,
-    ready, restart_deadline, server_timeout, trace_requests, tracing_requests, within,
+    Pooler, REPLAN_AFTER, Result, StoreError, TRACE_TARGET, Warmed, check_pooler, has_schema, pool,
+    pooler, ready, restart_deadline, server_timeout, trace_requests, tracing_requests, within,
 };
 pub(crate) use engine::{Bounded, Tasks};
 use leases::{timeline, waiters};
@@ -84,6 +84,17 @@ impl Db {
             snapshots: Arc::new(snapshots::Batches::start(engine.conns())),
             engine,
         }
+    }
+
+    /// Opens up to `n` hot connections now, each with every hot statement planned.
+    pub async fn warm(&self, n: usize) -> Result<Warmed> {
+        let statements: Vec<&'static str> = hot_statements()
+            .into_iter()
+            // It reads the table each transaction that uploads a large body makes for itself.
+            .filter(|&(name, _)| name != "put_uploaded")
+            .map(|(_, sql)| sql)
+            .collect();
+        self.engine.conns().warm(n, &statements).await
     }
 
     /// Every batch kind's batches and requests since start, for the metrics.

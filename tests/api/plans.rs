@@ -6,7 +6,7 @@
 
 use deadpool::managed::{Manager, Metrics};
 use serde_json::Value;
-use snapfence::store::{Connector, HotConn, REPLAN_AFTER};
+use snapfence::store::{Connector, Db, DbSettings, HotConn, REPLAN_AFTER, Warmed};
 use sqlx::{Connection, PgConnection};
 
 use crate::harness::{TestApp, token};
@@ -84,6 +84,31 @@ async fn assert_planned_on_empty_tables_by_key<'a>(
 #[tokio::test]
 async fn hot_statements_planned_on_empty_tables_read_rows_by_key_only() {
     assert_planned_on_empty_tables_by_key(snapfence::store::hot_statements()).await;
+}
+
+/// Connections warmed as an instance starts hold every hot statement's generic plan before their
+/// first request (PostgreSQL's own `generic_plans` counters say so), and wait in the pool.
+#[tokio::test]
+async fn warmed_hot_connections_hold_every_hot_statements_plan_before_any_request() {
+    let app = TestApp::spawn().await;
+    let settings = DbSettings {
+        pool_size: 4,
+        ..DbSettings::default()
+    };
+    let db = Db::new(snapfence::store::pool(app.options.clone(), &settings));
+    let warmed = db.warm(3).await.unwrap();
+    // All but the large bodies' put, which reads a table its own transaction makes.
+    let planned = snapfence::store::hot_statements().len() - 1;
+    assert_eq!(
+        warmed,
+        Warmed {
+            connections: 3,
+            plans: 3 * planned
+        }
+    );
+    let pool = db.hot_status();
+    assert_eq!((pool.open, pool.idle), (3, 3));
+    app.stop().await;
 }
 
 /// A hot connection keeps a plan made for small tables only for a while: a table that has grown

@@ -237,6 +237,36 @@ async fn a_lost_database_answers_503_quickly_and_the_service_recovers_by_itself(
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `serve` opens `--db-pool-warm` hot connections as it starts, with every hot statement planned.
+#[tokio::test]
+async fn serve_opens_its_warm_hot_connections_with_their_plans_as_it_starts() {
+    let database = crate::harness::fresh_database().await;
+    let url = crate::harness::url_of(database.options());
+    let dir = short_tempdir();
+    let log = dir.path().join("serve.log");
+    let args = [
+        OsStr::new("--database-url"),
+        OsStr::new(&url),
+        OsStr::new("--db-pool-warm"),
+        OsStr::new("2"),
+    ];
+    let served = serve_with(&args, &log).await;
+    let planned = snapfence::store::hot_statements().len() - 1;
+    let expected = format!(
+        "hot connections opened and planned connections=2 plans={}",
+        2 * planned
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut text = String::new();
+    while !text.contains(&expected) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        text = std::fs::read_to_string(&log).unwrap_or_default();
+    }
+    served.terminate();
+    served.wait().await;
+    assert!(text.contains(&expected), "{text}");
+}
+
 #[tokio::test]
 async fn serve_refuses_a_public_address_while_no_api_key_exists() {
     let database = crate::harness::fresh_database().await;

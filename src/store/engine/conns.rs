@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use deadpool::managed::{self, Metrics, Object, PoolError, RecycleError, RecycleResult, Timeouts};
+use futures_util::future::{BoxFuture, try_join_all};
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgPool, PgRow};
 use sqlx::query::QueryAs;
 use sqlx::{Connection, Executor, FromRow, PgConnection, Postgres};
@@ -52,6 +53,42 @@ impl HotConn {
         let made_at_age = self.planned.saturating_duration_since(created);
         let due = (made_at_age * 3).clamp(REPLAN_AFTER, REPLAN_AT_MOST);
         self.planned.elapsed() >= due
+    }
+}
+
+impl HotConn {
+    /// Prepares each of `statements` and has PostgreSQL make its generic plan now (`EXPLAIN
+    /// EXECUTE` makes and keeps it), so that no request waits for it; answers the plans held.
+    pub fn plan_ahead<'c>(
+        &'c mut self,
+        statements: &'c [&'static str],
+    ) -> BoxFuture<'c, sqlx::Result<usize>> {
+        Box::pin(async move {
+            let conn = &mut self.conn;
+            for &sql in statements {
+                // sqlx keeps the statement by its text, so requests run this one.
+                Executor::prepare(&mut *conn, sql).await?;
+                let (name, params): (String, i32) = sqlx::query_as(
+                    "SELECT name, cardinality(parameter_types) FROM pg_prepared_statements \
+                     WHERE statement = $1",
+                )
+                .bind(sql)
+                .fetch_one(&mut *conn)
+                .await?;
+                let nulls = vec!["NULL"; usize::try_from(params).unwrap_or(0)].join(", ");
+                let explain = format!("EXPLAIN EXECUTE {name}({nulls})");
+                conn.execute(explain.as_str()).await?;
+            }
+            self.planned = std::time::Instant::now();
+            let (held,): (i64,) = sqlx::query_as(
+                "SELECT count(*) FROM pg_prepared_statements \
+                 WHERE statement = ANY($1) AND generic_plans > 0",
+            )
+            .bind(statements)
+            .fetch_one(&mut self.conn)
+            .await?;
+            Ok(usize::try_from(held).unwrap_or(0))
+        })
     }
 }
 
@@ -168,6 +205,15 @@ pub struct BatchTotals {
     pub requests: u64,
 }
 
+/// Hot connections opened ahead of load by [`Conns::warm`], and the generic plans they hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Warmed {
+    /// Connections opened and planned.
+    pub connections: usize,
+    /// Statements planned, summed over the connections.
+    pub plans: usize,
+}
+
 /// How many requests are using a hot connection, and how many wait for one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HotPoolStatus {
@@ -242,6 +288,26 @@ impl Conns {
 
     pub(crate) fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// Opens up to `n` hot connections at once and plans `statements` on each, so that a burst
+    /// right after start meets connections ready (opening one and planning every statement takes
+    /// about 30 ms of CPU, on the request path otherwise). Through a pooler nothing is kept.
+    pub(crate) async fn warm(&self, n: usize, statements: &[&'static str]) -> Result<Warmed> {
+        if !self.opening.persistent {
+            return Ok(Warmed::default());
+        }
+        let n = n.min(self.hot.status().max_size);
+        let mut conns = try_join_all((0..n).map(|_| self.checkout(self.deadline()))).await?;
+        let plans = try_join_all(conns.iter_mut().map(|c| c.hot().plan_ahead(statements))).await;
+        let plans = plans.map_err(StoreError::from)?;
+        for conn in conns {
+            conn.give_back();
+        }
+        Ok(Warmed {
+            connections: n,
+            plans: plans.into_iter().sum(),
+        })
     }
 
     pub(crate) fn hot_status(&self, queued: usize) -> HotPoolStatus {
@@ -448,6 +514,15 @@ struct Checkout(Option<Object<Connector>>);
 impl Checkout {
     fn get(&mut self) -> &mut PgConnection {
         self.0.as_mut().expect("in use until finished")
+    }
+
+    fn hot(&mut self) -> &mut HotConn {
+        self.0.as_mut().expect("in use until finished")
+    }
+
+    /// Back to the pool; dropped instead, a checkout's connection is closed.
+    fn give_back(mut self) {
+        drop(self.0.take());
     }
 
     fn finish<T>(

@@ -13,7 +13,9 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection};
 
-pub use conns::{BatchTotals, Connector, HOT_SETTINGS, HotConn, HotPoolStatus, REPLAN_AFTER};
+pub use conns::{
+    BatchTotals, Connector, HOT_SETTINGS, HotConn, HotPoolStatus, REPLAN_AFTER, Warmed,
+};
 pub use trace::{TRACE_TARGET, trace_requests, tracing_requests};
 
 /// An instance's database as every feature sees it: sqlx's pool (its `Deref`), the hot connections
