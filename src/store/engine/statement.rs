@@ -14,6 +14,7 @@ pub(crate) struct Column<J> {
     name: &'static str,
     sql_type: fn() -> PgTypeInfo,
     bind: Bind<J>,
+    positional: bool,
 }
 
 impl<J> Column<J> {
@@ -26,7 +27,17 @@ impl<J> Column<J> {
             name,
             sql_type,
             bind,
+            positional: false,
         }
+    }
+
+    /// Kept out of `req`: the one-row CTE `positional` holds the batch's whole array, and parts
+    /// read request `i`'s value as `p.name[i]`, so a large value (a body) is not copied through
+    /// every CTE that carries its request. A column derived by that name is then an array, used
+    /// where it is not NULL (the bound one stays in the text, so every parameter has its type).
+    pub(crate) fn positional(mut self) -> Self {
+        self.positional = true;
+        self
     }
 }
 
@@ -128,6 +139,7 @@ impl<J> Builder<J> {
         let select: Vec<String> = self
             .columns
             .iter()
+            .filter(|c| !c.positional)
             .map(|c| match self.derived.iter().find(|(d, _)| *d == c.name) {
                 Some((name, sql)) => format!("{sql} AS {name}"),
                 None => format!("r.{}", c.name),
@@ -140,13 +152,23 @@ impl<J> Builder<J> {
             )
             .chain(["r.i".to_owned()])
             .collect();
+        let array = |n: usize, c: &Column<J>| {
+            format!("${}::{}[]", n + 1, (c.sql_type)().name().to_lowercase())
+        };
         let arrays: Vec<String> = self
             .columns
             .iter()
             .enumerate()
-            .map(|(n, c)| format!("${}::{}[]", n + 1, (c.sql_type)().name().to_lowercase()))
+            .filter(|(_, c)| !c.positional)
+            .map(|(n, c)| array(n, c))
             .collect();
-        let names: Vec<&str> = self.columns.iter().map(|c| c.name).chain(["i"]).collect();
+        let names: Vec<&str> = self
+            .columns
+            .iter()
+            .filter(|c| !c.positional)
+            .map(|c| c.name)
+            .chain(["i"])
+            .collect();
         text.push_str("WITH req AS (\n    SELECT ");
         text.push_str(wrap(&select.join(", "), 11, "        ").trim_end());
         text.push_str("\n    FROM unnest(");
@@ -154,6 +176,26 @@ impl<J> Builder<J> {
         text.push_str(")\n    WITH ORDINALITY AS r(");
         text.push_str(wrap(&names.join(", "), 24, "        ").trim_end());
         text.push_str(")),\n");
+        let positional: Vec<String> = self
+            .columns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.positional)
+            .map(
+                |(n, c)| match self.derived.iter().find(|(d, _)| *d == c.name) {
+                    Some((name, sql)) => format!("coalesce({sql}, {}) AS {name}", array(n, c)),
+                    None => format!("{} AS {}", array(n, c), c.name),
+                },
+            )
+            .collect();
+        if !positional.is_empty() {
+            text.push_str(
+                "-- Columns kept out of `req`, each the batch's array: request i's is p.name[i].\n",
+            );
+            text.push_str("positional AS (\n    SELECT ");
+            text.push_str(wrap(&positional.join(", "), 11, "        ").trim_end());
+            text.push_str("),\n");
+        }
         text
     }
 }

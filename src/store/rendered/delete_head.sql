@@ -8,15 +8,18 @@ WITH req AS (
     SELECT r.idem, r.fp, r.principal, r.key_id, r.key, r.fence, r.token, r.if_none_match, r.op,
         r.prefix, r.prefix_end, r.prefix_limit, r.has_if_match, CASE WHEN r.tags IS NOT NULL THEN
         ARRAY(SELECT json_array_elements_text(r.tags::json)) END AS tags, r.request_id,
-        r.remote_addr, r.operation, r.etag, r.size, r.content_type, r.body, r.keep, r.metadata,
-        NULL::bigint AS stale_below, r.i
+        r.remote_addr, r.operation, r.etag, r.size, r.content_type, r.keep, r.metadata, NULL::bigint
+        AS stale_below, r.i
     FROM unnest($1::text[], $2::bytea[], $3::text[], $4::int8[], $5::text[], $6::text[], $7::int8[],
         $8::bool[], $9::text[], $10::text[], $11::text[], $12::int8[], $13::bool[], $14::text[],
-        $15::text[], $16::text[], $17::text[], $18::text[], $19::int8[], $20::text[], $21::bytea[],
-        $22::int8[], $23::text[])
+        $15::text[], $16::text[], $17::text[], $18::text[], $19::int8[], $20::text[], $22::int8[],
+        $23::text[])
     WITH ORDINALITY AS r(idem, fp, principal, key_id, key, fence, token, if_none_match, op, prefix,
         prefix_end, prefix_limit, has_if_match, tags, request_id, remote_addr, operation, etag,
-        size, content_type, body, keep, metadata, i)),
+        size, content_type, keep, metadata, i)),
+-- Columns kept out of `req`, each the batch's array: request i's is p.name[i].
+positional AS (
+    SELECT $21::bytea[] AS body),
 -- The first part of every changing statement after `req`: per request, whether it may run (`gate`)
 -- and its Idempotency-Key's stored answer (`prior`); every change after it requires `verdict =
 -- 'run'`. A batch never holds two requests for one key or one Idempotency-Key, so each is decided
@@ -88,7 +91,7 @@ checked AS (
     END AS rule,
         -- The write itself, carried on: a join of two CTEs is a nested loop in the generic plan.
         w.subject, w.fence, w.token, w.operation, w.request_id, w.remote_addr, w.principal,
-        w.etag, w.size, w.content_type, w.keep, w.metadata, w.body
+        w.etag, w.size, w.content_type, w.keep, w.metadata
     FROM w JOIN gate g ON g.i = w.gi LEFT JOIN cur c ON c.i = w.i LEFT JOIN heads h ON h.i = w.i),
 -- A group (a request, or a transaction) is decided by its first failing write: all of it is
 -- written, or none.
@@ -108,7 +111,7 @@ verdict AS (
         CASE f.rule WHEN 'stale_written' THEN f.written_token ELSE f.fence_token END
             AS highest_token,
         k.op, k.subject, k.fence, k.token, k.operation, k.request_id, k.remote_addr,
-        k.principal, k.etag, k.size, k.content_type, k.keep, k.metadata, k.body
+        k.principal, k.etag, k.size, k.content_type, k.keep, k.metadata
     FROM checked k LEFT JOIN failed f ON f.gi = k.gi),
 refused AS (
     INSERT INTO rejections (key, reason, presented_token, highest_token, holder,

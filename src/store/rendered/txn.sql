@@ -8,15 +8,18 @@ WITH req AS (
     SELECT r.idem, r.fp, r.principal, r.key_id, r.key, r.fence, r.token, r.if_none_match, r.op,
         r.prefix, r.prefix_end, r.prefix_limit, r.has_if_match, CASE WHEN r.tags IS NOT NULL THEN
         ARRAY(SELECT json_array_elements_text(r.tags::json)) END AS tags, r.request_id,
-        r.remote_addr, r.operation, r.etag, r.size, r.content_type, r.body, r.keep, r.metadata,
-        r.gi, NULL::bigint AS stale_below, r.i
+        r.remote_addr, r.operation, r.etag, r.size, r.content_type, r.keep, r.metadata, r.gi,
+        NULL::bigint AS stale_below, r.i
     FROM unnest($1::text[], $2::bytea[], $3::text[], $4::int8[], $5::text[], $6::text[], $7::int8[],
         $8::bool[], $9::text[], $10::text[], $11::text[], $12::int8[], $13::bool[], $14::text[],
-        $15::text[], $16::text[], $17::text[], $18::text[], $19::int8[], $20::text[], $21::bytea[],
-        $22::int8[], $23::text[], $24::int8[])
+        $15::text[], $16::text[], $17::text[], $18::text[], $19::int8[], $20::text[], $22::int8[],
+        $23::text[], $24::int8[])
     WITH ORDINALITY AS r(idem, fp, principal, key_id, key, fence, token, if_none_match, op, prefix,
         prefix_end, prefix_limit, has_if_match, tags, request_id, remote_addr, operation, etag,
-        size, content_type, body, keep, metadata, gi, i)),
+        size, content_type, keep, metadata, gi, i)),
+-- Columns kept out of `req`, each the batch's array: request i's is p.name[i].
+positional AS (
+    SELECT $21::bytea[] AS body),
 -- The first part of every changing statement after `req`: per request, whether it may run (`gate`)
 -- and its Idempotency-Key's stored answer (`prior`); every change after it requires `verdict =
 -- 'run'`. A batch never holds two requests for one key or one Idempotency-Key, so each is decided
@@ -65,12 +68,12 @@ bound AS (
 w AS (
     SELECT r.i, r.gi, r.op, r.key, coalesce(r.key, r.prefix) AS subject, r.fence,
         r.token, r.has_if_match, r.tags, r.if_none_match, r.operation, r.request_id,
-        r.remote_addr, r.principal, r.etag, r.size, r.content_type, r.keep, r.metadata, r.body,
+        r.remote_addr, r.principal, r.etag, r.size, r.content_type, r.keep, r.metadata,
         r.stale_below, b.over_limit
     FROM req r JOIN bound b ON b.gi = r.gi
     UNION ALL
     SELECT x.n, x.gi, 'delete', x.key, x.key, r.fence, r.token, false, NULL, false, r.operation,
-        r.request_id, r.remote_addr, r.principal, NULL, NULL, NULL, r.keep, NULL, NULL,
+        r.request_id, r.remote_addr, r.principal, NULL, NULL, NULL, r.keep, NULL,
         r.stale_below, b.over_limit
     FROM expanded x JOIN req r ON r.i = x.prefix_i JOIN bound b ON b.gi = x.gi),
 -- The fencing rules, in this one place, for every write (writes.sql, txn_writes.sql), with the
@@ -111,7 +114,7 @@ checked AS (
     END AS rule,
         -- The write itself, carried on: a join of two CTEs is a nested loop in the generic plan.
         w.subject, w.fence, w.token, w.operation, w.request_id, w.remote_addr, w.principal,
-        w.etag, w.size, w.content_type, w.keep, w.metadata, w.body
+        w.etag, w.size, w.content_type, w.keep, w.metadata
     FROM w JOIN gate g ON g.i = w.gi LEFT JOIN cur c ON c.i = w.i LEFT JOIN heads h ON h.i = w.i),
 -- A group (a request, or a transaction) is decided by its first failing write: all of it is
 -- written, or none.
@@ -131,7 +134,7 @@ verdict AS (
         CASE f.rule WHEN 'stale_written' THEN f.written_token ELSE f.fence_token END
             AS highest_token,
         k.op, k.subject, k.fence, k.token, k.operation, k.request_id, k.remote_addr,
-        k.principal, k.etag, k.size, k.content_type, k.keep, k.metadata, k.body
+        k.principal, k.etag, k.size, k.content_type, k.keep, k.metadata
     FROM checked k LEFT JOIN failed f ON f.gi = k.gi),
 refused AS (
     INSERT INTO rejections (key, reason, presented_token, highest_token, holder,
@@ -150,9 +153,10 @@ refusals_noted AS (
         f.operation, f.highest_token, f.fencing_key
     FROM refused f ORDER BY f.id),
 -- Fenced writes after fenced.sql, in one statement so checks, writes or refusals, and pruning
--- commit together. `body` is the bound body, or the connection's upload (put_uploaded derives
--- it). `put_old` bumps the version on the locked head (gapless under any race), `put_new` creates
--- a head; `pruned` drops versions out of the window above `pruned_through`.
+-- commit together. `stored` reads each body by its request's place in `positional` (the bound
+-- bodies, or the connection's upload: put_uploaded derives it), so no other part copies a body
+-- along. `put_old` bumps the version on the locked head (gapless under any race), `put_new`
+-- creates a head; `pruned` drops versions out of the window above `pruned_through`.
 put_old AS (
     UPDATE snapshot_heads h SET version = h.version + 1, etag = v.etag,
         pruned_through = greatest(h.pruned_through, h.version + 1 - v.keep),
@@ -160,7 +164,7 @@ put_old AS (
     FROM verdict v
     WHERE h.key = v.key AND v.outcome = 'accepted' AND v.has_head AND v.op = 'put'
     RETURNING v.i, h.key, h.version, v.pruned_through, v.token, v.etag, v.size,
-        v.content_type, v.keep, v.fence, v.metadata, v.txn_size, v.body),
+        v.content_type, v.keep, v.fence, v.metadata, v.txn_size),
 put_new AS (
     INSERT INTO snapshot_heads (key, version, etag, written_token)
     SELECT v.key, 1, v.etag, v.token
@@ -176,15 +180,15 @@ written AS (
     SELECT * FROM put_old
     UNION ALL
     SELECT v.i, v.key, 1, 0, v.token, v.etag, v.size, v.content_type, v.keep, v.fence,
-        v.metadata, v.txn_size, v.body
+        v.metadata, v.txn_size
     FROM verdict v CROSS JOIN made m
     WHERE v.outcome = 'accepted' AND NOT v.has_head AND v.op = 'put' AND v.key = ANY(m.keys)),
 stored AS (
     INSERT INTO snapshot_versions (key, version, token, etag, size, content_type, updated_at,
         body, fencing_key, metadata)
-    SELECT h.key, h.version, h.token, h.etag, h.size, h.content_type, now(), h.body, h.fence,
-        h.metadata::json
-    FROM written h
+    SELECT h.key, h.version, h.token, h.etag, h.size, h.content_type, now(), p.body[h.i],
+        h.fence, h.metadata::json
+    FROM written h CROSS JOIN positional p
     RETURNING key, version, updated_at),
 written_noted AS (
     INSERT INTO change_log (kind, key, token, at, version, etag, fencing_key, txn_size)

@@ -44,7 +44,7 @@ impl Fenced {
         let uploaded = [
             bound[0],
             bound[1],
-            ("body", "(SELECT body FROM pg_temp.snapfence_upload)"),
+            ("body", "ARRAY[(SELECT body FROM pg_temp.snapfence_upload)]"),
         ];
         let statement = |parts: &[&'static str], derived: &[_], groups: bool| {
             let mut columns = FencedJob::columns();
@@ -200,7 +200,8 @@ impl FencedJob {
                         .filter(|w| !w.uploaded)
                         .map(|w| w.body.as_ref())
                 }
-            ),
+            )
+            .positional(),
             column!(
                 Self,
                 "keep" = |j| j.write.as_ref().map_or(0, |w| w.keep_versions)

@@ -36,7 +36,7 @@ checked AS (
     END AS rule,
         -- The write itself, carried on: a join of two CTEs is a nested loop in the generic plan.
         w.subject, w.fence, w.token, w.operation, w.request_id, w.remote_addr, w.principal,
-        w.etag, w.size, w.content_type, w.keep, w.metadata, w.body
+        w.etag, w.size, w.content_type, w.keep, w.metadata
     FROM w JOIN gate g ON g.i = w.gi LEFT JOIN cur c ON c.i = w.i LEFT JOIN heads h ON h.i = w.i),
 -- A group (a request, or a transaction) is decided by its first failing write: all of it is
 -- written, or none.
@@ -56,7 +56,7 @@ verdict AS (
         CASE f.rule WHEN 'stale_written' THEN f.written_token ELSE f.fence_token END
             AS highest_token,
         k.op, k.subject, k.fence, k.token, k.operation, k.request_id, k.remote_addr,
-        k.principal, k.etag, k.size, k.content_type, k.keep, k.metadata, k.body
+        k.principal, k.etag, k.size, k.content_type, k.keep, k.metadata
     FROM checked k LEFT JOIN failed f ON f.gi = k.gi),
 refused AS (
     INSERT INTO rejections (key, reason, presented_token, highest_token, holder,

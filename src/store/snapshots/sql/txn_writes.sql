@@ -16,11 +16,11 @@ bound AS (
 w AS (
     SELECT r.i, r.gi, r.op, r.key, coalesce(r.key, r.prefix) AS subject, r.fence,
         r.token, r.has_if_match, r.tags, r.if_none_match, r.operation, r.request_id,
-        r.remote_addr, r.principal, r.etag, r.size, r.content_type, r.keep, r.metadata, r.body,
+        r.remote_addr, r.principal, r.etag, r.size, r.content_type, r.keep, r.metadata,
         r.stale_below, b.over_limit
     FROM req r JOIN bound b ON b.gi = r.gi
     UNION ALL
     SELECT x.n, x.gi, 'delete', x.key, x.key, r.fence, r.token, false, NULL, false, r.operation,
-        r.request_id, r.remote_addr, r.principal, NULL, NULL, NULL, r.keep, NULL, NULL,
+        r.request_id, r.remote_addr, r.principal, NULL, NULL, NULL, r.keep, NULL,
         r.stale_below, b.over_limit
     FROM expanded x JOIN req r ON r.i = x.prefix_i JOIN bound b ON b.gi = x.gi),
