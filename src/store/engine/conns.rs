@@ -54,9 +54,7 @@ impl HotConn {
         let due = (made_at_age * 3).clamp(REPLAN_AFTER, REPLAN_AT_MOST);
         self.planned.elapsed() >= due
     }
-}
 
-impl HotConn {
     /// Prepares each of `statements` and has PostgreSQL make its generic plan now (`EXPLAIN
     /// EXECUTE` makes and keeps it), so that no request waits for it; answers the plans held.
     pub fn plan_ahead<'c>(
@@ -205,7 +203,8 @@ pub struct BatchTotals {
     pub requests: u64,
 }
 
-/// Hot connections opened ahead of load by [`Conns::warm`], and the generic plans they hold.
+/// Hot connections opened ahead of load ([`Db::warm`](crate::store::Db::warm)), and the generic
+/// plans they hold.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Warmed {
     /// Connections opened and planned.
