@@ -178,7 +178,7 @@ say "starting PostgreSQL in $work (fsync and synchronous_commit on, as in produc
 "${as_pg[@]}" "$pgbin/initdb" -D "$work/pg" -U postgres -A trust -E UTF8 --locale=C >/dev/null
 "${as_pg[@]}" "$pgbin/pg_ctl" -D "$work/pg" -l "$work/pg.log" -w \
     -o "-p $pg_port -k $work -c listen_addresses=127.0.0.1 -c max_connections=200" start >/dev/null
-psql() { "${as_pg[@]}" "$pgbin/psql" -h 127.0.0.1 -p "$pg_port" -U postgres -d snapfence -v ON_ERROR_STOP=1 -qAt "$@"; }
+psql() { "${as_pg[@]}" "$pgbin/psql" -h 127.0.0.1 -p "$pg_port" -U postgres -d "${db:-snapfence}" -v ON_ERROR_STOP=1 -qAt "$@"; }
 "${as_pg[@]}" "$pgbin/createdb" -h 127.0.0.1 -p "$pg_port" -U postgres snapfence
 
 # As many connections as pgbench opens at its highest concurrency.
@@ -248,9 +248,19 @@ INI
     pgb_api_key=$(DATABASE_URL=$direct "$sf" keys create --name bench --scope write 2>/dev/null)
 fi
 
+# pgbench and the floors run in a database of their own, migrated by an instance started and
+# stopped on it: their rows would otherwise grow the service's tables and not the baseline's.
+"${as_pg[@]}" "$pgbin/createdb" -h 127.0.0.1 -p "$pg_port" -U postgres floors
+floors_port=$(free_port)
+DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/floors" \
+    "$sf" serve --listen "127.0.0.1:$floors_port" >"$work/floors-serve.log" 2>&1 &
+floors_pid=$!
+pids+=("$floors_pid")
+wait_ready "http://127.0.0.1:$floors_port" "$work/floors-serve.log"
+kill "$floors_pid" && wait "$floors_pid" || true
 # The floors' table (bench/fenced_write.sql), its read keys written once.
-psql -c "CREATE TABLE floor_snapshots (key text PRIMARY KEY, token bigint NOT NULL, body bytea NOT NULL)"
-psql -c "INSERT INTO floor_snapshots SELECT (50000000 + i)::text, 0, decode(repeat('61', 1024), 'hex') FROM generate_series(0, $keys - 1) i"
+db=floors psql -c "CREATE TABLE floor_snapshots (key text PRIMARY KEY, token bigint NOT NULL, body bytea NOT NULL)"
+db=floors psql -c "INSERT INTO floor_snapshots SELECT (50000000 + i)::text, 0, decode(repeat('61', 1024), 'hex') FROM generate_series(0, $keys - 1) i"
 
 # pgbench runs the service's own statements, as the service sends them: the files of
 # src/store/rendered, which src/store/engine/statement.rs assembles (a test checks they are the
@@ -314,7 +324,7 @@ pgbench_run() { # op clients seconds [transactions] -> tps
     "${as_pg[@]}" "$pgbin/pgbench" -h 127.0.0.1 -p "$pg_port" -U postgres -n -M prepared \
         -c "$c" -j "$j" "${run[@]}" -f "$work/$op.pgbench" -D n=0 -D per="$per" \
         -D base_key="${key_base:-$(base_key "$op")}" -D base_token="${base_token:-0}" \
-        $(pg_vars "$op" "$c" 100) snapfence 2>&1 | tee -a "$work/pgbench.log" |
+        $(pg_vars "$op" "$c" 100) floors 2>&1 | tee -a "$work/pgbench.log" |
         sed -n 's/^tps = \([0-9]*\).*/\1/p'
 }
 floor_run() { # op clients -> tps of the hand-written floor of a put or a get, else -
@@ -323,7 +333,7 @@ floor_run() { # op clients -> tps of the hand-written floor of a put or a get, e
     cp "$here/$file" "$work/$file"
     "${as_pg[@]}" "$pgbin/pgbench" -h 127.0.0.1 -p "$pg_port" -U postgres -n -M prepared \
         -c "$c" -j "$j" -T "$secs" -f "$work/$file" -D n=0 -D per="$per" -D base_key=50000000 \
-        -D body="\\x$body_hex" -D run="$(date +%s%6N)" snapfence 2>&1 | tee -a "$work/pgbench.log" |
+        -D body="\\x$body_hex" -D run="$(date +%s%6N)" floors 2>&1 | tee -a "$work/pgbench.log" |
         sed -n 's/^tps = \([0-9]*\).*/\1/p'
 }
 
@@ -339,10 +349,10 @@ pgbench_prepare() {
     # shellcheck disable=SC2046
     "${as_pg[@]}" "$pgbin/pgbench" -h 127.0.0.1 -p "$pg_port" -U postgres -n -M prepared -c 1 -t "$keys" \
         -f "$work/prep.pgbench" -D n=0 -D per="$keys" -D base_key="$(base_key "$op")" \
-        $(pg_vars acquire 1 600000) snapfence >>"$work/pgbench.log" 2>&1
-    base_token=$(psql -c "SELECT min(token) FROM leases WHERE key ~ '^[0-9]+$' AND key::bigint >= $(base_key "$op") AND key::bigint < $(base_key "$op") + $keys")
+        $(pg_vars acquire 1 600000) floors >>"$work/pgbench.log" 2>&1
+    base_token=$(db=floors psql -c "SELECT min(token) FROM leases WHERE key ~ '^[0-9]+$' AND key::bigint >= $(base_key "$op") AND key::bigint < $(base_key "$op") + $keys")
     local contiguous
-    contiguous=$(psql -c "SELECT count(*) FROM leases WHERE key ~ '^[0-9]+$' AND key::bigint - $(base_key "$op") BETWEEN 0 AND $keys - 1 AND token = $base_token + key::bigint - $(base_key "$op")")
+    contiguous=$(db=floors psql -c "SELECT count(*) FROM leases WHERE key ~ '^[0-9]+$' AND key::bigint - $(base_key "$op") BETWEEN 0 AND $keys - 1 AND token = $base_token + key::bigint - $(base_key "$op")")
     [ "$contiguous" = "$keys" ] || { echo "compare.sh: the $op leases' tokens are not contiguous ($contiguous of $keys); is something else using the database?" >&2; exit 1; }
     if [ "$op" = get ]; then
         key_base=$(base_key get) pgbench_run put 1 0 "$keys" >/dev/null
