@@ -12,36 +12,32 @@ WITH req AS (
         $15::bool[])
     WITH ORDINALITY AS r(idem, fp, principal, key_id, key, owner, ttl_ms, metadata, crash_recovery,
         reconciled, request_id, remote_addr, reconciling, waiter, last_try, i)),
--- The first part of every changing statement after `req`: per request, whether it may run (`gate`)
--- and its Idempotency-Key's stored answer (`prior`); every change after it requires `verdict =
--- 'run'`. A batch never holds two requests for one key or one Idempotency-Key, so each is decided
--- as if alone.
+-- The first part of every changing statement after `req`: each request, as every later part reads
+-- it, with whether it may run (`verdict`) and its Idempotency-Key's stored answer (`prior_*`);
+-- every change requires `verdict = 'run'`. A batch never holds two requests for one key or one
+-- Idempotency-Key, so each is decided as if alone.
 --
 -- Verdicts: `revoked` (the API key was revoked), `replay` (a record exists), `run` (no key, or this
 -- statement took the key's transaction-level advisory lock), `in_progress` (another holds it).
--- `prior` is a LIMITed subquery so the hot connections' generic plan reads by primary key.
+-- The record is a LIMITed subquery so the hot connections' generic plan reads by primary key.
 --
 -- Race-freedom: the lock admits one statement per key at a time. One whose snapshot predates the
 -- first's commit finds no record and runs, but its INSERT (remember.sql) meets the first's row, the
 -- statement rolls back on the unique violation, and the batch runs again.
-prior AS (
-    SELECT r.i, p.fingerprint, p.answer
-    FROM req r CROSS JOIN LATERAL (
-        SELECT fingerprint, answer FROM idempotency_records
-        WHERE principal = coalesce(r.principal, '') AND key = r.idem LIMIT 1) p
-    WHERE r.idem IS NOT NULL),
 gate AS (
-    SELECT r.i, CASE
+    SELECT r.*, p.fingerprint AS prior_fingerprint, p.answer AS prior_answer, CASE
         WHEN r.key_id IS NOT NULL
             AND NOT EXISTS (SELECT FROM api_keys WHERE id = r.key_id AND revoked_at IS NULL)
             THEN 'revoked'
         WHEN r.idem IS NULL THEN 'run'
-        WHEN EXISTS (SELECT FROM prior WHERE prior.i = r.i) THEN 'replay'
+        WHEN p.fingerprint IS NOT NULL THEN 'replay'
         WHEN pg_try_advisory_xact_lock(hashtextextended(r.idem, hashtext(coalesce(r.principal, ''))))
             THEN 'run'
         ELSE 'in_progress'
     END AS verdict
-    FROM req r),
+    FROM req r LEFT JOIN LATERAL (
+        SELECT fingerprint, answer FROM idempotency_records
+        WHERE principal = coalesce(r.principal, '') AND key = r.idem LIMIT 1) p ON true),
 -- Acquire, per request of the batch: `decision` decides on the key's lease row locked FOR NO KEY
 -- UPDATE (`cur`), then `granted` (existing row) or `inserted` (first grant) runs; a replaced or
 -- kept recovery record goes to `recoveries` in the same statement. A reconciling grant (v1.2) keeps
@@ -65,9 +61,9 @@ cur AS (
         coalesce(l.kept_acquired_at, l.acquired_at) AS rec_acquired_at,
         coalesce(l.kept_ended_at, l.ended_at, l.expires_at) AS rec_ended_at,
         CASE WHEN l.kept_token IS NULL THEN l.metadata ELSE l.kept_metadata END AS rec_metadata
-    FROM req r JOIN gate g ON g.i = r.i AND g.verdict = 'run' JOIN leases l ON l.key = r.key
+    FROM gate r JOIN leases l ON l.key = r.key WHERE r.verdict = 'run'
     ORDER BY l.key FOR NO KEY UPDATE OF l),
--- `decision` carries what later parts need, so none joins `req`, `gate` or `cur` again (each join
+-- `decision` carries what later parts need, so none joins `gate` or `cur` again (each join
 -- cost a hash table per batch).
 --
 -- A free key goes to the first live waiter of its queue; any other acquire finds it `held`, and
@@ -110,9 +106,9 @@ decision AS (
             c.ended_at AS cur_ended_at, c.state AS cur_state, c.recovery_reason, c.kept_owner,
             c.kept_token, c.kept_acquired_at, c.kept_ended_at, c.kept_metadata, c.rec_owner,
             c.rec_token, c.rec_acquired_at, c.rec_ended_at, c.rec_metadata
-        FROM req r JOIN gate g ON g.i = r.i LEFT JOIN cur c ON c.i = r.i
+        FROM gate r LEFT JOIN cur c ON c.i = r.i
         CROSS JOIN LATERAL (SELECT CASE
-            WHEN g.verdict <> 'run' THEN g.verdict
+            WHEN r.verdict <> 'run' THEN r.verdict
             WHEN c.key IS NULL THEN 'insert'
             WHEN c.state = 'held' THEN 'held'
             WHEN c.recovery_reason IS NOT NULL AND NOT r.reconciled AND NOT r.reconciling
@@ -214,7 +210,7 @@ result AS (
     FROM decision d LEFT JOIN new_lease n ON n.i = d.i),
 -- A waiter leaves the queue with its final answer (a trigger wakes the next).
 dequeued AS (
-    DELETE FROM lease_waiters w USING result res JOIN req r ON r.i = res.i
+    DELETE FROM lease_waiters w USING result res JOIN gate r ON r.i = res.i
     WHERE w.id = r.waiter AND res.settled),
 -- The last part of every changing statement: one answer row per request, `settled` false when it
 -- will be sent again. `remembered` stores each answer under its Idempotency-Key in this statement,
@@ -222,9 +218,10 @@ dequeued AS (
 -- statement back (gate.sql). A transaction's ops after its first have JSON null.
 remembered AS (
     INSERT INTO idempotency_records (principal, key, fingerprint, answer)
-    SELECT coalesce(r.principal, ''), r.idem, r.fp, to_json(res)
-    FROM result res JOIN req r ON r.i = res.i JOIN gate g ON g.i = res.i
-    WHERE g.verdict = 'run' AND r.idem IS NOT NULL AND res.settled)
-SELECT g.i, g.verdict AS gate, p.fingerprint AS prior_fingerprint,
-    coalesce(p.answer, (SELECT to_json(res) FROM result res WHERE res.i = g.i), 'null') AS answer
-FROM gate g LEFT JOIN prior p ON p.i = g.i
+    SELECT coalesce(g.principal, ''), g.idem, g.fp, to_json(res)
+    FROM result res JOIN gate g ON g.i = res.i
+    WHERE g.verdict = 'run' AND g.idem IS NOT NULL AND res.settled)
+SELECT g.i, g.verdict AS gate, g.prior_fingerprint,
+    coalesce(g.prior_answer, (SELECT to_json(res) FROM result res WHERE res.i = g.i), 'null')
+        AS answer
+FROM gate g

@@ -20,39 +20,35 @@ WITH req AS (
 -- Columns kept out of `req`, each the batch's array: request i's is p.name[i].
 positional AS (
     SELECT coalesce(ARRAY[(SELECT body FROM pg_temp.snapfence_upload)], $21::bytea[]) AS body),
--- The first part of every changing statement after `req`: per request, whether it may run (`gate`)
--- and its Idempotency-Key's stored answer (`prior`); every change after it requires `verdict =
--- 'run'`. A batch never holds two requests for one key or one Idempotency-Key, so each is decided
--- as if alone.
+-- The first part of every changing statement after `req`: each request, as every later part reads
+-- it, with whether it may run (`verdict`) and its Idempotency-Key's stored answer (`prior_*`);
+-- every change requires `verdict = 'run'`. A batch never holds two requests for one key or one
+-- Idempotency-Key, so each is decided as if alone.
 --
 -- Verdicts: `revoked` (the API key was revoked), `replay` (a record exists), `run` (no key, or this
 -- statement took the key's transaction-level advisory lock), `in_progress` (another holds it).
--- `prior` is a LIMITed subquery so the hot connections' generic plan reads by primary key.
+-- The record is a LIMITed subquery so the hot connections' generic plan reads by primary key.
 --
 -- Race-freedom: the lock admits one statement per key at a time. One whose snapshot predates the
 -- first's commit finds no record and runs, but its INSERT (remember.sql) meets the first's row, the
 -- statement rolls back on the unique violation, and the batch runs again.
-prior AS (
-    SELECT r.i, p.fingerprint, p.answer
-    FROM req r CROSS JOIN LATERAL (
-        SELECT fingerprint, answer FROM idempotency_records
-        WHERE principal = coalesce(r.principal, '') AND key = r.idem LIMIT 1) p
-    WHERE r.idem IS NOT NULL),
 gate AS (
-    SELECT r.i, CASE
+    SELECT r.*, p.fingerprint AS prior_fingerprint, p.answer AS prior_answer, CASE
         WHEN r.key_id IS NOT NULL
             AND NOT EXISTS (SELECT FROM api_keys WHERE id = r.key_id AND revoked_at IS NULL)
             THEN 'revoked'
         WHEN r.idem IS NULL THEN 'run'
-        WHEN EXISTS (SELECT FROM prior WHERE prior.i = r.i) THEN 'replay'
+        WHEN p.fingerprint IS NOT NULL THEN 'replay'
         WHEN pg_try_advisory_xact_lock(hashtextextended(r.idem, hashtext(coalesce(r.principal, ''))))
             THEN 'run'
         ELSE 'in_progress'
     END AS verdict
-    FROM req r),
+    FROM req r LEFT JOIN LATERAL (
+        SELECT fingerprint, answer FROM idempotency_records
+        WHERE principal = coalesce(r.principal, '') AND key = r.idem LIMIT 1) p ON true),
 -- A batch's fenced writes: one per request, decided by its own gate row.
 w AS (
-    SELECT r.*, r.i AS gi, r.key AS subject, false AS over_limit FROM req r),
+    SELECT r.*, r.i AS gi, r.key AS subject, false AS over_limit FROM gate r),
 -- The fencing rules, in this one place, for every write (writes.sql, txn_writes.sql), with the
 -- audit row of each refused group in the same statement. A write under lease `fence` with `token`
 -- is accepted only if (1) the token is the fence's newest and not given up, and (2) it is at least
@@ -65,19 +61,19 @@ w AS (
 -- DO NOTHING; the loser runs again.
 cur AS (
     SELECT w.i, l.key, l.token, l.owner, l.end_reason
-    FROM w JOIN gate g ON g.i = w.gi AND g.verdict = 'run' JOIN leases l ON l.key = w.fence
+    FROM w JOIN leases l ON l.key = w.fence WHERE w.verdict = 'run'
     ORDER BY l.key FOR NO KEY UPDATE OF l),
 heads AS (
     SELECT w.i, h.key, h.version, h.etag, h.pruned_through, h.written_token
-    FROM w JOIN gate g ON g.i = w.gi AND g.verdict = 'run' JOIN snapshot_heads h ON h.key = w.key
-    WHERE (SELECT count(*) FROM cur) >= 0
+    FROM w JOIN snapshot_heads h ON h.key = w.key
+    WHERE w.verdict = 'run' AND (SELECT count(*) FROM cur) >= 0
     ORDER BY h.key FOR NO KEY UPDATE OF h),
 checked AS (
     SELECT w.i, w.gi, w.key, w.op, w.operation = 'txn' AS in_txn, c.token AS fence_token,
         c.owner AS holder, h.written_token,
         h.key IS NOT NULL AS has_head, h.etag AS current_etag, coalesce(h.version, 0) AS version,
         coalesce(h.pruned_through, 0) AS pruned_through, CASE
-        WHEN g.verdict <> 'run' THEN g.verdict
+        WHEN w.verdict <> 'run' THEN w.verdict
         WHEN c.key IS NULL OR w.token > c.token THEN 'unknown_token'
         WHEN w.token < coalesce(w.stale_below, c.token) OR c.end_reason IS NOT NULL
             THEN 'stale_token'
@@ -92,11 +88,11 @@ checked AS (
         -- The write itself, carried on: a join of two CTEs is a nested loop in the generic plan.
         w.subject, w.fence, w.token, w.operation, w.request_id, w.remote_addr, w.principal,
         w.etag, w.size, w.content_type, w.keep, w.metadata
-    FROM w JOIN gate g ON g.i = w.gi LEFT JOIN cur c ON c.i = w.i LEFT JOIN heads h ON h.i = w.i),
+    FROM w LEFT JOIN cur c ON c.i = w.i LEFT JOIN heads h ON h.i = w.i),
 -- A group (a request, or a transaction) is decided by its first failing write: all of it is
 -- written, or none.
 failed AS (
-    SELECT DISTINCT ON (k.gi) k.*
+    SELECT DISTINCT ON (k.gi) k.gi, k.i, k.rule, k.written_token, k.fence_token
     FROM checked k WHERE k.rule <> 'accepted'
     ORDER BY k.gi, CASE k.rule WHEN 'precondition_failed' THEN 2 WHEN 'too_many_keys' THEN 1
         ELSE 0 END, k.i),
@@ -186,9 +182,10 @@ result AS (
 -- statement back (gate.sql). A transaction's ops after its first have JSON null.
 remembered AS (
     INSERT INTO idempotency_records (principal, key, fingerprint, answer)
-    SELECT coalesce(r.principal, ''), r.idem, r.fp, to_json(res)
-    FROM result res JOIN req r ON r.i = res.i JOIN gate g ON g.i = res.i
-    WHERE g.verdict = 'run' AND r.idem IS NOT NULL AND res.settled)
-SELECT g.i, g.verdict AS gate, p.fingerprint AS prior_fingerprint,
-    coalesce(p.answer, (SELECT to_json(res) FROM result res WHERE res.i = g.i), 'null') AS answer
-FROM gate g LEFT JOIN prior p ON p.i = g.i
+    SELECT coalesce(g.principal, ''), g.idem, g.fp, to_json(res)
+    FROM result res JOIN gate g ON g.i = res.i
+    WHERE g.verdict = 'run' AND g.idem IS NOT NULL AND res.settled)
+SELECT g.i, g.verdict AS gate, g.prior_fingerprint,
+    coalesce(g.prior_answer, (SELECT to_json(res) FROM result res WHERE res.i = g.i), 'null')
+        AS answer
+FROM gate g

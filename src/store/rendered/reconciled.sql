@@ -7,36 +7,32 @@ WITH req AS (
     FROM unnest($1::text[], $2::bytea[], $3::text[], $4::int8[], $5::text[], $6::int8[], $7::text[],
         $8::text[])
     WITH ORDINALITY AS r(idem, fp, principal, key_id, key, token, request_id, remote_addr, i)),
--- The first part of every changing statement after `req`: per request, whether it may run (`gate`)
--- and its Idempotency-Key's stored answer (`prior`); every change after it requires `verdict =
--- 'run'`. A batch never holds two requests for one key or one Idempotency-Key, so each is decided
--- as if alone.
+-- The first part of every changing statement after `req`: each request, as every later part reads
+-- it, with whether it may run (`verdict`) and its Idempotency-Key's stored answer (`prior_*`);
+-- every change requires `verdict = 'run'`. A batch never holds two requests for one key or one
+-- Idempotency-Key, so each is decided as if alone.
 --
 -- Verdicts: `revoked` (the API key was revoked), `replay` (a record exists), `run` (no key, or this
 -- statement took the key's transaction-level advisory lock), `in_progress` (another holds it).
--- `prior` is a LIMITed subquery so the hot connections' generic plan reads by primary key.
+-- The record is a LIMITed subquery so the hot connections' generic plan reads by primary key.
 --
 -- Race-freedom: the lock admits one statement per key at a time. One whose snapshot predates the
 -- first's commit finds no record and runs, but its INSERT (remember.sql) meets the first's row, the
 -- statement rolls back on the unique violation, and the batch runs again.
-prior AS (
-    SELECT r.i, p.fingerprint, p.answer
-    FROM req r CROSS JOIN LATERAL (
-        SELECT fingerprint, answer FROM idempotency_records
-        WHERE principal = coalesce(r.principal, '') AND key = r.idem LIMIT 1) p
-    WHERE r.idem IS NOT NULL),
 gate AS (
-    SELECT r.i, CASE
+    SELECT r.*, p.fingerprint AS prior_fingerprint, p.answer AS prior_answer, CASE
         WHEN r.key_id IS NOT NULL
             AND NOT EXISTS (SELECT FROM api_keys WHERE id = r.key_id AND revoked_at IS NULL)
             THEN 'revoked'
         WHEN r.idem IS NULL THEN 'run'
-        WHEN EXISTS (SELECT FROM prior WHERE prior.i = r.i) THEN 'replay'
+        WHEN p.fingerprint IS NOT NULL THEN 'replay'
         WHEN pg_try_advisory_xact_lock(hashtextextended(r.idem, hashtext(coalesce(r.principal, ''))))
             THEN 'run'
         ELSE 'in_progress'
     END AS verdict
-    FROM req r),
+    FROM req r LEFT JOIN LATERAL (
+        SELECT fingerprint, answer FROM idempotency_records
+        WHERE principal = coalesce(r.principal, '') AND key = r.idem LIMIT 1) p ON true),
 -- Confirms a reconciliation (v1.2): the live holder says the kept record's leftovers no longer
 -- conflict, so the record moves from the row to the audit log and the lease goes on. Renew.sql's
 -- live-lease condition on rows `locked` locks in key order: a confirmation racing a takeover lands
@@ -45,13 +41,13 @@ gate AS (
 locked AS (
     SELECT r.i, l.key, l.kept_reason, l.kept_owner, l.kept_token, l.kept_acquired_at,
         l.kept_ended_at, l.kept_metadata
-    FROM req r JOIN gate g ON g.i = r.i AND g.verdict = 'run'
-    JOIN leases l ON l.key = r.key
+    FROM gate r JOIN leases l ON l.key = r.key
+    WHERE r.verdict = 'run'
     ORDER BY l.key FOR NO KEY UPDATE OF l),
 changed AS (
     UPDATE leases l SET kept_reason = NULL, kept_owner = NULL, kept_token = NULL,
         kept_acquired_at = NULL, kept_ended_at = NULL, kept_metadata = NULL
-    FROM locked k JOIN req r ON r.i = k.i
+    FROM locked k JOIN gate r ON r.i = k.i
     WHERE l.key = k.key AND l.token = r.token AND l.end_reason IS NULL
         AND l.expires_at > clock_timestamp()
     RETURNING r.i, l.key, l.token, l.owner, l.ttl_ms, l.metadata, l.crash_recovery,
@@ -63,7 +59,7 @@ confirmed AS (
     SELECT k.key, k.kept_reason, k.kept_owner, k.kept_token, k.kept_acquired_at,
         k.kept_ended_at, k.kept_metadata, c.owner, c.token, r.request_id, r.remote_addr,
         r.principal, 'reconciled', r.token
-    FROM changed c JOIN locked k ON k.i = c.i JOIN req r ON r.i = c.i
+    FROM changed c JOIN locked k ON k.i = c.i JOIN gate r ON r.i = c.i
     WHERE k.kept_token IS NOT NULL),
 reconciled_noted AS (
     INSERT INTO change_log (kind, key, token, at, owner, reason, record_token)
@@ -71,16 +67,17 @@ reconciled_noted AS (
     FROM changed c JOIN locked k ON k.i = c.i WHERE k.kept_token IS NOT NULL ORDER BY c.key),
 result AS (
     SELECT r.i, (SELECT to_json(c) FROM changed c WHERE c.i = r.i) AS lease, true AS settled
-    FROM req r),
+    FROM gate r),
 -- The last part of every changing statement: one answer row per request, `settled` false when it
 -- will be sent again. `remembered` stores each answer under its Idempotency-Key in this statement,
 -- so the record commits exactly with the change; no ON CONFLICT, so a racing record rolls the
 -- statement back (gate.sql). A transaction's ops after its first have JSON null.
 remembered AS (
     INSERT INTO idempotency_records (principal, key, fingerprint, answer)
-    SELECT coalesce(r.principal, ''), r.idem, r.fp, to_json(res)
-    FROM result res JOIN req r ON r.i = res.i JOIN gate g ON g.i = res.i
-    WHERE g.verdict = 'run' AND r.idem IS NOT NULL AND res.settled)
-SELECT g.i, g.verdict AS gate, p.fingerprint AS prior_fingerprint,
-    coalesce(p.answer, (SELECT to_json(res) FROM result res WHERE res.i = g.i), 'null') AS answer
-FROM gate g LEFT JOIN prior p ON p.i = g.i
+    SELECT coalesce(g.principal, ''), g.idem, g.fp, to_json(res)
+    FROM result res JOIN gate g ON g.i = res.i
+    WHERE g.verdict = 'run' AND g.idem IS NOT NULL AND res.settled)
+SELECT g.i, g.verdict AS gate, g.prior_fingerprint,
+    coalesce(g.prior_answer, (SELECT to_json(res) FROM result res WHERE res.i = g.i), 'null')
+        AS answer
+FROM gate g

@@ -4,9 +4,10 @@
 -- statement back (gate.sql). A transaction's ops after its first have JSON null.
 remembered AS (
     INSERT INTO idempotency_records (principal, key, fingerprint, answer)
-    SELECT coalesce(r.principal, ''), r.idem, r.fp, to_json(res)
-    FROM result res JOIN req r ON r.i = res.i JOIN gate g ON g.i = res.i
-    WHERE g.verdict = 'run' AND r.idem IS NOT NULL AND res.settled)
-SELECT g.i, g.verdict AS gate, p.fingerprint AS prior_fingerprint,
-    coalesce(p.answer, (SELECT to_json(res) FROM result res WHERE res.i = g.i), 'null') AS answer
-FROM gate g LEFT JOIN prior p ON p.i = g.i
+    SELECT coalesce(g.principal, ''), g.idem, g.fp, to_json(res)
+    FROM result res JOIN gate g ON g.i = res.i
+    WHERE g.verdict = 'run' AND g.idem IS NOT NULL AND res.settled)
+SELECT g.i, g.verdict AS gate, g.prior_fingerprint,
+    coalesce(g.prior_answer, (SELECT to_json(res) FROM result res WHERE res.i = g.i), 'null')
+        AS answer
+FROM gate g

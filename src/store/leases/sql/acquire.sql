@@ -21,9 +21,9 @@ cur AS (
         coalesce(l.kept_acquired_at, l.acquired_at) AS rec_acquired_at,
         coalesce(l.kept_ended_at, l.ended_at, l.expires_at) AS rec_ended_at,
         CASE WHEN l.kept_token IS NULL THEN l.metadata ELSE l.kept_metadata END AS rec_metadata
-    FROM req r JOIN gate g ON g.i = r.i AND g.verdict = 'run' JOIN leases l ON l.key = r.key
+    FROM gate r JOIN leases l ON l.key = r.key WHERE r.verdict = 'run'
     ORDER BY l.key FOR NO KEY UPDATE OF l),
--- `decision` carries what later parts need, so none joins `req`, `gate` or `cur` again (each join
+-- `decision` carries what later parts need, so none joins `gate` or `cur` again (each join
 -- cost a hash table per batch).
 --
 -- A free key goes to the first live waiter of its queue; any other acquire finds it `held`, and
@@ -66,9 +66,9 @@ decision AS (
             c.ended_at AS cur_ended_at, c.state AS cur_state, c.recovery_reason, c.kept_owner,
             c.kept_token, c.kept_acquired_at, c.kept_ended_at, c.kept_metadata, c.rec_owner,
             c.rec_token, c.rec_acquired_at, c.rec_ended_at, c.rec_metadata
-        FROM req r JOIN gate g ON g.i = r.i LEFT JOIN cur c ON c.i = r.i
+        FROM gate r LEFT JOIN cur c ON c.i = r.i
         CROSS JOIN LATERAL (SELECT CASE
-            WHEN g.verdict <> 'run' THEN g.verdict
+            WHEN r.verdict <> 'run' THEN r.verdict
             WHEN c.key IS NULL THEN 'insert'
             WHEN c.state = 'held' THEN 'held'
             WHEN c.recovery_reason IS NOT NULL AND NOT r.reconciled AND NOT r.reconciling
@@ -170,5 +170,5 @@ result AS (
     FROM decision d LEFT JOIN new_lease n ON n.i = d.i),
 -- A waiter leaves the queue with its final answer (a trigger wakes the next).
 dequeued AS (
-    DELETE FROM lease_waiters w USING result res JOIN req r ON r.i = res.i
+    DELETE FROM lease_waiters w USING result res JOIN gate r ON r.i = res.i
     WHERE w.id = r.waiter AND res.settled),

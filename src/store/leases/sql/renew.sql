@@ -4,17 +4,17 @@
 -- relay reports an expiry under a share lock once expires_at passed by that clock, so no renewal
 -- revives a lease watchers heard expire.
 locked AS (
-    SELECT r.i, l.key FROM req r JOIN gate g ON g.i = r.i AND g.verdict = 'run'
-    JOIN leases l ON l.key = r.key
+    SELECT r.i, l.key FROM gate r JOIN leases l ON l.key = r.key
+    WHERE r.verdict = 'run'
     ORDER BY l.key FOR NO KEY UPDATE OF l),
 changed AS (
     UPDATE leases l SET ttl_ms = coalesce(r.ttl_ms, l.ttl_ms),
         expires_at = now() + coalesce(r.ttl_ms, l.ttl_ms) * interval '1 millisecond'
-    FROM locked k JOIN req r ON r.i = k.i
+    FROM locked k JOIN gate r ON r.i = k.i
     WHERE l.key = k.key AND l.token = r.token AND l.end_reason IS NULL
         AND l.expires_at > clock_timestamp()
     RETURNING r.i, l.key, l.token, l.owner, l.ttl_ms, l.metadata, l.crash_recovery,
         l.recovery_required, l.acquired_at, l.expires_at, l.ended_at),
 result AS (
     SELECT r.i, (SELECT to_json(c) FROM changed c WHERE c.i = r.i) AS lease, true AS settled
-    FROM req r),
+    FROM gate r),

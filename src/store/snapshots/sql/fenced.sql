@@ -10,19 +10,19 @@
 -- DO NOTHING; the loser runs again.
 cur AS (
     SELECT w.i, l.key, l.token, l.owner, l.end_reason
-    FROM w JOIN gate g ON g.i = w.gi AND g.verdict = 'run' JOIN leases l ON l.key = w.fence
+    FROM w JOIN leases l ON l.key = w.fence WHERE w.verdict = 'run'
     ORDER BY l.key FOR NO KEY UPDATE OF l),
 heads AS (
     SELECT w.i, h.key, h.version, h.etag, h.pruned_through, h.written_token
-    FROM w JOIN gate g ON g.i = w.gi AND g.verdict = 'run' JOIN snapshot_heads h ON h.key = w.key
-    WHERE (SELECT count(*) FROM cur) >= 0
+    FROM w JOIN snapshot_heads h ON h.key = w.key
+    WHERE w.verdict = 'run' AND (SELECT count(*) FROM cur) >= 0
     ORDER BY h.key FOR NO KEY UPDATE OF h),
 checked AS (
     SELECT w.i, w.gi, w.key, w.op, w.operation = 'txn' AS in_txn, c.token AS fence_token,
         c.owner AS holder, h.written_token,
         h.key IS NOT NULL AS has_head, h.etag AS current_etag, coalesce(h.version, 0) AS version,
         coalesce(h.pruned_through, 0) AS pruned_through, CASE
-        WHEN g.verdict <> 'run' THEN g.verdict
+        WHEN w.verdict <> 'run' THEN w.verdict
         WHEN c.key IS NULL OR w.token > c.token THEN 'unknown_token'
         WHEN w.token < coalesce(w.stale_below, c.token) OR c.end_reason IS NOT NULL
             THEN 'stale_token'
@@ -37,11 +37,11 @@ checked AS (
         -- The write itself, carried on: a join of two CTEs is a nested loop in the generic plan.
         w.subject, w.fence, w.token, w.operation, w.request_id, w.remote_addr, w.principal,
         w.etag, w.size, w.content_type, w.keep, w.metadata
-    FROM w JOIN gate g ON g.i = w.gi LEFT JOIN cur c ON c.i = w.i LEFT JOIN heads h ON h.i = w.i),
+    FROM w LEFT JOIN cur c ON c.i = w.i LEFT JOIN heads h ON h.i = w.i),
 -- A group (a request, or a transaction) is decided by its first failing write: all of it is
 -- written, or none.
 failed AS (
-    SELECT DISTINCT ON (k.gi) k.*
+    SELECT DISTINCT ON (k.gi) k.gi, k.i, k.rule, k.written_token, k.fence_token
     FROM checked k WHERE k.rule <> 'accepted'
     ORDER BY k.gi, CASE k.rule WHEN 'precondition_failed' THEN 2 WHEN 'too_many_keys' THEN 1
         ELSE 0 END, k.i),

@@ -13,7 +13,7 @@ op_results AS (
         ELSE json_build_object('deleted',
             (SELECT count(*) FROM expanded x JOIN cleared d ON d.key = x.key WHERE x.prefix_i = r.i))
     END AS result
-    FROM req r JOIN verdict v ON v.i = r.i CROSS JOIN written_at x),
+    FROM gate r JOIN verdict v ON v.i = r.i CROSS JOIN written_at x),
 result AS (
     SELECT v.i, v.outcome, v.highest_token,
         (SELECT f.id FROM refused f JOIN w ON w.subject = f.key WHERE w.i = v.failed_i)
@@ -25,7 +25,7 @@ result AS (
         (SELECT array_agg(d.key) FROM cleared d
             WHERE d.gi = v.gi AND d.current_etag IS NOT NULL) AS deleted_keys,
         v.outcome <> 'accepted'
-            OR NOT EXISTS (SELECT FROM req r CROSS JOIN written_at x
+            OR NOT EXISTS (SELECT FROM gate r CROSS JOIN written_at x
                 WHERE r.gi = v.gi AND r.op = 'put' AND array_position(x.i, r.i) IS NULL)
             AS settled
     FROM verdict v WHERE v.i = v.gi),
