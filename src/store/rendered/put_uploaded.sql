@@ -89,26 +89,28 @@ checked AS (
         w.subject, w.fence, w.token, w.operation, w.request_id, w.remote_addr, w.principal,
         w.etag, w.size, w.content_type, w.keep, w.metadata
     FROM w LEFT JOIN cur c ON c.i = w.i LEFT JOIN heads h ON h.i = w.i),
--- A group (a request, or a transaction) is decided by its first failing write: all of it is
--- written, or none.
-failed AS (
-    SELECT DISTINCT ON (k.gi) k.gi, k.i, k.rule, k.written_token, k.fence_token
-    FROM checked k WHERE k.rule <> 'accepted'
-    ORDER BY k.gi, CASE k.rule WHEN 'precondition_failed' THEN 2 WHEN 'too_many_keys' THEN 1
-        ELSE 0 END, k.i),
--- Rule (2)'s refusal is `stale_token`. `txn_size` counts a transaction's changes for the watch.
+-- A group (a request, or a transaction) is decided by its first failing write, the first of its
+-- rows in `g`'s order (`f_*`): all of it is written, or none. Rule (2)'s refusal is
+-- `stale_token`. `txn_size` counts a transaction's changes for the watch.
 verdict AS (
     SELECT k.i, k.gi, k.key, k.holder, k.has_head, k.current_etag, k.version,
-        k.pruned_through, k.current_etag IS NULL AS created, f.i AS failed_i,
-        CASE WHEN k.in_txn THEN count(*) FILTER (WHERE k.op = 'put' OR k.current_etag IS NOT NULL)
-            OVER (PARTITION BY k.gi) END AS txn_size,
-        CASE f.rule WHEN 'stale_written' THEN 'stale_token' ELSE coalesce(f.rule, 'accepted') END
-            AS outcome,
-        CASE f.rule WHEN 'stale_written' THEN f.written_token ELSE f.fence_token END
-            AS highest_token,
+        k.pruned_through, k.current_etag IS NULL AS created,
+        CASE WHEN k.f_rule <> 'accepted' THEN k.f_i END AS failed_i,
+        CASE WHEN k.in_txn THEN k.changes END AS txn_size,
+        CASE k.f_rule WHEN 'stale_written' THEN 'stale_token' ELSE k.f_rule END AS outcome,
+        CASE k.f_rule WHEN 'accepted' THEN NULL WHEN 'stale_written' THEN k.f_written_token
+            ELSE k.f_fence_token END AS highest_token,
         k.op, k.subject, k.fence, k.token, k.operation, k.request_id, k.remote_addr,
         k.principal, k.etag, k.size, k.content_type, k.keep, k.metadata
-    FROM checked k LEFT JOIN failed f ON f.gi = k.gi),
+    FROM (
+        SELECT k.*, first_value(k.i) OVER g AS f_i, first_value(k.rule) OVER g AS f_rule,
+            first_value(k.written_token) OVER g AS f_written_token,
+            first_value(k.fence_token) OVER g AS f_fence_token,
+            count(*) FILTER (WHERE k.op = 'put' OR k.current_etag IS NOT NULL) OVER g AS changes
+        FROM checked k
+        WINDOW g AS (PARTITION BY k.gi ORDER BY k.rule = 'accepted', CASE k.rule
+            WHEN 'precondition_failed' THEN 2 WHEN 'too_many_keys' THEN 1 ELSE 0 END, k.i
+            ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)) k),
 refused AS (
     INSERT INTO rejections (key, reason, presented_token, highest_token, holder,
         operation, request_id, remote_addr, principal, fencing_key)
