@@ -91,7 +91,7 @@ impl Db {
         let statements: Vec<&'static str> = hot_statements()
             .into_iter()
             // It reads the table each transaction that uploads a large body makes for itself.
-            .filter(|&(name, _)| name != "put_uploaded")
+            .filter(|&(name, _)| !name.ends_with("put_uploaded"))
             .map(|(_, sql)| sql)
             .collect();
         self.engine.conns().warm(n, &statements).await
@@ -110,25 +110,34 @@ impl Db {
     }
 }
 
-/// Every statement the hot connections run, named as its rendered file.
+/// Every statement the hot connections run, named as its rendered file: each batched one, then
+/// its lone form (`lone/`), then the single statements.
 #[doc(hidden)]
 pub fn hot_statements() -> Vec<(&'static str, &'static str)> {
+    macro_rules! both {
+        ($($name:literal: $batched:expr),* $(,)?) => {
+            [$(($name, $batched.text())),*, $((concat!("lone/", $name), $batched.lone_text())),*]
+        };
+    }
     let fenced = &*snapshots::FENCED;
-    vec![
-        ("acquire", leases::ACQUIRE.text()),
-        ("renew", leases::RENEW.text()),
-        ("end", leases::END.text()),
-        ("reconciled", leases::RECONCILED.text()),
-        ("put", fenced.put.text()),
-        ("put_uploaded", fenced.put_uploaded.text()),
-        ("precheck", fenced.precheck.text()),
-        ("delete_head", fenced.delete_head.text()),
-        ("txn", fenced.txn.text()),
-        ("get", snapshots::GET.text()),
+    let batched = both![
+        "acquire": leases::ACQUIRE,
+        "renew": leases::RENEW,
+        "end": leases::END,
+        "reconciled": leases::RECONCILED,
+        "put": fenced.put,
+        "put_uploaded": fenced.put_uploaded,
+        "precheck": fenced.precheck,
+        "delete_head": fenced.delete_head,
+        "txn": fenced.txn,
+        "get": snapshots::GET,
+    ];
+    let single = [
         ("status", leases::STATUS),
         ("wait_enqueue", waiters::ENQUEUE),
         ("wait_leave", waiters::LEAVE),
-    ]
+    ];
+    batched.into_iter().chain(single).collect()
 }
 
 /// Who sent a request and from where, and its Idempotency-Key.
@@ -184,7 +193,7 @@ mod tests {
             let path = dir.join(format!("{name}.sql"));
             let rendered = header(name) + text;
             if render {
-                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
                 std::fs::write(&path, &rendered).unwrap();
             } else if std::fs::read_to_string(&path).ok().as_deref() != Some(rendered.as_str()) {
                 stale.push(path.display().to_string());

@@ -97,8 +97,8 @@ async fn warmed_hot_connections_hold_every_hot_statements_plan_before_any_reques
     };
     let db = Db::new(snapfence::store::pool(app.options.clone(), &settings));
     let warmed = db.warm(3).await.unwrap();
-    // All but the large bodies' put, which reads a table its own transaction makes.
-    let planned = snapfence::store::hot_statements().len() - 1;
+    // All but the large bodies' put (both forms), which reads a table its own transaction makes.
+    let planned = snapfence::store::hot_statements().len() - 2;
     assert_eq!(
         warmed,
         Warmed {
@@ -396,6 +396,46 @@ async fn the_ordered_listing_walks_the_key_index_without_a_sort() {
         scans_not_by_key(&plan[0]["Plan"], &mut scans);
         assert!(scans.is_empty(), "{order}: {scans:?}");
     }
+    conn.close().await.unwrap();
+    app.stop().await;
+}
+
+/// A batch of one request runs its statement's lone form (src/store/engine/statement.rs): its
+/// `req` is one row the planner knows as one, so the generic plan joins by nested loops and sets
+/// up no hash table at every execution, as the batch form's plan does.
+#[tokio::test]
+async fn a_lone_statements_generic_plan_builds_no_hash_table() {
+    let app = TestApp::spawn().await;
+    let options = app.options.clone().options(snapfence::store::HOT_SETTINGS);
+    let mut conn = PgConnection::connect_with(&options).await.unwrap();
+    sqlx::raw_sql("CREATE TEMP TABLE snapfence_upload (body bytea NOT NULL)")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let mut hashed = Vec::new();
+    let mut batch_hashes = 0;
+    for (name, statement) in snapfence::store::hot_statements() {
+        sqlx::raw_sql(&format!("PREPARE planned AS {statement}"))
+            .execute(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut nodes = Vec::new();
+        node_types(&generic_plan(&mut conn, "planned").await, &mut nodes);
+        let hashes = nodes.iter().filter(|n| n.starts_with("Hash")).count();
+        // A transaction's prefix deletes match as many keys as the data holds, lone or not.
+        if name.starts_with("lone/") && name != "lone/txn" && hashes > 0 {
+            hashed.push(format!("{name}: {nodes:?}"));
+        } else if name == "put" {
+            batch_hashes = hashes;
+        }
+        sqlx::raw_sql("DEALLOCATE planned")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    assert!(hashed.is_empty(), "{hashed:#?}");
+    // The control: the batch form of the put joins by hash.
+    assert!(batch_hashes > 0);
     conn.close().await.unwrap();
     app.stop().await;
 }

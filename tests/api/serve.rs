@@ -251,7 +251,8 @@ async fn serve_opens_its_warm_hot_connections_with_their_plans_as_it_starts() {
         OsStr::new("2"),
     ];
     let served = serve_with(&args, &log).await;
-    let planned = snapfence::store::hot_statements().len() - 1;
+    // Both forms of the large bodies' put are left out (plans.rs says why).
+    let planned = snapfence::store::hot_statements().len() - 2;
     let expected = format!(
         "hot connections opened and planned connections=2 plans={}",
         2 * planned
