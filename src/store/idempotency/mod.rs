@@ -7,6 +7,7 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
+use serde_json::value::RawValue;
 use sqlx::postgres::PgRow;
 use sqlx::types::Json;
 use sqlx::{FromRow, PgPool, Row};
@@ -60,7 +61,7 @@ impl<T> Gated<T> {
 pub(crate) struct GatedRow<T> {
     gate: String,
     prior_fingerprint: Option<Vec<u8>>,
-    answer: serde_json::Value,
+    answer: Box<RawValue>,
     answers: PhantomData<T>,
 }
 
@@ -69,7 +70,7 @@ impl<'r, T> FromRow<'r, PgRow> for GatedRow<T> {
         Ok(Self {
             gate: row.try_get("gate")?,
             prior_fingerprint: row.try_get("prior_fingerprint")?,
-            answer: row.try_get::<Json<serde_json::Value>, _>("answer")?.0,
+            answer: row.try_get::<Json<Box<RawValue>>, _>("answer")?.0,
             answers: PhantomData,
         })
     }
@@ -106,8 +107,9 @@ impl<T: DeserializeOwned> GatedRow<T> {
     }
 }
 
-fn read<T: DeserializeOwned>(answer: &serde_json::Value) -> Result<T> {
-    T::deserialize(answer).map_err(|e| StoreError::Internal(sqlx::Error::Decode(Box::new(e))))
+fn read<T: DeserializeOwned>(answer: &RawValue) -> Result<T> {
+    serde_json::from_str(answer.get())
+        .map_err(|e| StoreError::Internal(sqlx::Error::Decode(Box::new(e))))
 }
 
 pub(crate) trait Change {

@@ -3,6 +3,7 @@
 //! transaction; each is decided by its own first op's gate, so none waits on another's verdict.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
@@ -79,7 +80,7 @@ pub async fn txn(
 ) -> Result<Gated<TxnOutcome>> {
     let job = TxnJob {
         fence: req.fence.clone(),
-        ops: jobs(req, keep_versions, prefix_limit, ctx),
+        ops: jobs(req, keep_versions, prefix_limit, ctx).into(),
     };
     // A batch keeps two requests from sharing a key by their claims, and a prefix delete's keys
     // are known only to the statement: such a transaction runs alone.
@@ -105,11 +106,11 @@ pub async fn txn(
 }
 
 /// A transaction as a batch holds it: its ops, each key claimed, and its fence, which the watch
-/// tells a batch's transactions apart by.
+/// tells a batch's transactions apart by. The ops are shared with the caller, who answers from them.
 #[derive(Debug, Clone)]
 pub(crate) struct TxnJob {
     fence: Key,
-    ops: Vec<FencedJob>,
+    ops: Arc<[FencedJob]>,
 }
 
 impl Job for TxnJob {
@@ -146,7 +147,7 @@ impl Kind for TxnBatch {
     }
 
     fn query<'q>(jobs: &[&'q TxnJob]) -> QueryAs<'q, Indexed<Self::Row>> {
-        let ops: Vec<&FencedJob> = jobs.iter().flat_map(|t| &t.ops).collect();
+        let ops: Vec<&FencedJob> = jobs.iter().flat_map(|t| t.ops.iter()).collect();
         fenced().txn.query(&ops)
     }
 
@@ -195,7 +196,7 @@ async fn attempt(
     txns: &[&TxnJob],
     committing: &mut bool,
 ) -> Result<Option<Vec<Indexed<GatedRow<TxnRow>>>>> {
-    let ops: Vec<&FencedJob> = txns.iter().flat_map(|t| &t.ops).collect();
+    let ops: Vec<&FencedJob> = txns.iter().flat_map(|t| t.ops.iter()).collect();
     let firsts: Vec<i64> = txns
         .iter()
         .scan(1, |at, t| {
