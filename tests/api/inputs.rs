@@ -115,6 +115,41 @@ async fn unknown_fields_and_malformed_json_are_refused() {
 }
 
 #[tokio::test]
+async fn a_field_of_the_wrong_type_is_named_in_the_detail() {
+    let app = TestApp::spawn().await;
+    let p = refused_acquire(
+        &app,
+        "k",
+        r#"{"owner":"w","ttl_ms":1000,"crash_recovery":"yes"}"#,
+    )
+    .await;
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("request body field `crash_recovery`: "),
+        "{p}"
+    );
+    let r = app
+        .request(Method::POST, "/v1/txn")
+        .header("Fencing-Key", "ns")
+        .header("Fencing-Token", "1")
+        .body(r#"{"ops":[{"op":"delete","key":"ns/a"},{"op":"delete","key":7}]}"#)
+        .send()
+        .await
+        .unwrap();
+    let p = problem(r, StatusCode::BAD_REQUEST, "invalid_request").await;
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("request body field `ops[1]`: "),
+        "{p}"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn malformed_fencing_tokens_are_refused_and_change_nothing() {
     let app = TestApp::spawn().await;
     let t = token(&app.acquire("k", "w", 30000).await);

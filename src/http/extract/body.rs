@@ -47,6 +47,11 @@ pub fn json_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             "a JSON object body is required; see openapi.yaml for its fields".into(),
         ));
     }
+    // Read once without tracking the path, which costs on every field; only a body that fails
+    // is read again to name the field.
+    if let Ok(value) = serde_json::from_slice(bytes) {
+        return Ok(value);
+    }
     let mut json = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut json).map_err(|e| {
         let path = e.path().to_string();
